@@ -1,0 +1,342 @@
+#include "actstash/client.h"
+
+#include <grpcpp/create_channel.h>
+#include <grpcpp/security/credentials.h>
+#include <grpcpp/support/channel_arguments.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <functional>
+
+#include "absl/strings/str_cat.h"
+#include "actstash/v1/stash.grpc.pb.h"
+#include "common/address.h"
+#include "common/checksum.h"
+#include "common/grpc_status.h"
+#include "common/protocol.h"
+#include "grpc/health/v1/health.grpc.pb.h"
+
+namespace actstash {
+namespace {
+
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(kMaxMessageBytes);
+  args.SetMaxSendMessageSize(kMaxMessageBytes);
+  // Reconnect quickly after a daemon restart instead of gRPC's default
+  // backoff of up to two minutes.
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+}
+
+// Adds what a user needs to act on an error: where the daemon was expected
+// and how to start it, or which deadline passed.
+absl::Status Annotate(const grpc::Status& status, const std::string& target, const char* what,
+                      std::chrono::milliseconds deadline) {
+  absl::Status s = FromGrpcStatus(status);
+  switch (s.code()) {
+    case absl::StatusCode::kOk:
+      return s;
+    case absl::StatusCode::kUnavailable: {
+      const std::string path = UnixSocketPath(target);
+      return absl::UnavailableError(absl::StrCat(
+          what, ": actstashd is not reachable at ", target, " (", s.message(), "). ",
+          path.empty() ? "Is it running and listening there?"
+                       : absl::StrCat("Is it running? Start it with `actstashd --socket ", path,
+                                      "`, or set ", kAddressEnv, " to its socket.")));
+    }
+    case absl::StatusCode::kDeadlineExceeded:
+      return absl::DeadlineExceededError(absl::StrCat(what, ": no answer from actstashd at ",
+                                                      target, " within ", deadline.count(),
+                                                      " ms (", s.message(), ")"));
+    default:
+      return absl::Status(s.code(), absl::StrCat(what, ": ", s.message()));
+  }
+}
+
+ObjectInfo InfoFromHeader(const v1::ObjectHeader& header) {
+  ObjectInfo info;
+  info.dtype = header.dtype();
+  info.shape.assign(header.shape().begin(), header.shape().end());
+  info.nbytes = header.nbytes();
+  if (header.checksum().algorithm() == v1::CHECKSUM_ALGORITHM_XXH3_64) {
+    info.checksum_xxh3 = header.checksum().value();
+  }
+  return info;
+}
+
+SessionStatsEntry FromProto(const v1::SessionStats& s) {
+  SessionStatsEntry e;
+  e.session_id = s.session_id();
+  e.client_name = s.client_name();
+  e.client_pid = s.client_pid();
+  e.quota_bytes = s.quota_bytes();
+  e.used_bytes = s.used_bytes();
+  e.objects = s.objects();
+  e.bytes_stored = s.bytes_stored();
+  e.bytes_fetched = s.bytes_fetched();
+  e.puts = s.puts();
+  e.gets = s.gets();
+  return e;
+}
+
+}  // namespace
+
+struct Client::Impl {
+  ClientOptions options;
+  std::string target;
+  std::shared_ptr<grpc::Channel> channel;
+  std::unique_ptr<v1::Stash::Stub> stub;
+  uint64_t session_id = 0;
+  std::string token;
+  uint64_t quota_bytes = 0;
+  uint64_t max_chunk_bytes = kMaxChunkBytes;
+  std::atomic<bool> closed{false};
+
+  absl::Status CheckOpen() const {
+    if (closed.load(std::memory_order_acquire)) {
+      return absl::FailedPreconditionError("the actstash session was closed");
+    }
+    return absl::OkStatus();
+  }
+  void Prepare(grpc::ClientContext* ctx) const {
+    ctx->set_deadline(std::chrono::system_clock::now() + options.rpc_timeout);
+    ctx->AddMetadata(kTokenMetadataKey, token);
+  }
+  absl::Status Fail(const grpc::Status& status, const char* what) const {
+    return Annotate(status, target, what, options.rpc_timeout);
+  }
+
+  // Streams an object: the header goes to `on_header`, which returns where
+  // the payload goes (or an error, which cancels the stream).
+  absl::StatusOr<ObjectInfo> Fetch(
+      Handle handle, const std::function<absl::StatusOr<std::byte*>(const ObjectInfo&)>& on_header);
+};
+
+Client::Client(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+Client::~Client() {
+  if (!impl_->closed.load()) {
+    impl_->options.rpc_timeout = std::min(impl_->options.rpc_timeout, std::chrono::milliseconds(2000));
+    (void)Close();
+  }
+}
+
+absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options) {
+  auto impl = std::make_unique<Impl>();
+  impl->options = options;
+  impl->target = ResolveClientAddress(options.address);
+  impl->channel = MakeChannel(impl->target);
+  impl->stub = v1::Stash::NewStub(impl->channel);
+
+  v1::OpenSessionRequest request;
+  request.set_client_name(options.client_name.empty() ? std::string(program_invocation_short_name)
+                                                      : options.client_name);
+  request.set_quota_bytes(options.quota_bytes);
+  request.set_client_pid(static_cast<uint32_t>(getpid()));
+  v1::OpenSessionReply reply;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + options.connect_timeout);
+  grpc::Status status = impl->stub->OpenSession(&ctx, request, &reply);
+  if (!status.ok()) {
+    return Annotate(status, impl->target, "OpenSession", options.connect_timeout);
+  }
+  impl->session_id = reply.session_id();
+  impl->token = reply.token();
+  impl->quota_bytes = reply.quota_bytes();
+  if (reply.max_chunk_bytes() != 0) {
+    impl->max_chunk_bytes = std::min<uint64_t>(reply.max_chunk_bytes(), kMaxChunkBytes);
+  }
+  return std::unique_ptr<Client>(new Client(std::move(impl)));
+}
+
+absl::StatusOr<Handle> Client::Put(const void* data, size_t nbytes, const PutOptions& options) {
+  if (absl::Status s = impl_->CheckOpen(); !s.ok()) return s;
+  if (nbytes > 0 && data == nullptr) {
+    return absl::InvalidArgumentError("Put: null data with a non-zero size");
+  }
+  grpc::ClientContext ctx;
+  impl_->Prepare(&ctx);
+  v1::PutReply reply;
+  std::unique_ptr<grpc::ClientWriter<v1::PutChunk>> writer = impl_->stub->Put(&ctx, &reply);
+  v1::PutChunk chunk;
+  v1::ObjectHeader* header = chunk.mutable_header();
+  header->set_dtype(options.dtype);
+  for (int64_t dim : options.shape) header->add_shape(dim);
+  header->set_nbytes(nbytes);
+  if (options.checksum) {
+    header->mutable_checksum()->set_algorithm(v1::CHECKSUM_ALGORITHM_XXH3_64);
+    header->mutable_checksum()->set_value(Xxh3(data, nbytes));
+  }
+  // A failed Write means the daemon ended the call early; Finish says why.
+  bool writing = writer->Write(chunk);
+  const auto* bytes = static_cast<const char*>(data);
+  for (size_t sent = 0; writing && sent < nbytes;) {
+    const size_t n = std::min<size_t>(impl_->max_chunk_bytes, nbytes - sent);
+    chunk.set_data(bytes + sent, n);
+    writing = writer->Write(chunk);
+    sent += n;
+  }
+  if (writing) writer->WritesDone();
+  grpc::Status status = writer->Finish();
+  if (!status.ok()) return impl_->Fail(status, "Put");
+  return Handle{reply.handle()};
+}
+
+absl::StatusOr<ObjectInfo> Client::Impl::Fetch(
+    Handle handle,
+    const std::function<absl::StatusOr<std::byte*>(const ObjectInfo&)>& on_header) {
+  if (absl::Status s = CheckOpen(); !s.ok()) return s;
+  grpc::ClientContext ctx;
+  Prepare(&ctx);
+  v1::GetRequest request;
+  request.set_handle(handle.id);
+  std::unique_ptr<grpc::ClientReader<v1::GetChunk>> reader = stub->Get(&ctx, request);
+  v1::GetChunk chunk;
+  if (!reader->Read(&chunk)) return Fail(reader->Finish(), "Get");
+  absl::Status error;
+  ObjectInfo info;
+  std::byte* dst = nullptr;
+  if (chunk.payload_case() != v1::GetChunk::kHeader) {
+    error = absl::InternalError("Get: the daemon's first chunk carried no header");
+  } else {
+    info = InfoFromHeader(chunk.header());
+    absl::StatusOr<std::byte*> buffer = on_header(info);
+    if (buffer.ok()) {
+      dst = *buffer;
+    } else {
+      error = buffer.status();
+    }
+  }
+  uint64_t received = 0;
+  Xxh3Hasher hasher;
+  while (error.ok() && reader->Read(&chunk)) {
+    const std::string& data = chunk.data();
+    if (chunk.payload_case() != v1::GetChunk::kData || data.size() > info.nbytes - received) {
+      error = absl::InternalError("Get: the daemon sent more data than its header announced");
+      break;
+    }
+    std::memcpy(dst + received, data.data(), data.size());
+    if (info.checksum_xxh3.has_value()) hasher.Update(data.data(), data.size());
+    received += data.size();
+  }
+  if (!error.ok()) {
+    ctx.TryCancel();
+    (void)reader->Finish();
+    return error;
+  }
+  grpc::Status status = reader->Finish();
+  if (!status.ok()) return Fail(status, "Get");
+  if (received != info.nbytes) {
+    return absl::InternalError(absl::StrCat("Get: the daemon sent ", received,
+                                            " bytes; its header announced ", info.nbytes));
+  }
+  if (info.checksum_xxh3.has_value() && hasher.Digest() != *info.checksum_xxh3) {
+    return absl::DataLossError(absl::StrCat("Get: checksum mismatch on handle ", handle.id));
+  }
+  return info;
+}
+
+absl::StatusOr<ObjectInfo> Client::Get(Handle handle, void* dst, size_t capacity) {
+  return impl_->Fetch(handle, [&](const ObjectInfo& info) -> absl::StatusOr<std::byte*> {
+    if (info.nbytes > capacity) {
+      return absl::OutOfRangeError(absl::StrCat("Get: object ", handle.id, " has ", info.nbytes,
+                                                " bytes; the buffer holds ", capacity));
+    }
+    return static_cast<std::byte*>(dst);
+  });
+}
+
+absl::StatusOr<Object> Client::Get(Handle handle) {
+  Object object;
+  absl::StatusOr<ObjectInfo> info =
+      impl_->Fetch(handle, [&](const ObjectInfo& header) -> absl::StatusOr<std::byte*> {
+        object.data.resize(header.nbytes);
+        return object.data.data();
+      });
+  if (!info.ok()) return info.status();
+  object.info = *std::move(info);
+  return object;
+}
+
+absl::Status Client::Delete(absl::Span<const Handle> handles) {
+  if (absl::Status s = impl_->CheckOpen(); !s.ok()) return s;
+  grpc::ClientContext ctx;
+  impl_->Prepare(&ctx);
+  v1::DeleteRequest request;
+  for (Handle h : handles) request.add_handles(h.id);
+  v1::DeleteReply reply;
+  grpc::Status status = impl_->stub->Delete(&ctx, request, &reply);
+  if (!status.ok()) return impl_->Fail(status, "Delete");
+  return absl::OkStatus();
+}
+
+absl::StatusOr<StatsSnapshot> Client::Stats(bool all_sessions) {
+  if (absl::Status s = impl_->CheckOpen(); !s.ok()) return s;
+  grpc::ClientContext ctx;
+  impl_->Prepare(&ctx);
+  v1::StatsRequest request;
+  request.set_per_session(all_sessions);
+  v1::StatsReply reply;
+  grpc::Status status = impl_->stub->Stats(&ctx, request, &reply);
+  if (!status.ok()) return impl_->Fail(status, "Stats");
+  StatsSnapshot s;
+  s.pool_total_bytes = reply.pool().total_bytes();
+  s.pool_used_bytes = reply.pool().used_bytes();
+  s.pool_free_bytes = reply.pool().free_bytes();
+  s.pool_largest_free_bytes = reply.pool().largest_free_bytes();
+  s.pool_locked_bytes = reply.pool().locked_bytes();
+  s.segment_bytes = reply.pool().segment_bytes();
+  s.segments = reply.pool().segments();
+  s.sessions = reply.sessions();
+  s.objects = reply.objects();
+  s.bytes_stored = reply.bytes_stored();
+  s.bytes_fetched = reply.bytes_fetched();
+  s.self = FromProto(reply.self());
+  for (const v1::SessionStats& entry : reply.sessions_detail()) {
+    s.all_sessions.push_back(FromProto(entry));
+  }
+  s.daemon_version = reply.daemon_version();
+  s.uptime_seconds = reply.uptime_seconds();
+  s.daemon_pid = reply.daemon_pid();
+  return s;
+}
+
+absl::Status Client::Close() {
+  if (impl_->closed.exchange(true)) return absl::OkStatus();
+  grpc::ClientContext ctx;
+  impl_->Prepare(&ctx);
+  v1::CloseSessionReply reply;
+  grpc::Status status = impl_->stub->CloseSession(&ctx, v1::CloseSessionRequest(), &reply);
+  if (!status.ok()) return impl_->Fail(status, "CloseSession");
+  return absl::OkStatus();
+}
+
+uint64_t Client::session_id() const { return impl_->session_id; }
+uint64_t Client::quota_bytes() const { return impl_->quota_bytes; }
+const std::string& Client::address() const { return impl_->target; }
+
+absl::StatusOr<PingResult> Ping(const std::string& address, std::chrono::milliseconds timeout) {
+  PingResult result;
+  result.address = ResolveClientAddress(address);
+  auto stub = grpc::health::v1::Health::NewStub(MakeChannel(result.address));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + timeout);
+  grpc::health::v1::HealthCheckRequest request;
+  request.set_service(kStashServiceName);
+  grpc::health::v1::HealthCheckResponse response;
+  const auto start = std::chrono::steady_clock::now();
+  grpc::Status status = stub->Check(&ctx, request, &response);
+  result.round_trip = std::chrono::duration_cast<std::chrono::microseconds>(
+      std::chrono::steady_clock::now() - start);
+  if (!status.ok()) return Annotate(status, result.address, "Ping", timeout);
+  result.serving = response.status() == grpc::health::v1::HealthCheckResponse::SERVING;
+  return result;
+}
+
+}  // namespace actstash

@@ -1,0 +1,148 @@
+// actstash C++ client: talks to a node's actstashd over gRPC.
+//
+//   auto client = actstash::Client::Connect(actstash::ClientOptions{});
+//   if (!client.ok()) ...;                        // UNAVAILABLE names the socket
+//   auto handle = (*client)->Put(data, nbytes);   // stored in the daemon's pool
+//   auto object = (*client)->Get(*handle);        // bytes back
+//   (*client)->Delete(*handle);
+//
+// Thread-safety: a Client may be used from any number of threads at once.
+// Every call has a deadline (ClientOptions::rpc_timeout) and returns an
+// absl::Status; nothing throws.
+#ifndef ACTSTASH_CLIENT_H_
+#define ACTSTASH_CLIENT_H_
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+
+namespace actstash {
+
+struct ClientOptions {
+  // "unix:///path", "/path/to.sock" or "host:port". Empty: $ACTSTASH_ADDRESS,
+  // else the default socket (/run/actstash/actstash.sock as root, else
+  // $XDG_RUNTIME_DIR/actstash/actstash.sock).
+  std::string address;
+  std::string client_name;  // shown in the daemon's stats; empty: the program name
+  uint64_t quota_bytes = 0;  // 0: the daemon's default quota
+  // Deadline of every call, a whole Put or Get stream included.
+  std::chrono::milliseconds rpc_timeout{30000};
+  // Deadline of Connect (opening the session).
+  std::chrono::milliseconds connect_timeout{5000};
+};
+
+// A stored object, valid in the session that stored it. 0 is never a handle.
+struct Handle {
+  uint64_t id = 0;
+  friend bool operator==(Handle a, Handle b) { return a.id == b.id; }
+  friend bool operator!=(Handle a, Handle b) { return a.id != b.id; }
+};
+
+struct PutOptions {
+  std::string dtype;           // opaque to the daemon, at most 32 bytes
+  std::vector<int64_t> shape;  // opaque to the daemon, at most 16 dims
+  bool checksum = false;       // the daemon verifies an XXH3-64 of the payload
+};
+
+struct ObjectInfo {
+  std::string dtype;
+  std::vector<int64_t> shape;
+  uint64_t nbytes = 0;
+  std::optional<uint64_t> checksum_xxh3;  // when it was stored with one
+};
+
+struct Object {
+  ObjectInfo info;
+  std::vector<std::byte> data;
+};
+
+struct SessionStatsEntry {
+  uint64_t session_id = 0;
+  std::string client_name;
+  uint32_t client_pid = 0;
+  uint64_t quota_bytes = 0;
+  uint64_t used_bytes = 0;
+  uint64_t objects = 0;
+  uint64_t bytes_stored = 0;
+  uint64_t bytes_fetched = 0;
+  uint64_t puts = 0;
+  uint64_t gets = 0;
+};
+
+struct StatsSnapshot {
+  uint64_t pool_total_bytes = 0;
+  uint64_t pool_used_bytes = 0;
+  uint64_t pool_free_bytes = 0;
+  uint64_t pool_largest_free_bytes = 0;
+  uint64_t pool_locked_bytes = 0;
+  uint64_t segment_bytes = 0;
+  uint64_t segments = 0;
+  uint64_t sessions = 0;
+  uint64_t objects = 0;
+  uint64_t bytes_stored = 0;
+  uint64_t bytes_fetched = 0;
+  SessionStatsEntry self;
+  std::vector<SessionStatsEntry> all_sessions;  // filled when asked for
+  std::string daemon_version;
+  uint64_t uptime_seconds = 0;
+  uint32_t daemon_pid = 0;
+};
+
+class Client {
+ public:
+  // Opens a session. UNAVAILABLE (naming the address and how to start the
+  // daemon) when no daemon answers within connect_timeout.
+  static absl::StatusOr<std::unique_ptr<Client>> Connect(const ClientOptions& options);
+  // Closes the session (best effort; the daemon frees what it holds).
+  ~Client();
+  Client(const Client&) = delete;
+  Client& operator=(const Client&) = delete;
+
+  // Stores `nbytes` bytes from `data` (any size up to the session quota).
+  // RESOURCE_EXHAUSTED when the quota or the pool has no room (nothing is
+  // stored then).
+  absl::StatusOr<Handle> Put(const void* data, size_t nbytes, const PutOptions& options = {});
+  // Fetches an object into `dst` of `capacity` bytes. OUT_OF_RANGE (nothing
+  // written) when it does not fit; NOT_FOUND for a handle that is not this
+  // session's; DATA_LOSS when a stored checksum does not match.
+  absl::StatusOr<ObjectInfo> Get(Handle handle, void* dst, size_t capacity);
+  // Fetches an object into a new buffer.
+  absl::StatusOr<Object> Get(Handle handle);
+  // Deletes objects, all or none (NOT_FOUND names an unknown handle).
+  absl::Status Delete(absl::Span<const Handle> handles);
+  absl::Status Delete(Handle handle) { return Delete(absl::MakeConstSpan(&handle, 1)); }
+  absl::StatusOr<StatsSnapshot> Stats(bool all_sessions = false);
+  // Closes the session now; later calls fail with FAILED_PRECONDITION.
+  absl::Status Close();
+
+  uint64_t session_id() const;
+  uint64_t quota_bytes() const;
+  const std::string& address() const;  // the gRPC target in use
+
+ private:
+  struct Impl;
+  explicit Client(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+struct PingResult {
+  std::string address;
+  bool serving = false;  // the Stash service reports SERVING
+  std::chrono::microseconds round_trip{0};
+};
+
+// Asks the daemon's gRPC health service about the Stash service (no session
+// needed). UNAVAILABLE when no daemon answers within `timeout`.
+absl::StatusOr<PingResult> Ping(const std::string& address, std::chrono::milliseconds timeout);
+
+}  // namespace actstash
+
+#endif  // ACTSTASH_CLIENT_H_

@@ -1,0 +1,22 @@
+# Resolves ACTSTASH_WITH_CUDA (AUTO/ON/OFF) into ACTSTASH_HAVE_CUDA and, when
+# on, enables the CUDA language with the default architectures sm_80 and sm_90
+# (override with -DCMAKE_CUDA_ARCHITECTURES=...).
+set(ACTSTASH_HAVE_CUDA OFF)
+if(NOT ACTSTASH_WITH_CUDA STREQUAL "OFF")
+  if(NOT CMAKE_CUDA_COMPILER AND EXISTS "/usr/local/cuda/bin/nvcc")
+    set(CMAKE_CUDA_COMPILER "/usr/local/cuda/bin/nvcc")
+  endif()
+  include(CheckLanguage)
+  check_language(CUDA)
+  if(CMAKE_CUDA_COMPILER)
+    if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
+      set(CMAKE_CUDA_ARCHITECTURES 80 90)
+    endif()
+    enable_language(CUDA)
+    find_package(CUDAToolkit REQUIRED)
+    set(ACTSTASH_HAVE_CUDA ON)
+  elseif(ACTSTASH_WITH_CUDA STREQUAL "ON")
+    message(FATAL_ERROR "ACTSTASH_WITH_CUDA=ON but no CUDA compiler (nvcc) was found")
+  endif()
+endif()
+message(STATUS "actstash: CUDA support ${ACTSTASH_HAVE_CUDA}")

@@ -1,0 +1,80 @@
+#include "common/units.h"
+
+#include <cmath>
+#include <cstdio>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+
+namespace actstash {
+
+absl::StatusOr<uint64_t> ParseByteSize(absl::string_view text, uint64_t percent_base) {
+  const absl::string_view original = text;
+  text = absl::StripAsciiWhitespace(text);
+  size_t number_end = 0;
+  while (number_end < text.size() &&
+         (absl::ascii_isdigit(text[number_end]) || text[number_end] == '.')) {
+    ++number_end;
+  }
+  const absl::string_view number = text.substr(0, number_end);
+  const std::string suffix =
+      absl::AsciiStrToLower(absl::StripAsciiWhitespace(text.substr(number_end)));
+  double value = 0;
+  if (number.empty() || !absl::SimpleAtod(number, &value) || !std::isfinite(value)) {
+    return absl::InvalidArgumentError(absl::StrCat("not a byte size: '", original, "'"));
+  }
+  double multiplier = 1;
+  if (suffix == "%") {
+    if (percent_base == 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("a percentage is not allowed here: '", original, "'"));
+    }
+    if (value > 100) {
+      return absl::InvalidArgumentError(absl::StrCat("percentage above 100: '", original, "'"));
+    }
+    multiplier = static_cast<double>(percent_base) / 100.0;
+  } else if (suffix.empty() || suffix == "b") {
+    multiplier = 1;
+  } else {
+    static constexpr struct {
+      char letter;
+      double factor;
+    } kUnits[] = {{'k', 0x1p10}, {'m', 0x1p20}, {'g', 0x1p30}, {'t', 0x1p40}};
+    bool found = false;
+    for (const auto& unit : kUnits) {
+      if (suffix[0] != unit.letter) continue;
+      const absl::string_view rest = absl::string_view(suffix).substr(1);
+      if (rest.empty() || rest == "b" || rest == "ib") {
+        multiplier = unit.factor;
+        found = true;
+      }
+      break;
+    }
+    if (!found) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "unknown size unit in '", original, "' (use B, KiB, MiB, GiB, TiB or %)"));
+    }
+  }
+  const double bytes = value * multiplier;
+  if (bytes >= 0x1p64) {
+    return absl::InvalidArgumentError(absl::StrCat("byte size too large: '", original, "'"));
+  }
+  return static_cast<uint64_t>(bytes);
+}
+
+std::string FormatBytes(uint64_t bytes) {
+  static constexpr const char* kNames[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  if (bytes < 1024) return absl::StrCat(bytes, " B");
+  double value = static_cast<double>(bytes);
+  int unit = 0;
+  while (value >= 1024 && unit < 6) {
+    value /= 1024;
+    ++unit;
+  }
+  char buffer[32];
+  std::snprintf(buffer, sizeof(buffer), "%.1f %s", value, kNames[unit]);
+  return buffer;
+}
+
+}  // namespace actstash

@@ -1,0 +1,236 @@
+#include "server/config.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <iostream>
+#include <map>
+#include <sstream>
+#include <vector>
+
+#include "CLI/CLI.hpp"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/address.h"
+#include "common/protocol.h"
+#include "common/units.h"
+#include "toml++/toml.h"
+
+namespace actstash::server {
+namespace {
+
+// Every setting once: its TOML key, its flag, its help text. Values travel as
+// strings (flag text or TOML scalar) and are resolved in one place, so the
+// file and the flags accept exactly the same spellings.
+struct Setting {
+  const char* key;
+  const char* help;
+};
+
+constexpr Setting kSettings[] = {
+    {"socket", "Unix socket path of the gRPC service (default: /run/actstash/actstash.sock "
+               "as root, else $XDG_RUNTIME_DIR/actstash/actstash.sock)"},
+    {"socket_mode", "Permissions of the socket, octal (default 0660)"},
+    {"pool_size", "Host pool size: bytes with a unit (16GiB) or a percentage of physical "
+                  "memory (25%); default 25% of memory, at most 32 GiB"},
+    {"segment_size", "Size of one memfd segment of the pool (default 64MiB)"},
+    {"max_session_quota", "Largest quota one session may hold: bytes or a percentage of the "
+                          "pool (default 100%)"},
+    {"default_session_quota", "Quota of a session that asks for none: bytes or a percentage "
+                              "of the pool (default: max_session_quota)"},
+    {"max_sessions", "Largest number of open sessions (default 1024)"},
+    {"mlock", "Pin the pool with mlock: auto (try, warn and continue unpinned), on (fail "
+              "without it), off (default auto)"},
+    {"log_level", "trace, debug, info, warn, error or off (default info)"},
+    {"shutdown_grace_seconds", "On SIGTERM/SIGINT, how long in-flight calls may run before "
+                               "they are cancelled (default 5)"},
+};
+
+std::string FlagName(const char* key) {
+  std::string flag = absl::StrCat("--", key);
+  std::replace(flag.begin(), flag.end(), '_', '-');
+  return flag;
+}
+
+absl::Status ReadToml(const std::string& path, std::map<std::string, std::string>* values) {
+  toml::table table;
+  try {
+    table = toml::parse_file(path);
+  } catch (const toml::parse_error& error) {
+    std::ostringstream where;
+    where << error.source().begin;
+    return absl::InvalidArgumentError(
+        absl::StrCat("config file ", path, ": ", std::string(error.description()), " at ", where.str()));
+  }
+  for (const auto& [key, node] : table) {
+    const std::string name(key.str());
+    const bool known = std::any_of(std::begin(kSettings), std::end(kSettings),
+                                   [&](const Setting& s) { return name == s.key; });
+    if (!known) {
+      return absl::InvalidArgumentError(absl::StrCat("config file ", path, ": unknown key '",
+                                                     name, "'"));
+    }
+    if (auto s = node.value<std::string>(); node.is_string() && s) {
+      (*values)[name] = *s;
+    } else if (auto i = node.value<int64_t>(); node.is_integer() && i) {
+      (*values)[name] = absl::StrCat(*i);
+    } else if (auto d = node.value<double>(); node.is_floating_point() && d) {
+      (*values)[name] = absl::StrCat(*d);
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "config file ", path, ": '", name, "' must be a string or a number"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+uint64_t PhysicalMemoryBytes() {
+  const long pages = sysconf(_SC_PHYS_PAGES);
+  const long page_size = sysconf(_SC_PAGESIZE);
+  if (pages <= 0 || page_size <= 0) return 0;
+  return static_cast<uint64_t>(pages) * static_cast<uint64_t>(page_size);
+}
+
+absl::StatusOr<DaemonConfig> Resolve(const std::map<std::string, std::string>& values) {
+  DaemonConfig config;
+  auto get = [&](const char* key) -> const std::string* {
+    auto it = values.find(key);
+    return it == values.end() ? nullptr : &it->second;
+  };
+  auto bad = [](const char* key, const absl::Status& status) {
+    return absl::InvalidArgumentError(absl::StrCat(key, ": ", status.message()));
+  };
+  config.socket_path = get("socket") ? *get("socket") : DefaultSocketPath();
+  if (config.socket_path.empty() || config.socket_path[0] != '/') {
+    return absl::InvalidArgumentError(
+        absl::StrCat("socket: '", config.socket_path, "' is not an absolute path"));
+  }
+  if (const std::string* mode = get("socket_mode")) {
+    char* end = nullptr;
+    const unsigned long parsed = std::strtoul(mode->c_str(), &end, 8);
+    if (mode->empty() || *end != '\0' || parsed > 0777) {
+      return absl::InvalidArgumentError(absl::StrCat("socket_mode: '", *mode,
+                                                     "' is not an octal mode like 0660"));
+    }
+    config.socket_mode = static_cast<uint32_t>(parsed);
+  }
+  const uint64_t memory = PhysicalMemoryBytes();
+  config.pool_bytes = DefaultPoolBytes();
+  if (const std::string* size = get("pool_size")) {
+    absl::StatusOr<uint64_t> parsed = ParseByteSize(*size, memory);
+    if (!parsed.ok()) return bad("pool_size", parsed.status());
+    config.pool_bytes = *parsed;
+  }
+  if (const std::string* size = get("segment_size")) {
+    absl::StatusOr<uint64_t> parsed = ParseByteSize(*size);
+    if (!parsed.ok()) return bad("segment_size", parsed.status());
+    config.segment_bytes = *parsed;
+  }
+  config.max_session_quota = config.pool_bytes;
+  if (const std::string* size = get("max_session_quota")) {
+    absl::StatusOr<uint64_t> parsed = ParseByteSize(*size, config.pool_bytes);
+    if (!parsed.ok()) return bad("max_session_quota", parsed.status());
+    config.max_session_quota = *parsed;
+  }
+  config.default_session_quota = config.max_session_quota;
+  if (const std::string* size = get("default_session_quota")) {
+    absl::StatusOr<uint64_t> parsed = ParseByteSize(*size, config.pool_bytes);
+    if (!parsed.ok()) return bad("default_session_quota", parsed.status());
+    config.default_session_quota = std::min(*parsed, config.max_session_quota);
+  }
+  if (const std::string* n = get("max_sessions")) {
+    uint64_t parsed = 0;
+    if (!absl::SimpleAtoi(*n, &parsed) || parsed == 0 || parsed > 1000000) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("max_sessions: '", *n, "' is not a number in [1, 1000000]"));
+    }
+    config.max_sessions = parsed;
+  }
+  if (const std::string* mode = get("mlock")) {
+    if (*mode == "auto") {
+      config.mlock = MlockMode::kAuto;
+    } else if (*mode == "on") {
+      config.mlock = MlockMode::kOn;
+    } else if (*mode == "off") {
+      config.mlock = MlockMode::kOff;
+    } else {
+      return absl::InvalidArgumentError(
+          absl::StrCat("mlock: '", *mode, "' is not one of auto, on, off"));
+    }
+  }
+  if (const std::string* level = get("log_level")) {
+    static const char* const kLevels[] = {"trace", "debug", "info", "warn", "error", "off"};
+    if (std::none_of(std::begin(kLevels), std::end(kLevels),
+                     [&](const char* l) { return *level == l; })) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "log_level: '", *level, "' is not one of ", absl::StrJoin(kLevels, ", ")));
+    }
+    config.log_level = *level;
+  }
+  if (const std::string* grace = get("shutdown_grace_seconds")) {
+    double parsed = 0;
+    if (!absl::SimpleAtod(*grace, &parsed) || !(parsed >= 0 && parsed <= 3600)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "shutdown_grace_seconds: '", *grace, "' is not a number of seconds in [0, 3600]"));
+    }
+    config.shutdown_grace_seconds = parsed;
+  }
+  return config;
+}
+
+}  // namespace
+
+uint64_t DefaultPoolBytes() {
+  constexpr uint64_t kCap = 32ull << 30;
+  return std::min(PhysicalMemoryBytes() / 4, kCap);
+}
+
+CommandLine ParseCommandLine(int argc, const char* const* argv) {
+  CommandLine result;
+  CLI::App app{absl::StrCat(
+                   "actstashd ", kVersion,
+                   ": node-local activation offload daemon. Settings come from flags, then the "
+                   "TOML file given by --config (keys are the flag names with '_' for '-'), "
+                   "then defaults."),
+               "actstashd"};
+  app.set_version_flag("--version", std::string(kVersion));
+  std::string config_file;
+  app.add_option("-c,--config", config_file, "TOML configuration file")
+      ->check(CLI::ExistingFile);
+  std::map<std::string, std::string> flag_values;
+  std::vector<std::pair<const char*, CLI::Option*>> options;
+  for (const Setting& setting : kSettings) {
+    options.emplace_back(setting.key,
+                         app.add_option(FlagName(setting.key), flag_values[setting.key],
+                                        setting.help));
+  }
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& error) {
+    result.exit_code = app.exit(error);
+    return result;
+  }
+  std::map<std::string, std::string> values;
+  if (!config_file.empty()) {
+    if (absl::Status status = ReadToml(config_file, &values); !status.ok()) {
+      std::cerr << "actstashd: " << status.message() << "\n";
+      result.exit_code = 2;
+      return result;
+    }
+  }
+  for (const auto& [key, option] : options) {
+    if (option->count() > 0) values[key] = flag_values[key];
+  }
+  absl::StatusOr<DaemonConfig> config = Resolve(values);
+  if (!config.ok()) {
+    std::cerr << "actstashd: " << config.status().message() << "\n";
+    result.exit_code = 2;
+    return result;
+  }
+  result.config = *std::move(config);
+  return result;
+}
+
+}  // namespace actstash::server

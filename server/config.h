@@ -1,0 +1,44 @@
+// actstashd configuration: command-line flags (CLI11) over an optional TOML
+// file (toml++) over built-in defaults.
+#ifndef ACTSTASH_SERVER_CONFIG_H_
+#define ACTSTASH_SERVER_CONFIG_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "server/host_pool.h"
+
+namespace actstash::server {
+
+struct DaemonConfig {
+  std::string socket_path;   // gRPC Unix socket
+  uint32_t socket_mode = 0660;
+  uint64_t pool_bytes = 0;
+  uint64_t segment_bytes = 64ull << 20;
+  uint64_t max_session_quota = 0;      // cap on any session's quota
+  uint64_t default_session_quota = 0;  // what a session asking for 0 gets
+  size_t max_sessions = 1024;
+  MlockMode mlock = MlockMode::kAuto;
+  std::string log_level = "info";
+  double shutdown_grace_seconds = 5;
+};
+
+// The outcome of parsing argv: either a configuration to run with, or an
+// exit code (after --help/--version, or after printing a usage error).
+struct CommandLine {
+  DaemonConfig config;
+  std::optional<int> exit_code;
+};
+
+// Parses flags and the TOML file named by --config. A bad value in either is
+// a usage error (exit code 2) whose message names the setting.
+CommandLine ParseCommandLine(int argc, const char* const* argv);
+
+// The default pool size: 25% of physical memory, capped at 32 GiB.
+uint64_t DefaultPoolBytes();
+
+}  // namespace actstash::server
+
+#endif  // ACTSTASH_SERVER_CONFIG_H_

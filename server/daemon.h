@@ -1,0 +1,56 @@
+// Daemon: the running actstashd: pool, sessions, catalog, gRPC server.
+#ifndef ACTSTASH_SERVER_DAEMON_H_
+#define ACTSTASH_SERVER_DAEMON_H_
+
+#include <grpcpp/server.h>
+#include <sys/types.h>
+
+#include <chrono>
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "server/catalog.h"
+#include "server/config.h"
+#include "server/memory_pool.h"
+#include "server/session_manager.h"
+#include "server/stash_core.h"
+#include "server/stash_service.h"
+
+namespace actstash::server {
+
+// Start() and Shutdown() are called from one thread (main); the gRPC server
+// serves from its own threads in between.
+class Daemon {
+ public:
+  // Creates the pool, claims the socket path (refusing when another daemon
+  // answers there; removing a stale socket file otherwise) and starts
+  // serving. FAILED_PRECONDITION / RESOURCE_EXHAUSTED / INTERNAL with the
+  // reason otherwise.
+  static absl::StatusOr<std::unique_ptr<Daemon>> Start(const DaemonConfig& config);
+  ~Daemon();
+  Daemon(const Daemon&) = delete;
+  Daemon& operator=(const Daemon&) = delete;
+
+  // Stops accepting calls, lets in-flight calls finish for up to `grace`,
+  // cancels the rest, and removes the socket file. Idempotent.
+  void Shutdown(std::chrono::milliseconds grace);
+
+ private:
+  Daemon(const DaemonConfig& config, std::unique_ptr<MemoryPool> pool);
+
+  const DaemonConfig config_;
+  // Declaration order is destruction order in reverse: the server goes
+  // first, then the objects (catalog), then the pool they point into.
+  std::unique_ptr<MemoryPool> pool_;
+  SessionManager sessions_;
+  Catalog catalog_;
+  StashCore core_;
+  StashService service_;
+  std::unique_ptr<grpc::Server> server_;
+  ino_t socket_inode_ = 0;
+  bool stopped_ = false;
+};
+
+}  // namespace actstash::server
+
+#endif  // ACTSTASH_SERVER_DAEMON_H_

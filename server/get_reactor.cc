@@ -1,0 +1,81 @@
+// Get: a server-streaming call that sends the header, then the payload in
+// chunks of at most kMaxChunkBytes, straight from pool memory.
+#include <algorithm>
+
+#include "common/grpc_status.h"
+#include "common/protocol.h"
+#include "server/stash_reactors.h"
+
+namespace actstash::server {
+namespace {
+
+// Holds a reference to the object, so a concurrent Delete or CloseSession
+// frees its memory only after the last chunk was written. One write is in
+// flight at a time; gRPC serializes the callbacks.
+class GetReactor final : public grpc::ServerWriteReactor<v1::GetChunk> {
+ public:
+  GetReactor(StashCore* core, grpc::CallbackServerContext* ctx, const v1::GetRequest& request)
+      : core_(*core) {
+    absl::StatusOr<std::shared_ptr<Session>> session = AuthenticateCall(core_, *ctx);
+    if (!session.ok()) {
+      Finish(ToGrpcStatus(session.status()));
+      return;
+    }
+    session_ = *std::move(session);
+    absl::StatusOr<std::shared_ptr<const StoredObject>> object =
+        core_.catalog.Lookup(session_->id(), request.handle());
+    if (!object.ok()) {
+      Finish(ToGrpcStatus(object.status()));
+      return;
+    }
+    object_ = *std::move(object);
+    const ObjectMeta& meta = object_->meta();
+    v1::ObjectHeader* header = chunk_.mutable_header();
+    header->set_dtype(meta.dtype);
+    for (int64_t dim : meta.shape) header->add_shape(dim);
+    header->set_nbytes(meta.nbytes);
+    if (meta.checksum_algorithm != v1::CHECKSUM_ALGORITHM_UNSPECIFIED) {
+      header->mutable_checksum()->set_algorithm(
+          static_cast<v1::ChecksumAlgorithm>(meta.checksum_algorithm));
+      header->mutable_checksum()->set_value(meta.checksum);
+    }
+    StartWrite(&chunk_);
+  }
+
+  void OnWriteDone(bool ok) override {
+    if (!ok) {  // the client went away or cancelled
+      Finish(grpc::Status(grpc::StatusCode::CANCELLED, "Get stream was cancelled"));
+      return;
+    }
+    const uint64_t nbytes = object_->meta().nbytes;
+    if (sent_ == nbytes) {
+      session_->RecordFetch(nbytes);
+      core_.bytes_fetched.fetch_add(nbytes, std::memory_order_relaxed);
+      Finish(grpc::Status::OK);
+      return;
+    }
+    const uint64_t n = std::min(kMaxChunkBytes, nbytes - sent_);
+    chunk_.set_data(reinterpret_cast<const char*>(object_->data() + sent_), n);
+    sent_ += n;
+    StartWrite(&chunk_);
+  }
+
+  void OnDone() override { delete this; }
+
+ private:
+  StashCore& core_;
+  std::shared_ptr<Session> session_;
+  std::shared_ptr<const StoredObject> object_;
+  v1::GetChunk chunk_;
+  uint64_t sent_ = 0;
+};
+
+}  // namespace
+
+grpc::ServerWriteReactor<v1::GetChunk>* StartGet(StashCore* core,
+                                                 grpc::CallbackServerContext* ctx,
+                                                 const v1::GetRequest* request) {
+  return new GetReactor(core, ctx, *request);
+}
+
+}  // namespace actstash::server

@@ -1,0 +1,170 @@
+#include "server/host_pool.h"
+
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "common/check.h"
+#include "common/units.h"
+#include "server/range_allocator.h"
+#include "spdlog/spdlog.h"
+
+namespace actstash::server {
+namespace {
+
+absl::Status ErrnoStatus(absl::string_view what, int error) {
+  const absl::StatusCode code = (error == ENOMEM || error == ENOSPC)
+                                    ? absl::StatusCode::kResourceExhausted
+                                    : absl::StatusCode::kInternal;
+  return absl::Status(code, absl::StrCat(what, ": ", std::strerror(error)));
+}
+
+bool IsPowerOfTwo(uint64_t x) { return x != 0 && (x & (x - 1)) == 0; }
+
+// Thread-safety: allocator_ is guarded by mu_; the mapping and the segment
+// fds are fixed between construction and destruction.
+class HostPool final : public MemoryPool {
+ public:
+  HostPool(std::byte* base, std::vector<int> fds, const HostPoolOptions& options,
+           uint64_t locked_bytes)
+      : base_(base),
+        segment_fds_(std::move(fds)),
+        segment_bytes_(options.segment_bytes),
+        total_bytes_(segment_bytes_ * segment_fds_.size()),
+        locked_bytes_(locked_bytes),
+        allocator_(total_bytes_, options.alignment) {}
+
+  ~HostPool() override {
+    {
+      absl::MutexLock lock(&mu_);
+      ACTSTASH_CHECK(allocator_.allocation_count() == 0,
+                     "HostPool destroyed while Allocations are alive");
+    }
+    munmap(base_, total_bytes_);
+    for (int fd : segment_fds_) close(fd);
+  }
+
+  absl::StatusOr<Allocation> Allocate(uint64_t nbytes) override {
+    if (nbytes == 0) return Allocation();
+    absl::MutexLock lock(&mu_);
+    std::optional<uint64_t> offset = allocator_.Allocate(nbytes);
+    if (!offset.has_value()) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "host pool exhausted: requested ", nbytes, " bytes (", FormatBytes(nbytes),
+          "), available ", allocator_.free_bytes(), " bytes free of ", total_bytes_,
+          ", largest free block ", allocator_.largest_free_block(), " bytes"));
+    }
+    return MakeAllocation(this, base_ + *offset, *offset, nbytes);
+  }
+
+  PoolStats Stats() const override {
+    absl::MutexLock lock(&mu_);
+    PoolStats stats;
+    stats.total_bytes = total_bytes_;
+    stats.used_bytes = allocator_.used_bytes();
+    stats.free_bytes = allocator_.free_bytes();
+    stats.largest_free_bytes = allocator_.largest_free_block();
+    stats.segment_bytes = segment_bytes_;
+    stats.segments = segment_fds_.size();
+    stats.locked_bytes = locked_bytes_;
+    stats.allocations = allocator_.allocation_count();
+    return stats;
+  }
+
+ private:
+  void Free(uint64_t offset) override {
+    absl::MutexLock lock(&mu_);
+    allocator_.Free(offset);
+  }
+
+  std::byte* const base_;
+  const std::vector<int> segment_fds_;
+  const uint64_t segment_bytes_;
+  const uint64_t total_bytes_;
+  const uint64_t locked_bytes_;
+  mutable absl::Mutex mu_;
+  RangeAllocator allocator_ ABSL_GUARDED_BY(mu_);
+};
+
+std::string MemlockLimitText() {
+  rlimit limit{};
+  if (getrlimit(RLIMIT_MEMLOCK, &limit) != 0) return "unknown";
+  if (limit.rlim_cur == RLIM_INFINITY) return "unlimited";
+  return FormatBytes(limit.rlim_cur);
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<MemoryPool>> CreateHostPool(const HostPoolOptions& options) {
+  const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  if (options.segment_bytes == 0 || options.segment_bytes % page != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "segment size ", options.segment_bytes, " is not a positive multiple of the page size ",
+        page));
+  }
+  if (!IsPowerOfTwo(options.alignment) || options.alignment > page) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("alignment ", options.alignment, " is not a power of two <= ", page));
+  }
+  const uint64_t segments = options.pool_bytes / options.segment_bytes;
+  if (segments == 0) {
+    return absl::InvalidArgumentError(absl::StrCat("pool size ", FormatBytes(options.pool_bytes),
+                                                   " is smaller than one segment (",
+                                                   FormatBytes(options.segment_bytes), ")"));
+  }
+  const uint64_t total = segments * options.segment_bytes;
+
+  void* reserved = mmap(nullptr, total, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                        -1, 0);
+  if (reserved == MAP_FAILED) return ErrnoStatus("reserving the pool's address range", errno);
+  auto* base = static_cast<std::byte*>(reserved);
+
+  std::vector<int> fds;
+  auto fail = [&](absl::Status status) {
+    munmap(base, total);
+    for (int fd : fds) close(fd);
+    return status;
+  };
+  for (uint64_t i = 0; i < segments; ++i) {
+    const std::string name = absl::StrCat("actstash-segment-", i);
+    const int fd = memfd_create(name.c_str(), MFD_CLOEXEC);
+    if (fd < 0) return fail(ErrnoStatus("memfd_create", errno));
+    fds.push_back(fd);
+    if (ftruncate(fd, static_cast<off_t>(options.segment_bytes)) != 0) {
+      return fail(ErrnoStatus("ftruncate of a pool segment", errno));
+    }
+    void* mapped = mmap(base + i * options.segment_bytes, options.segment_bytes,
+                        PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED | MAP_POPULATE, fd, 0);
+    if (mapped == MAP_FAILED) return fail(ErrnoStatus("mapping a pool segment", errno));
+  }
+
+  uint64_t locked = 0;
+  if (options.mlock != MlockMode::kOff) {
+    if (mlock(base, total) == 0) {
+      locked = total;
+    } else {
+      const int error = errno;
+      const std::string why = absl::StrCat(
+          "mlock of the ", FormatBytes(total), " host pool failed: ", std::strerror(error),
+          " (RLIMIT_MEMLOCK is ", MemlockLimitText(),
+          "); raise it with `ulimit -l unlimited`, LimitMEMLOCK=infinity (systemd) or the "
+          "IPC_LOCK capability (containers)");
+      if (options.mlock == MlockMode::kOn) {
+        return fail(absl::ResourceExhaustedError(why));
+      }
+      spdlog::warn("{}; continuing with unpinned memory (pages may be swapped out, and GPU "
+                   "copies from it will not run at full speed)",
+                   why);
+    }
+  }
+  return std::unique_ptr<MemoryPool>(new HostPool(base, std::move(fds), options, locked));
+}
+
+}  // namespace actstash::server

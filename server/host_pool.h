@@ -1,0 +1,36 @@
+// The host memory pool: pinned (mlock'ed) shared memory in memfd segments.
+#ifndef ACTSTASH_SERVER_HOST_POOL_H_
+#define ACTSTASH_SERVER_HOST_POOL_H_
+
+#include <cstdint>
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "server/memory_pool.h"
+
+namespace actstash::server {
+
+enum class MlockMode {
+  kAuto,  // try to mlock; on failure log a warning and keep the memory unpinned
+  kOn,    // fail pool creation when mlock fails
+  kOff,   // never mlock
+};
+
+struct HostPoolOptions {
+  uint64_t pool_bytes = 0;              // rounded down to whole segments; >= 1 segment
+  uint64_t segment_bytes = 64ull << 20;  // a multiple of the page size
+  MlockMode mlock = MlockMode::kAuto;
+  uint64_t alignment = 256;  // every allocation starts at a multiple (power of two)
+};
+
+// Creates the pool: one memfd per segment, mapped MAP_SHARED|MAP_POPULATE
+// back to back into one reserved address range (so one allocation may span
+// segments), then mlock()ed according to options.mlock. All memory is
+// committed up front. Errors: INVALID_ARGUMENT for inconsistent options,
+// RESOURCE_EXHAUSTED / INTERNAL (with errno text) when the kernel refuses.
+// The pool must outlive every Allocation it hands out.
+absl::StatusOr<std::unique_ptr<MemoryPool>> CreateHostPool(const HostPoolOptions& options);
+
+}  // namespace actstash::server
+
+#endif  // ACTSTASH_SERVER_HOST_POOL_H_

@@ -1,0 +1,47 @@
+// actstashd: see `actstashd --help` and README.md.
+#include <signal.h>
+
+#include <chrono>
+#include <cstdio>
+
+#include "server/config.h"
+#include "server/daemon.h"
+#include "spdlog/sinks/stdout_sinks.h"
+#include "spdlog/spdlog.h"
+
+int main(int argc, char** argv) {
+  actstash::server::CommandLine command_line = actstash::server::ParseCommandLine(argc, argv);
+  if (command_line.exit_code.has_value()) return *command_line.exit_code;
+  const actstash::server::DaemonConfig& config = command_line.config;
+
+  auto logger = spdlog::stderr_logger_mt("actstashd");
+  logger->set_pattern("%Y-%m-%dT%H:%M:%S.%e %^%l%$ [%t] %v");
+  spdlog::set_default_logger(logger);
+  spdlog::set_level(spdlog::level::from_str(config.log_level));
+  spdlog::flush_on(spdlog::level::info);
+
+  // Block the shutdown signals before gRPC starts its threads, so only the
+  // sigwait below receives them. A client vanishing mid-write must not kill
+  // the daemon either.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  auto daemon = actstash::server::Daemon::Start(config);
+  if (!daemon.ok()) {
+    spdlog::critical("cannot start: {}", daemon.status().ToString());
+    return 1;
+  }
+  spdlog::info("ready");
+  int received = 0;
+  sigwait(&signals, &received);
+  spdlog::info("received {}, shutting down (grace {} s)", received == SIGTERM ? "SIGTERM" : "SIGINT",
+               config.shutdown_grace_seconds);
+  (*daemon)->Shutdown(std::chrono::milliseconds(
+      static_cast<int64_t>(config.shutdown_grace_seconds * 1000)));
+  daemon->reset();
+  return 0;
+}

@@ -1,0 +1,104 @@
+// MemoryPool: where the daemon keeps stored bytes. Memory leaves a pool only
+// as an Allocation, a move-only handle that gives the range back when
+// destroyed.
+#ifndef ACTSTASH_SERVER_MEMORY_POOL_H_
+#define ACTSTASH_SERVER_MEMORY_POOL_H_
+
+#include <cstddef>
+#include <cstdint>
+
+#include "absl/status/statusor.h"
+
+namespace actstash::server {
+
+struct PoolStats {
+  uint64_t total_bytes = 0;
+  uint64_t used_bytes = 0;
+  uint64_t free_bytes = 0;
+  uint64_t largest_free_bytes = 0;
+  uint64_t segment_bytes = 0;
+  uint64_t segments = 0;
+  uint64_t locked_bytes = 0;
+  uint64_t allocations = 0;
+};
+
+class MemoryPool;
+
+// A live range of pool memory. Move-only; the destructor returns the range to
+// its pool, which must outlive it. A default-constructed or moved-from
+// Allocation owns nothing; an Allocation of 0 bytes owns nothing and has a
+// null data().  Not thread-safe itself; distinct Allocations may be used and
+// destroyed on any threads concurrently.
+class Allocation {
+ public:
+  Allocation() = default;
+  ~Allocation() { Reset(); }
+  Allocation(Allocation&& other) noexcept { *this = std::move(other); }
+  Allocation& operator=(Allocation&& other) noexcept;
+  Allocation(const Allocation&) = delete;
+  Allocation& operator=(const Allocation&) = delete;
+
+  std::byte* data() const { return data_; }
+  uint64_t size() const { return size_; }
+  uint64_t offset() const { return offset_; }
+  // Gives the range back now.
+  void Reset();
+
+ private:
+  friend class MemoryPool;
+  Allocation(MemoryPool* pool, std::byte* data, uint64_t offset, uint64_t size)
+      : pool_(pool), data_(data), offset_(offset), size_(size) {}
+
+  MemoryPool* pool_ = nullptr;
+  std::byte* data_ = nullptr;
+  uint64_t offset_ = 0;
+  uint64_t size_ = 0;
+};
+
+// Thread-safe: every member may be called from any thread.
+class MemoryPool {
+ public:
+  virtual ~MemoryPool() = default;
+
+  // Reserves `nbytes` of pool memory (any value; 0 gives an empty
+  // Allocation). A full or too fragmented pool is RESOURCE_EXHAUSTED whose
+  // message gives the requested, free and largest free bytes.
+  virtual absl::StatusOr<Allocation> Allocate(uint64_t nbytes) = 0;
+  virtual PoolStats Stats() const = 0;
+
+ protected:
+  static Allocation MakeAllocation(MemoryPool* pool, std::byte* data, uint64_t offset,
+                                   uint64_t size) {
+    return Allocation(pool, data, offset, size);
+  }
+
+ private:
+  friend class Allocation;
+  // Called once per non-empty Allocation when it is destroyed or reset.
+  virtual void Free(uint64_t offset) = 0;
+};
+
+inline Allocation& Allocation::operator=(Allocation&& other) noexcept {
+  if (this != &other) {
+    Reset();
+    pool_ = other.pool_;
+    data_ = other.data_;
+    offset_ = other.offset_;
+    size_ = other.size_;
+    other.pool_ = nullptr;
+    other.data_ = nullptr;
+    other.size_ = 0;
+  }
+  return *this;
+}
+
+inline void Allocation::Reset() {
+  if (pool_ != nullptr) pool_->Free(offset_);
+  pool_ = nullptr;
+  data_ = nullptr;
+  size_ = 0;
+}
+
+}  // namespace actstash::server
+
+#endif  // ACTSTASH_SERVER_MEMORY_POOL_H_

@@ -1,0 +1,86 @@
+#include "server/session.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/check.h"
+
+namespace actstash::server {
+
+QuotaReservation& QuotaReservation::operator=(QuotaReservation&& other) noexcept {
+  if (this != &other) {
+    Reset();
+    session_ = std::move(other.session_);
+    bytes_ = other.bytes_;
+    other.bytes_ = 0;
+  }
+  return *this;
+}
+
+void QuotaReservation::Reset() {
+  if (session_ != nullptr) session_->Release(bytes_);
+  session_.reset();
+  bytes_ = 0;
+}
+
+Session::Session(uint64_t id, std::string token, std::string name, uint32_t pid,
+                 uint64_t quota_bytes, int64_t opened_unix_ms)
+    : id_(id),
+      token_(std::move(token)),
+      name_(std::move(name)),
+      pid_(pid),
+      quota_bytes_(quota_bytes),
+      opened_unix_ms_(opened_unix_ms) {}
+
+absl::StatusOr<QuotaReservation> Session::Reserve(uint64_t bytes) {
+  if (closed()) {
+    return absl::FailedPreconditionError(absl::StrCat("session ", id_, " is closed"));
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    const uint64_t available = quota_bytes_ - used_bytes_;
+    if (bytes > available) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "session quota exceeded: requested ", bytes, " bytes, available ", available,
+          " bytes (quota ", quota_bytes_, ", in use ", used_bytes_, ")"));
+    }
+    used_bytes_ += bytes;
+  }
+  return QuotaReservation(shared_from_this(), bytes);
+}
+
+void Session::Release(uint64_t bytes) {
+  absl::MutexLock lock(&mu_);
+  ACTSTASH_CHECK(bytes <= used_bytes_, "session quota released more than it reserved");
+  used_bytes_ -= bytes;
+}
+
+uint64_t Session::used_bytes() const {
+  absl::MutexLock lock(&mu_);
+  return used_bytes_;
+}
+
+void Session::RecordStore(uint64_t bytes) {
+  bytes_stored_.fetch_add(bytes, std::memory_order_relaxed);
+  puts_.fetch_add(1, std::memory_order_relaxed);
+}
+
+void Session::RecordFetch(uint64_t bytes) {
+  bytes_fetched_.fetch_add(bytes, std::memory_order_relaxed);
+  gets_.fetch_add(1, std::memory_order_relaxed);
+}
+
+SessionSnapshot Session::Snapshot() const {
+  SessionSnapshot s;
+  s.id = id_;
+  s.name = name_;
+  s.pid = pid_;
+  s.quota_bytes = quota_bytes_;
+  s.used_bytes = used_bytes();
+  s.bytes_stored = bytes_stored_.load(std::memory_order_relaxed);
+  s.bytes_fetched = bytes_fetched_.load(std::memory_order_relaxed);
+  s.puts = puts_.load(std::memory_order_relaxed);
+  s.gets = gets_.load(std::memory_order_relaxed);
+  s.opened_unix_ms = opened_unix_ms_;
+  return s;
+}
+
+}  // namespace actstash::server

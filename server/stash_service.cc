@@ -1,0 +1,133 @@
+#include "server/stash_service.h"
+
+#include <unistd.h>
+
+#include "absl/strings/str_cat.h"
+#include "common/grpc_status.h"
+#include "common/protocol.h"
+#include "server/stash_reactors.h"
+#include "spdlog/spdlog.h"
+
+namespace actstash::server {
+namespace {
+
+grpc::ServerUnaryReactor* FinishUnary(grpc::CallbackServerContext* ctx,
+                                      const absl::Status& status) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  reactor->Finish(ToGrpcStatus(status));
+  return reactor;
+}
+
+void FillSessionStats(const SessionSnapshot& s, uint64_t objects, v1::SessionStats* out) {
+  out->set_session_id(s.id);
+  out->set_client_name(s.name);
+  out->set_client_pid(s.pid);
+  out->set_quota_bytes(s.quota_bytes);
+  out->set_used_bytes(s.used_bytes);
+  out->set_objects(objects);
+  out->set_bytes_stored(s.bytes_stored);
+  out->set_bytes_fetched(s.bytes_fetched);
+  out->set_puts(s.puts);
+  out->set_gets(s.gets);
+  out->set_opened_unix_ms(s.opened_unix_ms);
+}
+
+}  // namespace
+
+grpc::ServerUnaryReactor* StashService::OpenSession(grpc::CallbackServerContext* ctx,
+                                                    const v1::OpenSessionRequest* request,
+                                                    v1::OpenSessionReply* reply) {
+  absl::StatusOr<std::shared_ptr<Session>> session = core_->sessions.Open(
+      request->client_name(), request->quota_bytes(), request->client_pid());
+  if (!session.ok()) return FinishUnary(ctx, session.status());
+  const Session& s = **session;
+  reply->set_session_id(s.id());
+  reply->set_token(s.token());
+  reply->set_quota_bytes(s.quota_bytes());
+  reply->set_max_chunk_bytes(kMaxChunkBytes);
+  reply->set_daemon_version(kVersion);
+  spdlog::info("session {} opened: client '{}' pid {} peer {} quota {} bytes", s.id(), s.name(),
+               request->client_pid(), ctx->peer(), s.quota_bytes());
+  return FinishUnary(ctx, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* StashService::CloseSession(grpc::CallbackServerContext* ctx,
+                                                     const v1::CloseSessionRequest* request,
+                                                     v1::CloseSessionReply* reply) {
+  absl::StatusOr<std::shared_ptr<Session>> session = AuthenticateCall(*core_, *ctx);
+  if (!session.ok()) return FinishUnary(ctx, session.status());
+  const uint64_t id = (*session)->id();
+  if (core_->sessions.Close(id) == nullptr) {
+    return FinishUnary(ctx, absl::UnauthenticatedError("the session is already closed"));
+  }
+  const RemovedTotals freed = core_->catalog.RemoveSession(id);
+  reply->set_objects_freed(freed.objects);
+  reply->set_bytes_freed(freed.bytes);
+  spdlog::info("session {} closed: freed {} objects, {} bytes", id, freed.objects, freed.bytes);
+  return FinishUnary(ctx, absl::OkStatus());
+}
+
+grpc::ServerReadReactor<v1::PutChunk>* StashService::Put(grpc::CallbackServerContext* ctx,
+                                                         v1::PutReply* reply) {
+  return StartPut(core_, ctx, reply);
+}
+
+grpc::ServerWriteReactor<v1::GetChunk>* StashService::Get(grpc::CallbackServerContext* ctx,
+                                                          const v1::GetRequest* request) {
+  return StartGet(core_, ctx, request);
+}
+
+grpc::ServerUnaryReactor* StashService::Delete(grpc::CallbackServerContext* ctx,
+                                               const v1::DeleteRequest* request,
+                                               v1::DeleteReply* reply) {
+  absl::StatusOr<std::shared_ptr<Session>> session = AuthenticateCall(*core_, *ctx);
+  if (!session.ok()) return FinishUnary(ctx, session.status());
+  if (request->handles_size() > kMaxDeleteHandles) {
+    return FinishUnary(ctx, absl::InvalidArgumentError(absl::StrCat(
+                                "Delete of ", request->handles_size(), " handles; at most ",
+                                kMaxDeleteHandles, " per call")));
+  }
+  absl::StatusOr<RemovedTotals> removed = core_->catalog.Remove(
+      (*session)->id(), absl::MakeConstSpan(request->handles().data(), request->handles_size()));
+  if (!removed.ok()) return FinishUnary(ctx, removed.status());
+  reply->set_deleted(removed->objects);
+  reply->set_bytes_freed(removed->bytes);
+  return FinishUnary(ctx, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* StashService::Stats(grpc::CallbackServerContext* ctx,
+                                              const v1::StatsRequest* request,
+                                              v1::StatsReply* reply) {
+  absl::StatusOr<std::shared_ptr<Session>> session = AuthenticateCall(*core_, *ctx);
+  if (!session.ok()) return FinishUnary(ctx, session.status());
+  const PoolStats pool = core_->pool.Stats();
+  v1::PoolStats* out = reply->mutable_pool();
+  out->set_total_bytes(pool.total_bytes);
+  out->set_used_bytes(pool.used_bytes);
+  out->set_free_bytes(pool.free_bytes);
+  out->set_largest_free_bytes(pool.largest_free_bytes);
+  out->set_segment_bytes(pool.segment_bytes);
+  out->set_segments(pool.segments);
+  out->set_locked_bytes(pool.locked_bytes);
+  reply->set_sessions(core_->sessions.size());
+  reply->set_objects(core_->catalog.size());
+  reply->set_bytes_stored(core_->bytes_stored.load(std::memory_order_relaxed));
+  reply->set_bytes_fetched(core_->bytes_fetched.load(std::memory_order_relaxed));
+  const Session& self = **session;
+  FillSessionStats(self.Snapshot(), core_->catalog.SessionObjectCount(self.id()),
+                   reply->mutable_self());
+  if (request->per_session()) {
+    for (const std::shared_ptr<Session>& s : core_->sessions.List()) {
+      FillSessionStats(s->Snapshot(), core_->catalog.SessionObjectCount(s->id()),
+                       reply->add_sessions_detail());
+    }
+  }
+  reply->set_daemon_version(kVersion);
+  reply->set_uptime_seconds(std::chrono::duration_cast<std::chrono::seconds>(
+                                std::chrono::steady_clock::now() - core_->started)
+                                .count());
+  reply->set_daemon_pid(static_cast<uint32_t>(getpid()));
+  return FinishUnary(ctx, absl::OkStatus());
+}
+
+}  // namespace actstash::server

@@ -1,0 +1,39 @@
+// StashService: the actstash.v1.Stash gRPC service (callback API).
+#ifndef ACTSTASH_SERVER_STASH_SERVICE_H_
+#define ACTSTASH_SERVER_STASH_SERVICE_H_
+
+#include "actstash/v1/stash.grpc.pb.h"
+#include "server/stash_core.h"
+
+namespace actstash::server {
+
+// Handlers run on gRPC's callback threads and never block on I/O. `core`
+// must outlive the gRPC server that serves this service.
+class StashService final : public v1::Stash::CallbackService {
+ public:
+  explicit StashService(StashCore* core) : core_(core) {}
+
+  grpc::ServerUnaryReactor* OpenSession(grpc::CallbackServerContext* ctx,
+                                        const v1::OpenSessionRequest* request,
+                                        v1::OpenSessionReply* reply) override;
+  grpc::ServerUnaryReactor* CloseSession(grpc::CallbackServerContext* ctx,
+                                         const v1::CloseSessionRequest* request,
+                                         v1::CloseSessionReply* reply) override;
+  grpc::ServerReadReactor<v1::PutChunk>* Put(grpc::CallbackServerContext* ctx,
+                                             v1::PutReply* reply) override;
+  grpc::ServerWriteReactor<v1::GetChunk>* Get(grpc::CallbackServerContext* ctx,
+                                              const v1::GetRequest* request) override;
+  grpc::ServerUnaryReactor* Delete(grpc::CallbackServerContext* ctx,
+                                   const v1::DeleteRequest* request,
+                                   v1::DeleteReply* reply) override;
+  grpc::ServerUnaryReactor* Stats(grpc::CallbackServerContext* ctx,
+                                  const v1::StatsRequest* request,
+                                  v1::StatsReply* reply) override;
+
+ private:
+  StashCore* const core_;
+};
+
+}  // namespace actstash::server
+
+#endif  // ACTSTASH_SERVER_STASH_SERVICE_H_
