@@ -1,0 +1,130 @@
+#include "tests/support/daemon_process.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "actstash/client.h"
+
+namespace actstash::testing {
+
+std::string DaemonBinaryPath() {
+  const char* from_env = std::getenv("ACTSTASH_DAEMON_BINARY");
+  if (from_env != nullptr && from_env[0] != '\0') return from_env;
+  return ACTSTASH_DAEMON_BINARY;
+}
+
+absl::StatusOr<std::unique_ptr<DaemonProcess>> DaemonProcess::Start(
+    DaemonProcessOptions options) {
+  std::unique_ptr<DaemonProcess> daemon(new DaemonProcess(std::move(options)));
+  char dir_template[] = "/tmp/actstash-test-XXXXXX";
+  if (mkdtemp(dir_template) == nullptr) {
+    return absl::InternalError(absl::StrCat("mkdtemp: ", std::strerror(errno)));
+  }
+  daemon->temp_dir_ = dir_template;
+  daemon->socket_path_ = daemon->options_.socket_path.empty()
+                             ? daemon->temp_dir_ + "/actstash.sock"
+                             : daemon->options_.socket_path;
+  daemon->log_path_ = daemon->temp_dir_ + "/actstashd.log";
+  if (absl::Status s = daemon->Launch(); !s.ok()) return s;
+  return daemon;
+}
+
+absl::Status DaemonProcess::Launch() {
+  std::vector<std::string> args = {DaemonBinaryPath(),
+                                   "--socket",       socket_path_,
+                                   "--pool-size",    options_.pool_size,
+                                   "--segment-size", options_.segment_size,
+                                   "--log-level",    "debug"};
+  args.insert(args.end(), options_.extra_args.begin(), options_.extra_args.end());
+  std::vector<char*> argv;
+  for (std::string& arg : args) argv.push_back(arg.data());
+  argv.push_back(nullptr);
+  const int log_fd = open(log_path_.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (log_fd < 0) return absl::InternalError(absl::StrCat("open log: ", std::strerror(errno)));
+  const pid_t pid = fork();
+  if (pid < 0) {
+    close(log_fd);
+    return absl::InternalError(absl::StrCat("fork: ", std::strerror(errno)));
+  }
+  if (pid == 0) {
+    dup2(log_fd, STDOUT_FILENO);
+    dup2(log_fd, STDERR_FILENO);
+    execv(argv[0], argv.data());
+    std::fprintf(stderr, "execv %s: %s\n", argv[0], std::strerror(errno));
+    _exit(127);
+  }
+  close(log_fd);
+  pid_ = pid;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(15);
+  while (std::chrono::steady_clock::now() < deadline) {
+    int status = 0;
+    if (waitpid(pid_, &status, WNOHANG) == pid_) {
+      pid_ = -1;
+      return absl::FailedPreconditionError(
+          absl::StrCat("actstashd exited during start-up; its log:\n", log()));
+    }
+    absl::StatusOr<PingResult> ping = Ping(address(), std::chrono::milliseconds(200));
+    if (ping.ok() && ping->serving) return absl::OkStatus();
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  (void)Stop(SIGKILL);
+  return absl::DeadlineExceededError(
+      absl::StrCat("actstashd did not become ready in 15 s; its log:\n", log()));
+}
+
+absl::StatusOr<int> DaemonProcess::Stop(int signal, std::chrono::milliseconds timeout) {
+  if (pid_ <= 0) return absl::FailedPreconditionError("actstashd is not running");
+  kill(pid_, signal);
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  int status = 0;
+  while (true) {
+    const pid_t done = waitpid(pid_, &status, WNOHANG);
+    if (done == pid_) break;
+    if (std::chrono::steady_clock::now() > deadline) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, &status, 0);
+      pid_ = -1;
+      return absl::DeadlineExceededError("actstashd did not exit in time; killed it");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  pid_ = -1;
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  return 128 + WTERMSIG(status);
+}
+
+absl::Status DaemonProcess::Restart() {
+  if (running()) {
+    absl::StatusOr<int> code = Stop();
+    if (!code.ok()) return code.status();
+  }
+  return Launch();
+}
+
+std::string DaemonProcess::log() const {
+  std::ifstream in(log_path_);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+DaemonProcess::~DaemonProcess() {
+  if (pid_ > 0) (void)Stop(SIGKILL);
+  if (!temp_dir_.empty()) {
+    std::error_code ignored;
+    std::filesystem::remove_all(temp_dir_, ignored);
+  }
+}
+
+}  // namespace actstash::testing
