@@ -1,0 +1,51 @@
+// Helpers shared by the integration tests.
+#ifndef ACTSTASH_TESTS_INTEGRATION_TEST_UTIL_H_
+#define ACTSTASH_TESTS_INTEGRATION_TEST_UTIL_H_
+
+#include <gtest/gtest.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "actstash/client.h"
+#include "tests/support/daemon_process.h"
+
+namespace actstash::testing {
+
+inline std::vector<std::byte> RandomBytes(size_t n, uint64_t seed) {
+  std::vector<std::byte> bytes(n);
+  std::mt19937_64 rng(seed);
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const uint64_t v = rng();
+    std::memcpy(bytes.data() + i, &v, 8);
+  }
+  for (; i < n; ++i) bytes[i] = static_cast<std::byte>(rng());
+  return bytes;
+}
+
+inline std::unique_ptr<DaemonProcess> StartDaemonOrDie(DaemonProcessOptions options = {}) {
+  absl::StatusOr<std::unique_ptr<DaemonProcess>> daemon = DaemonProcess::Start(options);
+  EXPECT_TRUE(daemon.ok()) << daemon.status();
+  return daemon.ok() ? *std::move(daemon) : nullptr;
+}
+
+inline std::unique_ptr<Client> ConnectOrDie(const DaemonProcess& daemon,
+                                            uint64_t quota_bytes = 0,
+                                            const std::string& name = "test") {
+  ClientOptions options;
+  options.address = daemon.address();
+  options.quota_bytes = quota_bytes;
+  options.client_name = name;
+  absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(options);
+  EXPECT_TRUE(client.ok()) << client.status();
+  return client.ok() ? *std::move(client) : nullptr;
+}
+
+}  // namespace actstash::testing
+
+#endif  // ACTSTASH_TESTS_INTEGRATION_TEST_UTIL_H_
