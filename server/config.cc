@@ -209,7 +209,8 @@ CommandLine ParseCommandLine(int argc, const char* const* argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& error) {
-    result.exit_code = app.exit(error);
+    // --help and --version exit 0; every usage error exits 2, as documented.
+    result.exit_code = app.exit(error) == 0 ? 0 : 2;
     return result;
   }
   std::map<std::string, std::string> values;

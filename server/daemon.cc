@@ -11,6 +11,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "common/protocol.h"
@@ -136,7 +137,20 @@ void Daemon::Shutdown(std::chrono::milliseconds grace) {
   if (stopped_) return;
   stopped_ = true;
   if (server_ != nullptr) {
-    server_->Shutdown(std::chrono::system_clock::now() + grace);
+    // gRPC's own Shutdown(deadline) also waits for idle client connections
+    // to go away, which a sync client notices only on its next poll (up to
+    // 5 s). So drain the calls that matter here (streams in flight), then
+    // shut down at once: what is still running past the grace is cancelled.
+    core_.draining.store(true, std::memory_order_release);
+    server_->GetHealthCheckService()->SetServingStatus(false);
+    const auto deadline = std::chrono::steady_clock::now() + grace;
+    while (core_.streams_in_flight.load(std::memory_order_acquire) > 0 &&
+           std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    const int64_t cancelled = core_.streams_in_flight.load(std::memory_order_acquire);
+    if (cancelled > 0) spdlog::warn("cancelling {} calls still running after the grace period", cancelled);
+    server_->Shutdown(std::chrono::system_clock::now());
     server_->Wait();
   }
   // Remove the socket only if it is still ours (a new daemon may own the path).

@@ -16,6 +16,7 @@ class GetReactor final : public grpc::ServerWriteReactor<v1::GetChunk> {
  public:
   GetReactor(StashCore* core, grpc::CallbackServerContext* ctx, const v1::GetRequest& request)
       : core_(*core) {
+    core_.streams_in_flight.fetch_add(1, std::memory_order_acq_rel);
     absl::StatusOr<std::shared_ptr<Session>> session = AuthenticateCall(core_, *ctx);
     if (!session.ok()) {
       Finish(ToGrpcStatus(session.status()));
@@ -60,7 +61,10 @@ class GetReactor final : public grpc::ServerWriteReactor<v1::GetChunk> {
     StartWrite(&chunk_);
   }
 
-  void OnDone() override { delete this; }
+  void OnDone() override {
+    core_.streams_in_flight.fetch_sub(1, std::memory_order_acq_rel);
+    delete this;
+  }
 
  private:
   StashCore& core_;

@@ -40,6 +40,7 @@ class PutReactor final : public grpc::ServerReadReactor<v1::PutChunk> {
  public:
   PutReactor(StashCore* core, grpc::CallbackServerContext* ctx, v1::PutReply* reply)
       : core_(*core), reply_(reply) {
+    core_.streams_in_flight.fetch_add(1, std::memory_order_acq_rel);
     absl::StatusOr<std::shared_ptr<Session>> session = AuthenticateCall(core_, *ctx);
     if (!session.ok()) {
       FinishOnce(session.status());
@@ -59,7 +60,10 @@ class PutReactor final : public grpc::ServerReadReactor<v1::PutChunk> {
     }
   }
 
-  void OnDone() override { delete this; }
+  void OnDone() override {
+    core_.streams_in_flight.fetch_sub(1, std::memory_order_acq_rel);
+    delete this;
+  }
 
  private:
   absl::Status Consume() {

@@ -29,9 +29,18 @@ struct StashCore {
   const std::chrono::steady_clock::time_point started = std::chrono::steady_clock::now();
   std::atomic<uint64_t> bytes_stored{0};   // cumulative, all sessions
   std::atomic<uint64_t> bytes_fetched{0};  // cumulative, all sessions
+  // Set when shutdown begins: new calls are refused with UNAVAILABLE.
+  std::atomic<bool> draining{false};
+  // Streaming calls (Put, Get) between their start and OnDone; shutdown
+  // waits for this to reach zero (or its grace period to end).
+  std::atomic<int64_t> streams_in_flight{0};
 };
 
-// The session named by the call's token metadata, or UNAUTHENTICATED.
+// UNAVAILABLE once the daemon is shutting down.
+absl::Status CheckNotDraining(const StashCore& core);
+
+// The session named by the call's token metadata, or UNAUTHENTICATED (or
+// UNAVAILABLE while draining).
 absl::StatusOr<std::shared_ptr<Session>> AuthenticateCall(const StashCore& core,
                                                           const grpc::CallbackServerContext& ctx);
 

@@ -37,6 +37,7 @@ void FillSessionStats(const SessionSnapshot& s, uint64_t objects, v1::SessionSta
 grpc::ServerUnaryReactor* StashService::OpenSession(grpc::CallbackServerContext* ctx,
                                                     const v1::OpenSessionRequest* request,
                                                     v1::OpenSessionReply* reply) {
+  if (absl::Status s = CheckNotDraining(*core_); !s.ok()) return FinishUnary(ctx, s);
   absl::StatusOr<std::shared_ptr<Session>> session = core_->sessions.Open(
       request->client_name(), request->quota_bytes(), request->client_pid());
   if (!session.ok()) return FinishUnary(ctx, session.status());

@@ -133,7 +133,11 @@ int main(int argc, char** argv) {
   CLI::App* stats = app.add_subcommand("stats", "Show pool and session statistics");
   bool json = false;
   stats->add_flag("--json", json, "Print JSON instead of a table");
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& error) {
+    return app.exit(error) == 0 ? 0 : 2;
+  }
   const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_seconds * 1000));
   if (ping->parsed()) return RunPing(address, timeout);
   if (stats->parsed()) return RunStats(address, timeout, json);

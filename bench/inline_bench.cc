@@ -1,0 +1,323 @@
+// inline_bench: throughput and small-object latency of actstashd's inline
+// gRPC data path (Put / Get into a caller buffer / Delete), each next to a
+// single-thread memcpy baseline of the same bytes measured in the same run.
+//
+//   inline_bench                      # starts its own actstashd (1 GiB pool)
+//   inline_bench --address unix:///run/actstash/actstash.sock
+//   inline_bench --quick              # smoke run (ctest inline_bench_quick)
+//
+// Throughput: per size, rounds of Put -> Get(handle, dst, cap) -> Delete;
+// Put and Get are timed separately (Delete is not timed), ~--min-time seconds
+// per repetition, the median of --reps repetitions is printed. The baseline
+// is the store+fetch equivalent in memory: memcpy into a staging buffer and
+// back out into the destination (two copies), timed per repetition the same
+// way. GB/s = 1e9 bytes per second of payload.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+#include <unistd.h>
+
+#include "CLI/CLI.hpp"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "actstash/client.h"
+#include "tests/support/daemon_process.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+actstash::testing::DaemonProcess* g_daemon = nullptr;  // for the log on failure
+
+[[noreturn]] void Die(const std::string& what) {
+  std::fprintf(stderr, "inline_bench: %s\n", what.c_str());
+  if (g_daemon != nullptr) std::fprintf(stderr, "--- daemon log ---\n%s", g_daemon->log().c_str());
+  std::exit(1);
+}
+
+void Check(const absl::Status& status, const std::string& what) {
+  if (!status.ok()) Die(what + ": " + status.ToString());
+}
+
+double Since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// Keeps the compiler from dropping or merging copies whose result it cannot see used.
+void Clobber(const void* p) { asm volatile("" : : "r"(p) : "memory"); }
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 == 1 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+// Nearest-rank percentile of sorted samples.
+double Percentile(const std::vector<double>& sorted, double p) {
+  size_t rank = static_cast<size_t>(std::ceil(p / 100.0 * static_cast<double>(sorted.size())));
+  return sorted[std::min(sorted.size(), std::max<size_t>(rank, 1)) - 1];
+}
+
+// "4096", "4K", "4KiB", "64MiB", "1G": binary units.
+bool ParseSize(std::string text, size_t* out) {
+  size_t pos = 0;
+  unsigned long long value = 0;
+  try {
+    value = std::stoull(text, &pos);
+  } catch (...) {
+    return false;
+  }
+  std::string unit = text.substr(pos);
+  if (!unit.empty() && unit.size() <= 3 && unit.substr(1) == std::string("iB").substr(0, unit.size() - 1)) {
+    unit = unit.substr(0, 1);
+  }
+  const int shift = unit.empty() ? 0 : unit == "K" ? 10 : unit == "M" ? 20 : unit == "G" ? 30 : -1;
+  if (shift < 0 || value == 0) return false;
+  *out = static_cast<size_t>(value) << shift;
+  return true;
+}
+
+std::string SizeName(size_t n) {
+  if (n >= (1u << 20) && n % (1u << 20) == 0) return std::to_string(n >> 20) + " MiB";
+  if (n >= 1024 && n % 1024 == 0) return std::to_string(n >> 10) + " KiB";
+  return std::to_string(n) + " B";
+}
+
+struct Buffers {
+  explicit Buffers(size_t n) : src(n), staging(n), dst(n) {
+    uint64_t x = 0x9E3779B97F4A7C15ull ^ n;  // xorshift64: not constant, differs per size
+    for (size_t i = 0; i < n; ++i) {
+      x ^= x << 13;
+      x ^= x >> 7;
+      x ^= x << 17;
+      src[i] = static_cast<unsigned char>(x);
+    }
+    std::memset(staging.data(), 0, n);  // touch every page before timing
+    std::memset(dst.data(), 0, n);
+  }
+  std::vector<unsigned char> src, staging, dst;
+};
+
+struct RoundTime {
+  double put = 0, get = 0, del = 0;
+};
+
+RoundTime Round(actstash::Client& client, Buffers& b, size_t n) {
+  RoundTime t;
+  Clock::time_point start = Clock::now();
+  absl::StatusOr<actstash::Handle> handle = client.Put(b.src.data(), n);
+  t.put = Since(start);
+  Check(handle.status(), "Put of " + SizeName(n));
+  start = Clock::now();
+  absl::StatusOr<actstash::ObjectInfo> info = client.Get(*handle, b.dst.data(), n);
+  t.get = Since(start);
+  Check(info.status(), "Get of " + SizeName(n));
+  if (info->nbytes != n) Die("Get of " + SizeName(n) + " returned " + std::to_string(info->nbytes) + " bytes");
+  start = Clock::now();
+  Check(client.Delete(*handle), "Delete");
+  t.del = Since(start);
+  return t;
+}
+
+void CopyTwice(Buffers& b, size_t n) {
+  std::memcpy(b.staging.data(), b.src.data(), n);
+  Clobber(b.staging.data());
+  std::memcpy(b.dst.data(), b.staging.data(), n);
+  Clobber(b.dst.data());
+}
+
+struct ThroughputRow {
+  size_t size = 0;
+  long iters = 0, copy_iters = 0;
+  double put = 0, get = 0, put_get = 0, memcpy2 = 0;  // GB/s, medians
+};
+
+ThroughputRow Throughput(actstash::Client& client, size_t n, double min_time, int reps) {
+  Buffers b(n);
+  // Verify once: the bytes that come back are the bytes that went in.
+  Round(client, b, n);
+  if (std::memcmp(b.src.data(), b.dst.data(), n) != 0) Die("Get of " + SizeName(n) + ": bytes differ from the Put");
+  std::memset(b.dst.data(), 0, n);
+
+  const RoundTime probe = Round(client, b, n);  // warm, and sizes the loop
+  const double gb = static_cast<double>(n) / 1e9;
+  ThroughputRow row;
+  row.size = n;
+  row.iters = std::max(1L, std::lround(min_time / std::max(probe.put + probe.get + probe.del, 1e-9)));
+  std::vector<double> put, get, put_get, copy;
+  for (int r = 0; r < reps; ++r) {
+    double put_s = 0, get_s = 0;
+    for (long i = 0; i < row.iters; ++i) {
+      const RoundTime t = Round(client, b, n);
+      put_s += t.put;
+      get_s += t.get;
+    }
+    const double total = gb * static_cast<double>(row.iters);
+    put.push_back(total / put_s);
+    get.push_back(total / get_s);
+    put_get.push_back(total / (put_s + get_s));
+  }
+
+  CopyTwice(b, n);
+  if (std::memcmp(b.src.data(), b.dst.data(), n) != 0) Die("memcpy baseline: bytes differ");
+  Clock::time_point start = Clock::now();
+  CopyTwice(b, n);
+  row.copy_iters = std::max(1L, std::lround(min_time / std::max(Since(start), 1e-9)));
+  for (int r = 0; r < reps; ++r) {
+    start = Clock::now();
+    for (long i = 0; i < row.copy_iters; ++i) CopyTwice(b, n);
+    copy.push_back(gb * static_cast<double>(row.copy_iters) / Since(start));
+  }
+  row.put = Median(put);
+  row.get = Median(get);
+  row.put_get = Median(put_get);
+  row.memcpy2 = Median(copy);
+  return row;
+}
+
+void PrintPercentiles(const char* name, std::vector<double> us) {
+  std::sort(us.begin(), us.end());
+  std::printf("  %-24s %10.3f %10.3f %10.3f\n", name, Percentile(us, 50), Percentile(us, 90),
+              Percentile(us, 99));
+}
+
+void Latency(actstash::Client& client, size_t n, int iters) {
+  Buffers b(n);
+  for (int i = 0; i < std::max(20, iters / 10); ++i) Round(client, b, n);  // warm-up
+  std::vector<double> put, get, del, total;
+  for (int i = 0; i < iters; ++i) {
+    const RoundTime t = Round(client, b, n);
+    put.push_back(t.put * 1e6);
+    get.push_back(t.get * 1e6);
+    del.push_back(t.del * 1e6);
+    total.push_back((t.put + t.get + t.del) * 1e6);
+  }
+  // memcpy of n bytes: one clock read per call would dominate, so every
+  // sample is the mean over a batch of copies.
+  constexpr int kBatch = 256;
+  std::vector<double> one, two;
+  for (int i = 0; i < iters; ++i) {
+    Clock::time_point start = Clock::now();
+    for (int k = 0; k < kBatch; ++k) {
+      std::memcpy(b.staging.data(), b.src.data(), n);
+      Clobber(b.staging.data());
+    }
+    one.push_back(Since(start) * 1e6 / kBatch);
+    start = Clock::now();
+    for (int k = 0; k < kBatch; ++k) CopyTwice(b, n);
+    two.push_back(Since(start) * 1e6 / kBatch);
+  }
+  std::printf("\nLatency, %s objects, %d rounds after warm-up (microseconds)\n", SizeName(n).c_str(),
+              iters);
+  std::printf("  %-24s %10s %10s %10s\n", "operation", "p50", "p90", "p99");
+  PrintPercentiles("Put", put);
+  PrintPercentiles("Get", get);
+  PrintPercentiles("Delete", del);
+  PrintPercentiles("Put+Get+Delete", total);
+  PrintPercentiles("memcpy (1 copy)", one);
+  PrintPercentiles("memcpy (2 copies)", two);
+  std::printf("  (memcpy rows: each sample is the mean of %d copies)\n", kBatch);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"Throughput and latency of actstashd's inline gRPC data path vs memcpy"};
+  std::string address, pool, sizes_text = "4KiB,64KiB,1MiB,16MiB,64MiB";
+  bool quick = false;
+  double min_time = 0.3;
+  int reps = 3, lat_iters = 2000;
+  std::string lat_size_text = "4KiB";
+  app.add_option("--address", address, "Use this running daemon instead of starting one");
+  app.add_flag("--quick", quick, "Smoke run: 3 small sizes, few iterations (< 5 s)");
+  app.add_option("--sizes", sizes_text, "Comma-separated object sizes (4KiB, 1MiB, ...)");
+  app.add_option("--min-time", min_time, "Seconds per repetition and size (default 0.3)");
+  app.add_option("--reps", reps, "Repetitions per size; the median is reported (default 3)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--latency-iters", lat_iters, "Latency rounds after warm-up (default 2000)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--latency-size", lat_size_text, "Object size of the latency test (default 4KiB)");
+  app.add_option("--pool", pool, "Pool of the daemon started here (default 1GiB, quick: 256MiB)");
+  CLI11_PARSE(app, argc, argv);
+
+  if (quick) {
+    if (app.count("--sizes") == 0) sizes_text = "4KiB,1MiB,16MiB";
+    if (app.count("--min-time") == 0) min_time = 0.03;
+    if (app.count("--latency-iters") == 0) lat_iters = 200;
+  }
+  if (pool.empty()) pool = quick ? "256MiB" : "1GiB";
+  std::vector<size_t> sizes;
+  for (size_t start = 0; start <= sizes_text.size();) {
+    size_t end = sizes_text.find(',', start);
+    if (end == std::string::npos) end = sizes_text.size();
+    size_t n = 0;
+    if (!ParseSize(sizes_text.substr(start, end - start), &n)) Die("bad size in --sizes: " + sizes_text);
+    sizes.push_back(n);
+    start = end + 1;
+  }
+  size_t lat_size = 0;
+  if (!ParseSize(lat_size_text, &lat_size)) Die("bad --latency-size: " + lat_size_text);
+
+  std::unique_ptr<actstash::testing::DaemonProcess> daemon;
+  if (address.empty()) {
+    actstash::testing::DaemonProcessOptions options;
+    options.pool_size = pool;
+    absl::StatusOr<std::unique_ptr<actstash::testing::DaemonProcess>> started =
+        actstash::testing::DaemonProcess::Start(options);
+    Check(started.status(), "starting actstashd");
+    daemon = *std::move(started);
+    g_daemon = daemon.get();
+    address = daemon->address();
+  }
+  actstash::ClientOptions options;
+  options.address = address;
+  options.client_name = "inline_bench";
+  options.rpc_timeout = std::chrono::seconds(120); if (getenv("IB_CT")) options.connect_timeout = std::chrono::milliseconds(atoi(getenv("IB_CT")));
+  absl::StatusOr<std::unique_ptr<actstash::Client>> connected = actstash::Client::Connect(options);
+  Check(connected.status(), "Connect");
+  actstash::Client& client = **connected;
+  absl::StatusOr<actstash::StatsSnapshot> stats = client.Stats();
+  Check(stats.status(), "Stats");
+  std::printf("actstashd %s at %s (%s): pool %.0f MiB, %.0f MiB locked, session quota %.0f MiB\n",
+              stats->daemon_version.c_str(), client.address().c_str(),
+              daemon ? "started by inline_bench" : "already running",
+              static_cast<double>(stats->pool_total_bytes) / (1 << 20),
+              static_cast<double>(stats->pool_locked_bytes) / (1 << 20),
+              static_cast<double>(client.quota_bytes()) / (1 << 20));
+  std::printf("min-time %.3g s per repetition, %d repetitions, medians; GB/s = 1e9 B/s\n\n",
+              min_time, reps);
+
+  std::printf("%-9s %8s %8s %9s %9s %12s %9s\n", "size", "rounds", "Put", "Get", "Put+Get",
+              "memcpy x2", "ratio");
+  std::printf("%-9s %8s %8s %9s %9s %12s %9s\n", "", "", "GB/s", "GB/s", "GB/s", "GB/s",
+              "inl/mcp");
+  for (size_t n : sizes) {
+    const ThroughputRow row = Throughput(client, n, min_time, reps);
+    std::printf("%-9s %8ld %8.3f %9.3f %9.3f %12.3f %9.4f\n", SizeName(n).c_str(), row.iters,
+                row.put, row.get, row.put_get, row.memcpy2, row.put_get / row.memcpy2);
+    std::fflush(stdout);
+  }
+  std::printf("(Put+Get: payload bytes / (Put time + Get time); memcpy x2: payload bytes /\n"
+              " time of memcpy into a staging buffer and back out; ratio = Put+Get / memcpy x2)\n");
+
+  Latency(client, lat_size, lat_iters);
+
+  Check(client.Close(), "Close");
+  if (daemon) {
+    if (getenv("IB_RESET")) connected->reset();
+    if (getenv("IB_SLEEP")) usleep(atoi(getenv("IB_SLEEP")) * 1000);
+    Clock::time_point st = Clock::now();
+    absl::StatusOr<int> code = daemon->Stop();
+    std::fprintf(stderr, "stop took %.3f s\n%s", Since(st), getenv("IB_LOG") ? daemon->log().c_str() : "");
+    Check(code.status(), "stopping actstashd");
+    if (*code != 0) Die("actstashd exited with code " + std::to_string(*code));
+  }
+  return 0;
+}
