@@ -21,8 +21,8 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
-#include <unistd.h>
 
 #include "CLI/CLI.hpp"
 #include "absl/status/status.h"
@@ -66,7 +66,7 @@ double Percentile(const std::vector<double>& sorted, double p) {
 }
 
 // "4096", "4K", "4KiB", "64MiB", "1G": binary units.
-bool ParseSize(std::string text, size_t* out) {
+bool ParseSize(const std::string& text, size_t* out) {
   size_t pos = 0;
   unsigned long long value = 0;
   try {
@@ -74,11 +74,13 @@ bool ParseSize(std::string text, size_t* out) {
   } catch (...) {
     return false;
   }
-  std::string unit = text.substr(pos);
-  if (!unit.empty() && unit.size() <= 3 && unit.substr(1) == std::string("iB").substr(0, unit.size() - 1)) {
-    unit = unit.substr(0, 1);
+  const std::string unit = text.substr(pos);
+  int shift = -1;
+  if (unit.empty() || unit == "B") shift = 0;
+  for (const auto& [prefix, bits] : {std::pair<char, int>{'K', 10}, {'M', 20}, {'G', 30}}) {
+    const std::string p(1, prefix);
+    if (unit == p || unit == p + "i" || unit == p + "iB") shift = bits;
   }
-  const int shift = unit.empty() ? 0 : unit == "K" ? 10 : unit == "M" ? 20 : unit == "G" ? 30 : -1;
   if (shift < 0 || value == 0) return false;
   *out = static_cast<size_t>(value) << shift;
   return true;
@@ -279,7 +281,7 @@ int main(int argc, char** argv) {
   actstash::ClientOptions options;
   options.address = address;
   options.client_name = "inline_bench";
-  options.rpc_timeout = std::chrono::seconds(120); if (getenv("IB_CT")) options.connect_timeout = std::chrono::milliseconds(atoi(getenv("IB_CT")));
+  options.rpc_timeout = std::chrono::seconds(120);
   absl::StatusOr<std::unique_ptr<actstash::Client>> connected = actstash::Client::Connect(options);
   Check(connected.status(), "Connect");
   actstash::Client& client = **connected;
@@ -311,11 +313,7 @@ int main(int argc, char** argv) {
 
   Check(client.Close(), "Close");
   if (daemon) {
-    if (getenv("IB_RESET")) connected->reset();
-    if (getenv("IB_SLEEP")) usleep(atoi(getenv("IB_SLEEP")) * 1000);
-    Clock::time_point st = Clock::now();
     absl::StatusOr<int> code = daemon->Stop();
-    std::fprintf(stderr, "stop took %.3f s\n%s", Since(st), getenv("IB_LOG") ? daemon->log().c_str() : "");
     Check(code.status(), "stopping actstashd");
     if (*code != 0) Die("actstashd exited with code " + std::to_string(*code));
   }

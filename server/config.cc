@@ -128,6 +128,11 @@ absl::StatusOr<DaemonConfig> Resolve(const std::map<std::string, std::string>& v
     if (!parsed.ok()) return bad("segment_size", parsed.status());
     config.segment_bytes = *parsed;
   }
+  // The pool holds whole segments only; quotas (and their percentages) are
+  // of what it really holds.
+  if (config.segment_bytes > 0 && config.pool_bytes >= config.segment_bytes) {
+    config.pool_bytes -= config.pool_bytes % config.segment_bytes;
+  }
   config.max_session_quota = config.pool_bytes;
   if (const std::string* size = get("max_session_quota")) {
     absl::StatusOr<uint64_t> parsed = ParseByteSize(*size, config.pool_bytes);

@@ -46,6 +46,7 @@ absl::Status DaemonProcess::Launch() {
                                    "--pool-size",    options_.pool_size,
                                    "--segment-size", options_.segment_size,
                                    "--log-level",    "debug"};
+  if (options_.bare) args.resize(1);
   args.insert(args.end(), options_.extra_args.begin(), options_.extra_args.end());
   std::vector<char*> argv;
   for (std::string& arg : args) argv.push_back(arg.data());
@@ -67,7 +68,8 @@ absl::Status DaemonProcess::Launch() {
   }
   close(log_fd);
   pid_ = pid;
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(15);
+  // Generous: a bare daemon populates a pool of 25% of RAM before it listens.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
   while (std::chrono::steady_clock::now() < deadline) {
     int status = 0;
     if (waitpid(pid_, &status, WNOHANG) == pid_) {
@@ -85,7 +87,7 @@ absl::Status DaemonProcess::Launch() {
   }
   (void)Stop(SIGKILL);
   return absl::DeadlineExceededError(
-      absl::StrCat("actstashd did not become ready in 15 s; its log:\n", log()));
+      absl::StrCat("actstashd did not become ready in 30 s; its log:\n", log()));
 }
 
 absl::StatusOr<int> DaemonProcess::Stop(int signal, std::chrono::milliseconds timeout) {

@@ -20,6 +20,9 @@ struct DaemonProcessOptions {
   std::vector<std::string> extra_args;  // more actstashd flags
   // Empty: a socket in a fresh temporary directory owned by the process.
   std::string socket_path;
+  // Run actstashd with extra_args only (none of the flags above), to test its
+  // defaults; socket_path must then name where it will listen.
+  bool bare = false;
 };
 
 // Not thread-safe: one thread starts, stops and restarts it. The child is
@@ -27,7 +30,7 @@ struct DaemonProcessOptions {
 // then.
 class DaemonProcess {
  public:
-  // Starts actstashd and waits (up to 15 s) until its health service says
+  // Starts actstashd and waits (up to 30 s) until its health service says
   // SERVING. Fails with the daemon's log when it exits or never gets ready.
   static absl::StatusOr<std::unique_ptr<DaemonProcess>> Start(DaemonProcessOptions options = {});
   ~DaemonProcess();
