@@ -10,8 +10,8 @@
 // Put and Get are timed separately (Delete is not timed), ~--min-time seconds
 // per repetition, the median of --reps repetitions is printed. The baseline
 // is the store+fetch equivalent in memory: memcpy into a staging buffer and
-// back out into the destination (two copies), timed per repetition the same
-// way. GB/s = 1e9 bytes per second of payload.
+// back out into the destination (two copies), timed the same way right after
+// each inline repetition. GB/s = 1e9 bytes per second of payload.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -138,22 +138,40 @@ void CopyTwice(Buffers& b, size_t n) {
 struct ThroughputRow {
   size_t size = 0;
   long iters = 0, copy_iters = 0;
-  double put = 0, get = 0, put_get = 0, memcpy2 = 0;  // GB/s, medians
+  double put = 0, get = 0, put_get = 0, memcpy2 = 0, ratio = 0;  // medians over repetitions
 };
+
+// Runs `body` until a tenth of `min_time` has passed (at least twice); returns
+// how many runs fill `min_time`.
+template <typename Body>
+long Calibrate(double min_time, Body body) {
+  const Clock::time_point start = Clock::now();
+  long runs = 0;
+  double elapsed = 0;
+  while (runs < 2 || elapsed < min_time / 10) {
+    body();
+    ++runs;
+    elapsed = Since(start);
+  }
+  return std::max(1L, std::lround(min_time * static_cast<double>(runs) / elapsed));
+}
 
 ThroughputRow Throughput(actstash::Client& client, size_t n, double min_time, int reps) {
   Buffers b(n);
   // Verify once: the bytes that come back are the bytes that went in.
   Round(client, b, n);
   if (std::memcmp(b.src.data(), b.dst.data(), n) != 0) Die("Get of " + SizeName(n) + ": bytes differ from the Put");
-  std::memset(b.dst.data(), 0, n);
+  CopyTwice(b, n);
+  if (std::memcmp(b.src.data(), b.dst.data(), n) != 0) Die("memcpy baseline: bytes differ");
 
-  const RoundTime probe = Round(client, b, n);  // warm, and sizes the loop
-  const double gb = static_cast<double>(n) / 1e9;
   ThroughputRow row;
   row.size = n;
-  row.iters = std::max(1L, std::lround(min_time / std::max(probe.put + probe.get + probe.del, 1e-9)));
-  std::vector<double> put, get, put_get, copy;
+  row.iters = Calibrate(min_time, [&] { Round(client, b, n); });
+  row.copy_iters = Calibrate(min_time, [&] { CopyTwice(b, n); });
+  const double gb = static_cast<double>(n) / 1e9;
+  std::vector<double> put, get, put_get, copy, ratio;
+  // Each repetition times the inline path, then the baseline right after it,
+  // so that both see the same load on a shared machine.
   for (int r = 0; r < reps; ++r) {
     double put_s = 0, get_s = 0;
     for (long i = 0; i < row.iters; ++i) {
@@ -165,22 +183,16 @@ ThroughputRow Throughput(actstash::Client& client, size_t n, double min_time, in
     put.push_back(total / put_s);
     get.push_back(total / get_s);
     put_get.push_back(total / (put_s + get_s));
-  }
-
-  CopyTwice(b, n);
-  if (std::memcmp(b.src.data(), b.dst.data(), n) != 0) Die("memcpy baseline: bytes differ");
-  Clock::time_point start = Clock::now();
-  CopyTwice(b, n);
-  row.copy_iters = std::max(1L, std::lround(min_time / std::max(Since(start), 1e-9)));
-  for (int r = 0; r < reps; ++r) {
-    start = Clock::now();
+    const Clock::time_point start = Clock::now();
     for (long i = 0; i < row.copy_iters; ++i) CopyTwice(b, n);
     copy.push_back(gb * static_cast<double>(row.copy_iters) / Since(start));
+    ratio.push_back(put_get.back() / copy.back());
   }
   row.put = Median(put);
   row.get = Median(get);
   row.put_get = Median(put_get);
   row.memcpy2 = Median(copy);
+  row.ratio = Median(ratio);
   return row;
 }
 
@@ -303,11 +315,12 @@ int main(int argc, char** argv) {
   for (size_t n : sizes) {
     const ThroughputRow row = Throughput(client, n, min_time, reps);
     std::printf("%-9s %8ld %8.3f %9.3f %9.3f %12.3f %9.4f\n", SizeName(n).c_str(), row.iters,
-                row.put, row.get, row.put_get, row.memcpy2, row.put_get / row.memcpy2);
+                row.put, row.get, row.put_get, row.memcpy2, row.ratio);
     std::fflush(stdout);
   }
   std::printf("(Put+Get: payload bytes / (Put time + Get time); memcpy x2: payload bytes /\n"
-              " time of memcpy into a staging buffer and back out; ratio = Put+Get / memcpy x2)\n");
+              " time of memcpy into a staging buffer and back out; ratio: median over repetitions\n"
+              " of Put+Get / memcpy x2, each pair measured back to back)\n");
 
   Latency(client, lat_size, lat_iters);
 

@@ -56,6 +56,17 @@ absl::StatusOr<uint64_t> ParseByteSize(absl::string_view text, uint64_t percent_
           "unknown size unit in '", original, "' (use B, KiB, MiB, GiB, TiB or %)"));
     }
   }
+  // Whole numbers with a binary unit are computed exactly in integers (a
+  // double would round above 2^53); fractions and percentages go through
+  // double, which is exact enough for them.
+  uint64_t whole = 0;
+  if (suffix != "%" && absl::SimpleAtoi(number, &whole)) {
+    const uint64_t factor = static_cast<uint64_t>(multiplier);
+    if (factor != 0 && whole > UINT64_MAX / factor) {
+      return absl::InvalidArgumentError(absl::StrCat("byte size too large: '", original, "'"));
+    }
+    return whole * factor;
+  }
   const double bytes = value * multiplier;
   if (bytes >= 0x1p64) {
     return absl::InvalidArgumentError(absl::StrCat("byte size too large: '", original, "'"));
@@ -68,7 +79,8 @@ std::string FormatBytes(uint64_t bytes) {
   if (bytes < 1024) return absl::StrCat(bytes, " B");
   double value = static_cast<double>(bytes);
   int unit = 0;
-  while (value >= 1024 && unit < 6) {
+  // 1023.95+ would print as "1024.0"; move to the next unit instead.
+  while (value >= 1023.95 && unit < 6) {
     value /= 1024;
     ++unit;
   }

@@ -12,6 +12,7 @@
 #include "CLI/CLI.hpp"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/address.h"
 #include "common/protocol.h"
@@ -75,7 +76,9 @@ absl::Status ReadToml(const std::string& path, std::map<std::string, std::string
     if (auto s = node.value<std::string>(); node.is_string() && s) {
       (*values)[name] = *s;
     } else if (auto i = node.value<int64_t>(); node.is_integer() && i) {
-      (*values)[name] = absl::StrCat(*i);
+      // A mode is octal: TOML's 0o640 arrives as 416 and must read as 0640.
+      // (A decimal 640 then reads as 01200 and is refused as out of range.)
+      (*values)[name] = name == "socket_mode" ? absl::StrFormat("%o", *i) : absl::StrCat(*i);
     } else if (auto d = node.value<double>(); node.is_floating_point() && d) {
       (*values)[name] = absl::StrCat(*d);
     } else {
@@ -128,11 +131,20 @@ absl::StatusOr<DaemonConfig> Resolve(const std::map<std::string, std::string>& v
     if (!parsed.ok()) return bad("segment_size", parsed.status());
     config.segment_bytes = *parsed;
   }
+  const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  if (config.segment_bytes == 0 || config.segment_bytes % page != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("segment_size: ", config.segment_bytes,
+                                                   " bytes is not a positive multiple of the "
+                                                   "page size (", page, ")"));
+  }
+  if (config.pool_bytes < config.segment_bytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("pool_size: ", FormatBytes(config.pool_bytes),
+                     " is smaller than one segment (", FormatBytes(config.segment_bytes), ")"));
+  }
   // The pool holds whole segments only; quotas (and their percentages) are
   // of what it really holds.
-  if (config.segment_bytes > 0 && config.pool_bytes >= config.segment_bytes) {
-    config.pool_bytes -= config.pool_bytes % config.segment_bytes;
-  }
+  config.pool_bytes -= config.pool_bytes % config.segment_bytes;
   config.max_session_quota = config.pool_bytes;
   if (const std::string* size = get("max_session_quota")) {
     absl::StatusOr<uint64_t> parsed = ParseByteSize(*size, config.pool_bytes);

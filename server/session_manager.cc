@@ -41,9 +41,9 @@ absl::StatusOr<std::shared_ptr<Session>> SessionManager::Open(absl::string_view 
     return absl::InvalidArgumentError(absl::StrCat("client_name is ", client_name.size(),
                                                    " bytes; at most ", kMaxClientNameBytes));
   }
-  const uint64_t quota = requested_quota == 0
-                             ? options_.default_quota_bytes
-                             : std::min(requested_quota, options_.max_quota_bytes);
+  const uint64_t quota =
+      std::min(requested_quota == 0 ? options_.default_quota_bytes : requested_quota,
+               options_.max_quota_bytes);
   absl::MutexLock lock(&mu_);
   if (by_id_.size() >= options_.max_sessions) {
     return absl::ResourceExhaustedError(absl::StrCat(

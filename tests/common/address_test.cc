@@ -76,8 +76,8 @@ std::optional<std::string> DefaultSocketPathAsNobody(const char* runtime_dir) {
       unsetenv("XDG_RUNTIME_DIR");
     }
     const std::string path = DefaultSocketPath();
-    const bool written = write(fds[1], path.data(), path.size()) ==
-                         static_cast<ssize_t>(path.size());
+    const bool written =
+        write(fds[1], path.data(), path.size()) == static_cast<ssize_t>(path.size());
     _exit(written ? 0 : 1);
   }
   close(fds[1]);

@@ -44,17 +44,17 @@ TEST(Xxh3Test, OneShotMatchesReferenceAtEverySizeClass) {
   // XXH3 has separate code paths for 0-3, 4-8, 9-16, 17-128, 129-240 and
   // longer inputs (and a stripe/block structure beyond 1 KiB).
   const std::vector<uint8_t> data = RandomBytes(70000, 1);
-  for (size_t size : {size_t{1}, size_t{3}, size_t{4}, size_t{8}, size_t{9}, size_t{16},
-                      size_t{17}, size_t{128}, size_t{129}, size_t{240}, size_t{241},
-                      size_t{1024}, size_t{1025}, size_t{65536}, size_t{70000}}) {
+  for (size_t size : {size_t{1}, size_t{3}, size_t{4}, size_t{8}, size_t{9}, size_t{16}, size_t{17},
+                      size_t{128}, size_t{129}, size_t{240}, size_t{241}, size_t{1024},
+                      size_t{1025}, size_t{65536}, size_t{70000}}) {
     EXPECT_EQ(Xxh3(data.data(), size), XXH3_64bits(data.data(), size)) << size;
   }
 }
 
 TEST(Xxh3Test, IncrementalOverRandomChunkingsEqualsOneShot) {
   std::mt19937_64 rng(42);
-  for (size_t size : {size_t{0}, size_t{1}, size_t{15}, size_t{200}, size_t{240},
-                      size_t{1000}, size_t{4096}, size_t{100003}}) {
+  for (size_t size : {size_t{0}, size_t{1}, size_t{15}, size_t{200}, size_t{240}, size_t{1000},
+                      size_t{4096}, size_t{100003}}) {
     const std::vector<uint8_t> data = RandomBytes(size, size);
     const uint64_t expected = XXH3_64bits(data.data(), data.size());
     ASSERT_EQ(Xxh3(data.data(), data.size()), expected);

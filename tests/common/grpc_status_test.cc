@@ -11,8 +11,8 @@
 namespace actstash {
 namespace {
 
-constexpr int kFirstCode = 0;   // OK
-constexpr int kLastCode = 16;   // UNAUTHENTICATED
+constexpr int kFirstCode = 0;  // OK
+constexpr int kLastCode = 16;  // UNAUTHENTICATED
 
 TEST(GrpcStatusTest, OkBothWays) {
   EXPECT_TRUE(ToGrpcStatus(absl::OkStatus()).ok());
@@ -67,15 +67,13 @@ TEST(GrpcStatusTest, NamedCodesMapOneToOne) {
 TEST(GrpcStatusTest, MessagesAreKeptVerbatim) {
   const std::string message = "quota: requested 1048576 bytes, available 0 \xE2\x9C\x97 \"q\"\n";
   EXPECT_EQ(ToGrpcStatus(absl::ResourceExhaustedError(message)).error_message(), message);
-  EXPECT_EQ(FromGrpcStatus(grpc::Status(grpc::StatusCode::INTERNAL, message)).message(),
-            message);
+  EXPECT_EQ(FromGrpcStatus(grpc::Status(grpc::StatusCode::INTERNAL, message)).message(), message);
   const std::string empty;
   EXPECT_EQ(ToGrpcStatus(absl::InternalError(empty)).error_message(), empty);
   EXPECT_EQ(FromGrpcStatus(grpc::Status(grpc::StatusCode::ABORTED, "")).code(),
             absl::StatusCode::kAborted);
   const std::string long_message(10000, 'm');
-  EXPECT_EQ(FromGrpcStatus(ToGrpcStatus(absl::AbortedError(long_message))).message(),
-            long_message);
+  EXPECT_EQ(FromGrpcStatus(ToGrpcStatus(absl::AbortedError(long_message))).message(), long_message);
 }
 
 }  // namespace

@@ -70,8 +70,8 @@ TEST(HostPoolTest, RejectsInconsistentOptions) {
   ExpectInvalid(Options(page, 2 * page), "pool smaller than a segment");
 
   HostPoolOptions bad_alignment = Options(8 * kMiB);
-  for (uint64_t alignment : {uint64_t{0}, uint64_t{3}, uint64_t{100}, uint64_t{257},
-                             2 * page, uint64_t{1} << 40}) {
+  for (uint64_t alignment :
+       {uint64_t{0}, uint64_t{3}, uint64_t{100}, uint64_t{257}, 2 * page, uint64_t{1} << 40}) {
     bad_alignment.alignment = alignment;
     ExpectInvalid(bad_alignment, absl::StrCat("alignment ", alignment).c_str());
   }
@@ -226,8 +226,7 @@ TEST(HostPoolTest, ExhaustionIsResourceExhaustedWithNumbers) {
   auto absurd = pool->Allocate(UINT64_MAX);
   ASSERT_FALSE(absurd.ok());
   EXPECT_EQ(absurd.status().code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_NE(std::string(absurd.status().message()).find("18446744073709551615"),
-            std::string::npos)
+  EXPECT_NE(std::string(absurd.status().message()).find("18446744073709551615"), std::string::npos)
       << absurd.status();
 }
 

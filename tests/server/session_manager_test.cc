@@ -94,8 +94,7 @@ TEST(SessionTest, ReserveBeyondQuotaIsResourceExhaustedWithNumbers) {
   auto huge = s->Reserve(UINT64_MAX);
   ASSERT_FALSE(huge.ok());
   EXPECT_EQ(huge.status().code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_NE(std::string(huge.status().message()).find("18446744073709551615"),
-            std::string::npos)
+  EXPECT_NE(std::string(huge.status().message()).find("18446744073709551615"), std::string::npos)
       << huge.status();
   EXPECT_EQ(s->used_bytes(), 600u);
 
@@ -191,7 +190,7 @@ TEST(SessionTest, SnapshotReflectsIdentityAndCounters) {
 // of what they hold must never exceed the quota, the session must report no
 // more than its quota, and everything must come back at the end.
 TEST(SessionTest, ConcurrentReserveReleaseNeverExceedsQuota) {
-  constexpr uint64_t kQuota = 1 << 20;
+  constexpr uint64_t kQuota = 256 << 10;
   constexpr int kThreads = 8;
   constexpr int kIterations = 4000;
   SessionManager manager(Options(kQuota, kQuota));
@@ -253,8 +252,9 @@ TEST(SessionTest, ConcurrentReserveReleaseNeverExceedsQuota) {
   EXPECT_FALSE(violation.load());
   EXPECT_LE(max_seen.load(), kQuota);
   EXPECT_GT(granted.load(), 0);
-  // Demand (8 threads x up to 8 x 32 KiB average) exceeds the quota, so the
-  // limit must actually have been hit.
+  // Demand (each thread holds up to 8 reservations of 32 KiB on average)
+  // exceeds the quota even for one thread alone, so the limit must have been
+  // hit.
   EXPECT_GT(refused.load(), 0);
   EXPECT_EQ(held_total.load(), 0u);
   EXPECT_EQ(s->used_bytes(), 0u);
@@ -267,6 +267,13 @@ TEST(SessionManagerTest, ZeroRequestGetsDefaultQuota) {
   auto s = manager.Open("a", 0, 1);
   ASSERT_TRUE(s.ok()) << s.status();
   EXPECT_EQ((*s)->quota_bytes(), 100u);
+}
+
+TEST(SessionManagerTest, DefaultQuotaIsCappedAtMax) {
+  SessionManager manager(Options(/*default_quota=*/5000, /*max_quota=*/1000));
+  auto s = manager.Open("a", 0, 1);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ((*s)->quota_bytes(), 1000u);
 }
 
 TEST(SessionManagerTest, RequestedQuotaIsCappedAtMax) {
@@ -361,8 +368,7 @@ TEST(SessionManagerTest, AuthenticateRejectsEmptyAndUnknownWithoutEchoingToken) 
   auto bad = manager.Authenticate(unknown);
   ASSERT_FALSE(bad.ok());
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kUnauthenticated);
-  EXPECT_EQ(std::string(bad.status().message()).find(unknown), std::string::npos)
-      << bad.status();
+  EXPECT_EQ(std::string(bad.status().message()).find(unknown), std::string::npos) << bad.status();
 
   // A token differing from a real one in its last character is just as unknown.
   std::string near = a->token();
