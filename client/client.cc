@@ -10,9 +10,13 @@
 #include <cerrno>
 #include <cstring>
 #include <functional>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "actstash/v1/stash.grpc.pb.h"
+#include "client/attach_channel.h"
+#include "client/local_store.h"
 #include "common/address.h"
 #include "common/checksum.h"
 #include "common/grpc_status.h"
@@ -82,12 +86,22 @@ SessionStatsEntry FromProto(const v1::SessionStats& s) {
   e.bytes_fetched = s.bytes_fetched();
   e.puts = s.puts();
   e.gets = s.gets();
+  e.attached = s.attached();
+  e.peer_uid = s.peer_uid();
+  e.peer_pid = s.peer_pid();
+  e.leases = s.leases();
+  e.leased_bytes = s.leased_bytes();
+  e.local_objects = s.local_objects();
+  e.local_bytes = s.local_bytes();
   return e;
 }
 
+// Ticket ids of the inline path carry this bit; LocalStore's never do.
+constexpr uint64_t kInlineTicket = uint64_t{1} << 63;
+
 }  // namespace
 
-struct Client::Impl {
+struct Client::Impl final : public client_internal::LeaseBackend {
   ClientOptions options;
   std::string target;
   std::shared_ptr<grpc::Channel> channel;
@@ -96,7 +110,114 @@ struct Client::Impl {
   std::string token;
   uint64_t quota_bytes = 0;
   uint64_t max_chunk_bytes = kMaxChunkBytes;
+  uint64_t segment_bytes = 0;
   std::atomic<bool> closed{false};
+  // Zero-copy data plane; both null when not attached.
+  std::unique_ptr<client_internal::AttachChannel> attach;
+  std::unique_ptr<client_internal::LocalStore> local;
+  absl::Status attach_status = absl::FailedPreconditionError("not attached");
+  // Usage reporter (only when attached).
+  absl::Mutex report_mu;
+  bool report_stop ABSL_GUARDED_BY(report_mu) = false;
+  std::thread reporter;
+
+  ~Impl() override { StopReporter(); }
+
+  // LeaseBackend: the Lease RPC, then the fds from the attach channel.
+  absl::StatusOr<std::vector<client_internal::GrantedLease>> Lease(
+      uint32_t count, uint32_t segments_per_lease) override {
+    grpc::ClientContext ctx;
+    Prepare(&ctx);
+    v1::LeaseRequest request;
+    request.set_count(count);
+    request.set_segments_per_lease(segments_per_lease);
+    v1::LeaseReply reply;
+    grpc::Status status = stub->Lease(&ctx, request, &reply);
+    if (!status.ok()) return Fail(status, "Lease");
+    std::vector<client_internal::GrantedLease> granted;
+    absl::Status error;
+    for (const v1::LeaseGrant& grant : reply.leases()) {
+      client_internal::GrantedLease lease{grant.lease_id(), grant.segments(), {}};
+      if (error.ok()) {
+        absl::StatusOr<std::vector<int>> fds =
+            attach->ReceiveLease(grant.lease_id(), grant.segments(), options.rpc_timeout);
+        if (fds.ok()) {
+          lease.fds = *std::move(fds);
+        } else {
+          error = fds.status();
+        }
+      }
+      granted.push_back(std::move(lease));
+    }
+    if (!error.ok()) {
+      std::vector<uint64_t> ids;
+      for (client_internal::GrantedLease& lease : granted) {
+        for (int fd : lease.fds) close(fd);
+        ids.push_back(lease.lease_id);
+      }
+      (void)Return(ids);
+      return error;
+    }
+    return granted;
+  }
+
+  absl::Status Return(absl::Span<const uint64_t> lease_ids) override {
+    grpc::ClientContext ctx;
+    Prepare(&ctx);
+    v1::ReturnRequest request;
+    for (uint64_t id : lease_ids) request.add_lease_ids(id);
+    v1::ReturnReply reply;
+    grpc::Status status = stub->Return(&ctx, request, &reply);
+    return status.ok() ? absl::OkStatus() : Fail(status, "Return");
+  }
+
+  bool Lost() const override { return attach != nullptr && attach->lost(); }
+
+  absl::Status ReportUsage() {
+    const client_internal::LocalUsage usage = local->usage();
+    grpc::ClientContext ctx;
+    Prepare(&ctx);
+    v1::ReportUsageRequest request;
+    request.set_objects(usage.objects);
+    request.set_bytes(usage.bytes);
+    request.set_bytes_stored(usage.bytes_stored);
+    request.set_bytes_fetched(usage.bytes_fetched);
+    request.set_stores(usage.stores);
+    request.set_fetches(usage.fetches);
+    v1::ReportUsageReply reply;
+    grpc::Status status = stub->ReportUsage(&ctx, request, &reply);
+    return status.ok() ? absl::OkStatus() : Fail(status, "ReportUsage");
+  }
+
+  void StartReporter() {
+    reporter = std::thread([this] {
+      uint64_t last_stores = 0, last_fetches = 0, last_objects = 0;
+      absl::MutexLock lock(&report_mu);
+      while (!report_mu.AwaitWithTimeout(absl::Condition(&report_stop),
+                                         absl::FromChrono(options.usage_report_interval))) {
+        const client_internal::LocalUsage usage = local->usage();
+        if (usage.stores == last_stores && usage.fetches == last_fetches &&
+            usage.objects == last_objects) {
+          continue;
+        }
+        last_stores = usage.stores;
+        last_fetches = usage.fetches;
+        last_objects = usage.objects;
+        report_mu.Unlock();
+        if (!Lost()) (void)ReportUsage();
+        report_mu.Lock();
+      }
+    });
+  }
+
+  void StopReporter() {
+    if (!reporter.joinable()) return;
+    {
+      absl::MutexLock lock(&report_mu);
+      report_stop = true;
+    }
+    reporter.join();
+  }
 
   absl::Status CheckOpen() const {
     if (closed.load(std::memory_order_acquire)) {
@@ -110,6 +231,31 @@ struct Client::Impl {
   }
   absl::Status Fail(const grpc::Status& status, const char* what) const {
     return Annotate(status, target, what, options.rpc_timeout);
+  }
+
+  // Connects the attach channel (the attach socket sits beside the gRPC
+  // socket, under the name the daemon gave) and starts the zero-copy path.
+  absl::Status Attach(const std::string& socket_name) {
+    const std::string grpc_socket = UnixSocketPath(target);
+    if (grpc_socket.empty() || socket_name.empty() || segment_bytes == 0) {
+      attach_status = absl::FailedPreconditionError(
+          "not attached: the daemon is not on a local Unix socket (zero-copy needs one)");
+      return attach_status;
+    }
+    const std::string path =
+        grpc_socket.substr(0, grpc_socket.find_last_of('/') + 1) + socket_name;
+    absl::StatusOr<std::unique_ptr<client_internal::AttachChannel>> channel =
+        client_internal::AttachChannel::Connect(path, token, options.connect_timeout);
+    if (!channel.ok()) {
+      attach_status = channel.status();
+      return attach_status;
+    }
+    attach = *std::move(channel);
+    local = std::make_unique<client_internal::LocalStore>(this, segment_bytes,
+                                                          options.lease_batch);
+    attach_status = absl::OkStatus();
+    StartReporter();
+    return attach_status;
   }
 
   // Streams an object: the header goes to `on_header`, which returns where
@@ -152,7 +298,13 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   if (reply.max_chunk_bytes() != 0) {
     impl->max_chunk_bytes = std::min<uint64_t>(reply.max_chunk_bytes(), kMaxChunkBytes);
   }
-  return std::unique_ptr<Client>(new Client(std::move(impl)));
+  impl->segment_bytes = reply.segment_bytes();
+  std::unique_ptr<Client> client(new Client(std::move(impl)));
+  if (options.attach != AttachMode::kOff) {
+    absl::Status attached = client->impl_->Attach(reply.attach_socket_name());
+    if (!attached.ok() && options.attach == AttachMode::kRequired) return attached;
+  }
+  return client;
 }
 
 absl::StatusOr<Handle> Client::Put(const void* data, size_t nbytes, const PutOptions& options) {
@@ -278,6 +430,10 @@ absl::Status Client::Delete(absl::Span<const Handle> handles) {
 
 absl::StatusOr<StatsSnapshot> Client::Stats(bool all_sessions) {
   if (absl::Status s = impl_->CheckOpen(); !s.ok()) return s;
+  // So that the daemon's numbers include this client's latest placements.
+  if (impl_->local != nullptr && !impl_->Lost()) {
+    if (absl::Status s = impl_->ReportUsage(); !s.ok()) return s;
+  }
   grpc::ClientContext ctx;
   impl_->Prepare(&ctx);
   v1::StatsRequest request;
@@ -291,6 +447,10 @@ absl::StatusOr<StatsSnapshot> Client::Stats(bool all_sessions) {
   s.pool_free_bytes = reply.pool().free_bytes();
   s.pool_largest_free_bytes = reply.pool().largest_free_bytes();
   s.pool_locked_bytes = reply.pool().locked_bytes();
+  s.pool_leased_bytes = reply.pool().leased_bytes();
+  s.pool_leases = reply.pool().leases();
+  s.leases_granted = reply.leases_granted();
+  s.sessions_reclaimed = reply.sessions_reclaimed();
   s.segment_bytes = reply.pool().segment_bytes();
   s.segments = reply.pool().segments();
   s.sessions = reply.sessions();
@@ -309,6 +469,13 @@ absl::StatusOr<StatsSnapshot> Client::Stats(bool all_sessions) {
 
 absl::Status Client::Close() {
   if (impl_->closed.exchange(true)) return absl::OkStatus();
+  impl_->StopReporter();
+  // Closing the session frees the leases; unmap them here, then hang up.
+  impl_->local.reset();
+  struct HangUp {
+    Impl* impl;
+    ~HangUp() { impl->attach.reset(); }
+  } hang_up{impl_.get()};
   grpc::ClientContext ctx;
   impl_->Prepare(&ctx);
   v1::CloseSessionReply reply;
@@ -316,6 +483,44 @@ absl::Status Client::Close() {
   if (!status.ok()) return impl_->Fail(status, "CloseSession");
   return absl::OkStatus();
 }
+
+absl::StatusOr<Ticket> Client::Store(const void* src, size_t nbytes) {
+  if (absl::Status s = impl_->CheckOpen(); !s.ok()) return s;
+  if (impl_->local != nullptr) {
+    absl::StatusOr<uint64_t> id = impl_->local->Store(src, nbytes);
+    if (!id.ok()) return id.status();
+    return Ticket{*id, nbytes};
+  }
+  absl::StatusOr<Handle> handle = Put(src, nbytes);
+  if (!handle.ok()) return handle.status();
+  return Ticket{handle->id | kInlineTicket, nbytes};
+}
+
+absl::Status Client::Fetch(const Ticket& ticket, void* dst, size_t capacity) {
+  if (absl::Status s = impl_->CheckOpen(); !s.ok()) return s;
+  if ((ticket.id & kInlineTicket) == 0) {
+    if (impl_->local == nullptr) {
+      return absl::NotFoundError(absl::StrCat("unknown ticket ", ticket.id));
+    }
+    return impl_->local->Fetch(ticket.id, dst, capacity);
+  }
+  absl::StatusOr<ObjectInfo> info = Get(Handle{ticket.id & ~kInlineTicket}, dst, capacity);
+  return info.status();
+}
+
+absl::Status Client::Release(const Ticket& ticket) {
+  if (absl::Status s = impl_->CheckOpen(); !s.ok()) return s;
+  if ((ticket.id & kInlineTicket) == 0) {
+    if (impl_->local == nullptr) {
+      return absl::NotFoundError(absl::StrCat("unknown ticket ", ticket.id));
+    }
+    return impl_->local->Release(ticket.id);
+  }
+  return Delete(Handle{ticket.id & ~kInlineTicket});
+}
+
+bool Client::attached() const { return impl_->local != nullptr; }
+absl::Status Client::attach_status() const { return impl_->attach_status; }
 
 uint64_t Client::session_id() const { return impl_->session_id; }
 uint64_t Client::quota_bytes() const { return impl_->quota_bytes; }

@@ -14,6 +14,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "absl/strings/ascii.h"
 #include "common/address.h"
 #include "common/protocol.h"
 #include "common/units.h"
@@ -47,6 +50,11 @@ constexpr Setting kSettings[] = {
     {"log_level", "trace, debug, info, warn, error or off (default info)"},
     {"shutdown_grace_seconds", "On SIGTERM/SIGINT, how long in-flight calls may run before "
                                "they are cancelled (default 5)"},
+    {"session_idle_ttl_seconds", "Close sessions that have no attach connection after this "
+                                 "many seconds without a call; 0 never (default 600)"},
+    {"allow_uid", "Comma-separated uids allowed to attach (zero-copy); with allow_gid empty "
+                  "too, anyone who can open the socket (default)"},
+    {"allow_gid", "Comma-separated gids allowed to attach (zero-copy)"},
 };
 
 std::string FlagName(const char* key) {
@@ -193,6 +201,27 @@ absl::StatusOr<DaemonConfig> Resolve(const std::map<std::string, std::string>& v
           "shutdown_grace_seconds: '", *grace, "' is not a number of seconds in [0, 3600]"));
     }
     config.shutdown_grace_seconds = parsed;
+  }
+  if (const std::string* ttl = get("session_idle_ttl_seconds")) {
+    double parsed = 0;
+    if (!absl::SimpleAtod(*ttl, &parsed) || !(parsed >= 0 && parsed <= 1e7)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "session_idle_ttl_seconds: '", *ttl, "' is not a number of seconds >= 0"));
+    }
+    config.session_idle_ttl_seconds = parsed;
+  }
+  for (const auto& [key, ids] : {std::pair{"allow_uid", &config.allow_uids},
+                                 std::pair{"allow_gid", &config.allow_gids}}) {
+    const std::string* text = get(key);
+    if (text == nullptr) continue;
+    for (absl::string_view part : absl::StrSplit(*text, ',', absl::SkipWhitespace())) {
+      uint32_t id = 0;
+      if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(part), &id)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(key, ": '", part, "' is not a numeric id"));
+      }
+      ids->push_back(id);
+    }
   }
   return config;
 }

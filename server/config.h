@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "server/host_pool.h"
@@ -23,6 +24,12 @@ struct DaemonConfig {
   MlockMode mlock = MlockMode::kAuto;
   std::string log_level = "info";
   double shutdown_grace_seconds = 5;
+  // Sessions without an attach connection are closed after this long without
+  // a call (0: never).
+  double session_idle_ttl_seconds = 600;
+  // Who may attach (zero-copy); both empty: whoever can open the socket.
+  std::vector<uint32_t> allow_uids;
+  std::vector<uint32_t> allow_gids;
 };
 
 // The outcome of parsing argv: either a configuration to run with, or an

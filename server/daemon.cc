@@ -18,69 +18,19 @@
 #include "common/units.h"
 #include "server/cuda_probe.h"
 #include "server/host_pool.h"
+#include "server/socket_path.h"
+#include "common/attach_wire.h"
 #include "spdlog/spdlog.h"
 
 namespace actstash::server {
-namespace {
-
-absl::Status MakeParentDirectory(const std::string& socket_path) {
-  const std::string dir = socket_path.substr(0, socket_path.find_last_of('/'));
-  if (dir.empty()) return absl::OkStatus();
-  std::string prefix;
-  for (size_t pos = 1; pos <= dir.size(); ++pos) {
-    if (pos != dir.size() && dir[pos] != '/') continue;
-    prefix = dir.substr(0, pos);
-    if (mkdir(prefix.c_str(), 0755) != 0 && errno != EEXIST) {
-      return absl::FailedPreconditionError(absl::StrCat("cannot create socket directory ",
-                                                        prefix, ": ", std::strerror(errno)));
-    }
-  }
-  return absl::OkStatus();
-}
-
-// A live daemon at `path` refuses the start; a stale socket file is removed;
-// anything else at the path is left alone and refuses the start.
-absl::Status ClaimSocketPath(const std::string& path) {
-  struct stat st {};
-  if (lstat(path.c_str(), &st) != 0) {
-    if (errno == ENOENT) return absl::OkStatus();
-    return absl::FailedPreconditionError(
-        absl::StrCat("cannot inspect ", path, ": ", std::strerror(errno)));
-  }
-  if (!S_ISSOCK(st.st_mode)) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(path, " exists and is not a socket; not replacing it"));
-  }
-  sockaddr_un addr{};
-  if (path.size() >= sizeof(addr.sun_path)) {
-    return absl::InvalidArgumentError(absl::StrCat("socket path too long: ", path));
-  }
-  addr.sun_family = AF_UNIX;
-  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
-  const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return absl::InternalError(absl::StrCat("socket: ", std::strerror(errno)));
-  const bool alive = connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
-  close(fd);
-  if (alive) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("another actstashd is already listening on ", path));
-  }
-  if (unlink(path.c_str()) != 0 && errno != ENOENT) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("cannot remove stale socket ", path, ": ", std::strerror(errno)));
-  }
-  spdlog::info("removed stale socket {}", path);
-  return absl::OkStatus();
-}
-
-}  // namespace
 
 Daemon::Daemon(const DaemonConfig& config, std::unique_ptr<MemoryPool> pool)
     : config_(config),
       pool_(std::move(pool)),
       sessions_(SessionManagerOptions{config.default_session_quota, config.max_session_quota,
                                       config.max_sessions}),
-      core_(pool_.get(), &sessions_, &catalog_),
+      leases_(pool_.get()),
+      core_(pool_.get(), &sessions_, &catalog_, &leases_),
       service_(&core_) {}
 
 Daemon::~Daemon() { Shutdown(std::chrono::milliseconds(0)); }
@@ -106,6 +56,28 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config
                    .count());
 
   std::unique_ptr<Daemon> daemon(new Daemon(config, *std::move(pool)));
+  daemon->work_ = std::make_unique<WorkQueue>();
+  AttachServerOptions attach_options;
+  attach_options.socket_path = attach::AttachSocketPath(config.socket_path);
+  attach_options.socket_mode = config.socket_mode;
+  attach_options.allow_uids = config.allow_uids;
+  attach_options.allow_gids = config.allow_gids;
+  StashCore* core = &daemon->core_;
+  absl::StatusOr<std::unique_ptr<AttachServer>> attach_server = AttachServer::Start(
+      attach_options, &daemon->sessions_, daemon->pool_.get(), [core](uint64_t session_id) {
+        if (std::optional<SessionTotals> freed = CloseSessionAndFree(*core, session_id)) {
+          core->sessions_reclaimed.fetch_add(1, std::memory_order_relaxed);
+          spdlog::info("session {} reclaimed: {} objects ({} bytes), {} leases ({} bytes)",
+                       session_id, freed->objects.objects, freed->objects.bytes,
+                       freed->leases.objects, freed->leases.bytes);
+        }
+      });
+  if (!attach_server.ok()) return attach_server.status();
+  daemon->attach_ = *std::move(attach_server);
+  daemon->core_.attach = daemon->attach_.get();
+  daemon->core_.work = daemon->work_.get();
+  daemon->core_.attach_socket_name = attach_options.socket_path.substr(
+      attach_options.socket_path.find_last_of('/') + 1);
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
@@ -120,22 +92,51 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config
         absl::StrCat("gRPC could not listen on ", target, " (see the gRPC log above)"));
   }
   daemon->server_->GetHealthCheckService()->SetServingStatus(kStashServiceName, true);
-  struct stat st {};
-  if (chmod(config.socket_path.c_str(), config.socket_mode) != 0 ||
-      stat(config.socket_path.c_str(), &st) != 0) {
-    return absl::InternalError(absl::StrCat("cannot set the mode of ", config.socket_path, ": ",
-                                            std::strerror(errno)));
-  }
-  daemon->socket_inode_ = st.st_ino;
+  absl::StatusOr<ino_t> inode = SetSocketMode(config.socket_path, config.socket_mode);
+  if (!inode.ok()) return inode.status();
+  daemon->socket_inode_ = *inode;
   spdlog::info("listening on {} (mode {:04o}); session quota default {}, max {}; max sessions {}",
                target, config.socket_mode, FormatBytes(config.default_session_quota),
                FormatBytes(config.max_session_quota), config.max_sessions);
+  spdlog::info("attach socket {}; idle sessions without one close after {} s",
+               daemon->attach_->socket_path(), config.session_idle_ttl_seconds);
+  Daemon* raw = daemon.get();
+  daemon->reaper_ = std::thread([raw] { raw->ReapIdleSessions(); });
   return daemon;
+}
+
+void Daemon::ReapIdleSessions() {
+  const int64_t ttl_ms = static_cast<int64_t>(config_.session_idle_ttl_seconds * 1000);
+  absl::MutexLock lock(&reaper_mu_);
+  while (!reaper_mu_.AwaitWithTimeout(absl::Condition(&reaper_stop_), absl::Seconds(1))) {
+    if (ttl_ms <= 0) continue;
+    reaper_mu_.Unlock();
+    const int64_t now_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                               std::chrono::system_clock::now().time_since_epoch())
+                               .count();
+    for (const std::shared_ptr<Session>& session : sessions_.IdleSessions(now_ms, ttl_ms)) {
+      if (std::optional<SessionTotals> freed = CloseSessionAndFree(core_, session->id())) {
+        core_.sessions_reclaimed.fetch_add(1, std::memory_order_relaxed);
+        spdlog::info("session {} ('{}') idle for {} s without an attach connection: closed, "
+                     "freed {} objects ({} bytes)",
+                     session->id(), session->name(), (now_ms - session->last_active_ms()) / 1000,
+                     freed->objects.objects, freed->objects.bytes);
+      }
+    }
+    reaper_mu_.Lock();
+  }
 }
 
 void Daemon::Shutdown(std::chrono::milliseconds grace) {
   if (stopped_) return;
   stopped_ = true;
+  if (reaper_.joinable()) {
+    {
+      absl::MutexLock lock(&reaper_mu_);
+      reaper_stop_ = true;
+    }
+    reaper_.join();
+  }
   if (server_ != nullptr) {
     // gRPC's own Shutdown(deadline) also waits for idle client connections
     // to go away, which a sync client notices only on its next poll (up to
@@ -153,12 +154,11 @@ void Daemon::Shutdown(std::chrono::milliseconds grace) {
     server_->Shutdown(std::chrono::system_clock::now());
     server_->Wait();
   }
+  // After the gRPC server: pending Lease calls finish through both.
+  if (attach_ != nullptr) attach_->Stop();
+  work_.reset();
   // Remove the socket only if it is still ours (a new daemon may own the path).
-  struct stat st {};
-  if (socket_inode_ != 0 && stat(config_.socket_path.c_str(), &st) == 0 &&
-      st.st_ino == socket_inode_) {
-    unlink(config_.socket_path.c_str());
-  }
+  RemoveSocketIfOurs(config_.socket_path, socket_inode_);
   const RemovedTotals leftover{catalog_.size(), pool_->Stats().used_bytes};
   spdlog::info("stopped; {} sessions and {} objects ({}) released", sessions_.size(),
                leftover.objects, FormatBytes(leftover.bytes));

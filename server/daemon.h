@@ -7,14 +7,19 @@
 
 #include <chrono>
 #include <memory>
+#include <thread>
 
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "server/attach_server.h"
 #include "server/catalog.h"
 #include "server/config.h"
+#include "server/lease_manager.h"
 #include "server/memory_pool.h"
 #include "server/session_manager.h"
 #include "server/stash_core.h"
 #include "server/stash_service.h"
+#include "server/work_queue.h"
 
 namespace actstash::server {
 
@@ -37,6 +42,8 @@ class Daemon {
 
  private:
   Daemon(const DaemonConfig& config, std::unique_ptr<MemoryPool> pool);
+  // Closes sessions without an attach connection that idled past the TTL.
+  void ReapIdleSessions();
 
   const DaemonConfig config_;
   // Declaration order is destruction order in reverse: the server goes
@@ -44,11 +51,17 @@ class Daemon {
   std::unique_ptr<MemoryPool> pool_;
   SessionManager sessions_;
   Catalog catalog_;
+  LeaseManager leases_;
   StashCore core_;
   StashService service_;
+  std::unique_ptr<WorkQueue> work_;
+  std::unique_ptr<AttachServer> attach_;
   std::unique_ptr<grpc::Server> server_;
   ino_t socket_inode_ = 0;
   bool stopped_ = false;
+  absl::Mutex reaper_mu_;
+  bool reaper_stop_ ABSL_GUARDED_BY(reaper_mu_) = false;
+  std::thread reaper_;
 };
 
 }  // namespace actstash::server

@@ -44,7 +44,10 @@ class GetReactor final : public grpc::ServerWriteReactor<v1::GetChunk> {
   }
 
   void OnWriteDone(bool ok) override {
+    // The object reference is dropped before Finish: once the client sees
+    // the call end, a Delete it sent frees the memory at once.
     if (!ok) {  // the client went away or cancelled
+      object_.reset();
       Finish(grpc::Status(grpc::StatusCode::CANCELLED, "Get stream was cancelled"));
       return;
     }
@@ -52,6 +55,7 @@ class GetReactor final : public grpc::ServerWriteReactor<v1::GetChunk> {
     if (sent_ == nbytes) {
       session_->RecordFetch(nbytes);
       core_.bytes_fetched.fetch_add(nbytes, std::memory_order_relaxed);
+      object_.reset();
       Finish(grpc::Status::OK);
       return;
     }

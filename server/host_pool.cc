@@ -28,6 +28,30 @@ absl::Status ErrnoStatus(absl::string_view what, int error) {
 
 bool IsPowerOfTwo(uint64_t x) { return x != 0 && (x & (x - 1)) == 0; }
 
+// Creates a zeroed memfd for segment `index` and maps it at `at`
+// (MAP_FIXED over whatever was there), populated, and mlocked if `lock`.
+absl::StatusOr<int> MapFreshSegment(std::byte* at, uint64_t index, uint64_t bytes, bool lock) {
+  const std::string name = absl::StrCat("actstash-segment-", index);
+  const int fd = memfd_create(name.c_str(), MFD_CLOEXEC);
+  if (fd < 0) return ErrnoStatus("memfd_create", errno);
+  if (ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
+    const int error = errno;
+    close(fd);
+    return ErrnoStatus("ftruncate of a pool segment", error);
+  }
+  void* mapped = mmap(at, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED | MAP_POPULATE,
+                      fd, 0);
+  if (mapped == MAP_FAILED) {
+    const int error = errno;
+    close(fd);
+    return ErrnoStatus("mapping a pool segment", error);
+  }
+  if (lock && mlock(at, bytes) != 0) {
+    spdlog::warn("mlock of a renewed segment failed: {}", std::strerror(errno));
+  }
+  return fd;
+}
+
 // Thread-safety: allocator_ is guarded by mu_; the mapping and the segment
 // fds are fixed between construction and destruction.
 class HostPool final : public MemoryPool {
@@ -35,11 +59,13 @@ class HostPool final : public MemoryPool {
   HostPool(std::byte* base, std::vector<int> fds, const HostPoolOptions& options,
            uint64_t locked_bytes)
       : base_(base),
-        segment_fds_(std::move(fds)),
+        segment_count_(fds.size()),
         segment_bytes_(options.segment_bytes),
-        total_bytes_(segment_bytes_ * segment_fds_.size()),
+        total_bytes_(segment_bytes_ * segment_count_),
         locked_bytes_(locked_bytes),
-        allocator_(total_bytes_, options.alignment) {}
+        allocator_(total_bytes_, options.alignment),
+        segment_fds_(std::move(fds)),
+        dirty_(segment_count_, false) {}
 
   ~HostPool() override {
     {
@@ -48,6 +74,7 @@ class HostPool final : public MemoryPool {
                      "HostPool destroyed while Allocations are alive");
     }
     munmap(base_, total_bytes_);
+    absl::MutexLock lock(&mu_);
     for (int fd : segment_fds_) close(fd);
   }
 
@@ -64,6 +91,54 @@ class HostPool final : public MemoryPool {
     return MakeAllocation(this, base_ + *offset, *offset, nbytes);
   }
 
+  absl::StatusOr<SegmentRun> AllocateSegments(uint32_t count) override {
+    if (count == 0 || count > segment_count_) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "requested ", count, " segments; the pool has ", segment_count_));
+    }
+    const uint64_t bytes = uint64_t{count} * segment_bytes_;
+    absl::MutexLock lock(&mu_);
+    std::optional<uint64_t> offset = allocator_.Allocate(bytes, segment_bytes_);
+    if (!offset.has_value()) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "host pool exhausted: requested ", count, " contiguous segments (", bytes,
+          " bytes), available ", allocator_.free_bytes(), " bytes free of ", total_bytes_,
+          ", largest free block ", allocator_.largest_free_block(), " bytes"));
+    }
+    SegmentRun run;
+    run.first_segment = static_cast<uint32_t>(*offset / segment_bytes_);
+    run.count = count;
+    for (uint32_t i = run.first_segment; i < run.first_segment + count; ++i) {
+      run.needs_scrub = run.needs_scrub || dirty_[i];
+      dirty_[i] = false;
+    }
+    run.memory = MakeAllocation(this, base_ + *offset, *offset, bytes);
+    return run;
+  }
+
+  int SegmentFd(uint32_t index) const override {
+    ACTSTASH_CHECK(index < segment_count_, "segment index out of range");
+    absl::MutexLock lock(&mu_);
+    return segment_fds_[index];
+  }
+
+  absl::Status RenewSegments(const SegmentRun& run) override {
+    for (uint32_t i = run.first_segment; i < run.first_segment + run.count; ++i) {
+      absl::StatusOr<int> fd = MapFreshSegment(base_ + uint64_t{i} * segment_bytes_, i,
+                                               segment_bytes_, locked_bytes_ != 0);
+      if (!fd.ok()) return fd.status();
+      int old_fd = *fd;
+      {
+        absl::MutexLock lock(&mu_);
+        std::swap(segment_fds_[i], old_fd);
+      }
+      close(old_fd);
+    }
+    return absl::OkStatus();
+  }
+
+  uint64_t segment_bytes() const override { return segment_bytes_; }
+
   PoolStats Stats() const override {
     absl::MutexLock lock(&mu_);
     PoolStats stats;
@@ -72,7 +147,7 @@ class HostPool final : public MemoryPool {
     stats.free_bytes = allocator_.free_bytes();
     stats.largest_free_bytes = allocator_.largest_free_block();
     stats.segment_bytes = segment_bytes_;
-    stats.segments = segment_fds_.size();
+    stats.segments = segment_count_;
     stats.locked_bytes = locked_bytes_;
     stats.allocations = allocator_.allocation_count();
     return stats;
@@ -81,16 +156,25 @@ class HostPool final : public MemoryPool {
  private:
   void Free(uint64_t offset) override {
     absl::MutexLock lock(&mu_);
+    const std::optional<uint64_t> size = allocator_.AllocationSize(offset);
+    ACTSTASH_CHECK(size.has_value(), "freeing a range the pool did not hand out");
+    // Whatever was written there may be another session's data.
+    for (uint64_t i = offset / segment_bytes_; i <= (offset + *size - 1) / segment_bytes_; ++i) {
+      dirty_[i] = true;
+    }
     allocator_.Free(offset);
   }
 
   std::byte* const base_;
-  const std::vector<int> segment_fds_;
+  const uint64_t segment_count_;
   const uint64_t segment_bytes_;
   const uint64_t total_bytes_;
   const uint64_t locked_bytes_;
   mutable absl::Mutex mu_;
   RangeAllocator allocator_ ABSL_GUARDED_BY(mu_);
+  std::vector<int> segment_fds_ ABSL_GUARDED_BY(mu_);
+  // Segments that held data since they were last handed out clean.
+  std::vector<bool> dirty_ ABSL_GUARDED_BY(mu_);
 };
 
 std::string MemlockLimitText() {
@@ -133,16 +217,10 @@ absl::StatusOr<std::unique_ptr<MemoryPool>> CreateHostPool(const HostPoolOptions
     return status;
   };
   for (uint64_t i = 0; i < segments; ++i) {
-    const std::string name = absl::StrCat("actstash-segment-", i);
-    const int fd = memfd_create(name.c_str(), MFD_CLOEXEC);
-    if (fd < 0) return fail(ErrnoStatus("memfd_create", errno));
-    fds.push_back(fd);
-    if (ftruncate(fd, static_cast<off_t>(options.segment_bytes)) != 0) {
-      return fail(ErrnoStatus("ftruncate of a pool segment", errno));
-    }
-    void* mapped = mmap(base + i * options.segment_bytes, options.segment_bytes,
-                        PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED | MAP_POPULATE, fd, 0);
-    if (mapped == MAP_FAILED) return fail(ErrnoStatus("mapping a pool segment", errno));
+    absl::StatusOr<int> fd =
+        MapFreshSegment(base + i * options.segment_bytes, i, options.segment_bytes, false);
+    if (!fd.ok()) return fail(fd.status());
+    fds.push_back(*fd);
   }
 
   uint64_t locked = 0;

@@ -22,6 +22,8 @@ struct PoolStats {
   uint64_t allocations = 0;
 };
 
+class Allocation;
+
 class MemoryPool;
 
 // A live range of pool memory. Move-only; the destructor returns the range to
@@ -55,6 +57,9 @@ class Allocation {
   uint64_t size_ = 0;
 };
 
+// A run of whole, contiguous pool segments (a lease's memory).
+struct SegmentRun;
+
 // Thread-safe: every member may be called from any thread.
 class MemoryPool {
  public:
@@ -66,6 +71,22 @@ class MemoryPool {
   virtual absl::StatusOr<Allocation> Allocate(uint64_t nbytes) = 0;
   virtual PoolStats Stats() const = 0;
 
+  // Reserves `count` (>= 1) contiguous whole segments. RESOURCE_EXHAUSTED as
+  // Allocate. The run's needs_scrub says whether any of its segments was
+  // used since it was last renewed: the caller must then RenewSegments
+  // before the segments' fds leave the daemon.
+  virtual absl::StatusOr<SegmentRun> AllocateSegments(uint32_t count) = 0;
+  // Gives the run's segments fresh, zeroed memfds (mapped, populated and
+  // locked like the rest of the pool) and drops the old ones. A memfd is
+  // therefore only ever passed to one session: a client that kept an old fd
+  // or mapping past its lease sees only its own old data, never the next
+  // tenant's. The caller holds the run exclusively.
+  virtual absl::Status RenewSegments(const SegmentRun& run) = 0;
+  // The memfd of segment `index` (< Stats().segments). Owned by the pool and
+  // valid while it lives; SCM_RIGHTS sends duplicates.
+  virtual int SegmentFd(uint32_t index) const = 0;
+  virtual uint64_t segment_bytes() const = 0;
+
  protected:
   static Allocation MakeAllocation(MemoryPool* pool, std::byte* data, uint64_t offset,
                                    uint64_t size) {
@@ -76,6 +97,13 @@ class MemoryPool {
   friend class Allocation;
   // Called once per non-empty Allocation when it is destroyed or reset.
   virtual void Free(uint64_t offset) = 0;
+};
+
+struct SegmentRun {
+  Allocation memory;
+  uint32_t first_segment = 0;
+  uint32_t count = 0;
+  bool needs_scrub = false;
 };
 
 inline Allocation& Allocation::operator=(Allocation&& other) noexcept {

@@ -1,5 +1,7 @@
 #include "server/session.h"
 
+#include <chrono>
+
 #include "absl/strings/str_cat.h"
 #include "common/check.h"
 
@@ -28,7 +30,8 @@ Session::Session(uint64_t id, std::string token, std::string name, uint32_t pid,
       name_(std::move(name)),
       pid_(pid),
       quota_bytes_(quota_bytes),
-      opened_unix_ms_(opened_unix_ms) {}
+      opened_unix_ms_(opened_unix_ms),
+      last_active_ms_(opened_unix_ms) {}
 
 absl::StatusOr<QuotaReservation> Session::Reserve(uint64_t bytes) {
   if (closed()) {
@@ -68,6 +71,40 @@ void Session::RecordFetch(uint64_t bytes) {
   gets_.fetch_add(1, std::memory_order_relaxed);
 }
 
+void Session::RecordLocalUsage(const LocalUsage& usage) {
+  absl::MutexLock lock(&mu_);
+  local_ = usage;
+}
+
+void Session::AddLeases(int64_t count, int64_t bytes) {
+  absl::MutexLock lock(&mu_);
+  leases_ += count;
+  leased_bytes_ += bytes;
+}
+
+void Session::SetAttached(const PeerCredentials& peer) {
+  absl::MutexLock lock(&mu_);
+  attached_ = true;
+  peer_ = peer;
+}
+
+void Session::SetDetached() {
+  absl::MutexLock lock(&mu_);
+  attached_ = false;
+}
+
+bool Session::attached() const {
+  absl::MutexLock lock(&mu_);
+  return attached_;
+}
+
+void Session::Touch() {
+  last_active_ms_.store(std::chrono::duration_cast<std::chrono::milliseconds>(
+                            std::chrono::system_clock::now().time_since_epoch())
+                            .count(),
+                        std::memory_order_relaxed);
+}
+
 SessionSnapshot Session::Snapshot() const {
   SessionSnapshot s;
   s.id = id_;
@@ -80,6 +117,12 @@ SessionSnapshot Session::Snapshot() const {
   s.puts = puts_.load(std::memory_order_relaxed);
   s.gets = gets_.load(std::memory_order_relaxed);
   s.opened_unix_ms = opened_unix_ms_;
+  absl::MutexLock lock(&mu_);
+  s.attached = attached_;
+  s.peer = peer_;
+  s.leases = leases_;
+  s.leased_bytes = leased_bytes_;
+  s.local = local_;
   return s;
 }
 

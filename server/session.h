@@ -37,6 +37,23 @@ class QuotaReservation {
   uint64_t bytes_ = 0;
 };
 
+// Identity of the process on the other end of the attach connection.
+struct PeerCredentials {
+  uint32_t uid = 0;
+  uint32_t gid = 0;
+  uint32_t pid = 0;
+};
+
+// What a client reports of the objects it placed in its own leases.
+struct LocalUsage {
+  uint64_t objects = 0;
+  uint64_t bytes = 0;
+  uint64_t bytes_stored = 0;
+  uint64_t bytes_fetched = 0;
+  uint64_t stores = 0;
+  uint64_t fetches = 0;
+};
+
 struct SessionSnapshot {
   uint64_t id = 0;
   std::string name;
@@ -48,6 +65,11 @@ struct SessionSnapshot {
   uint64_t puts = 0;
   uint64_t gets = 0;
   int64_t opened_unix_ms = 0;
+  bool attached = false;
+  PeerCredentials peer;
+  uint64_t leases = 0;
+  uint64_t leased_bytes = 0;
+  LocalUsage local;
 };
 
 // Thread-safe. Created and closed only by SessionManager; shared with
@@ -74,6 +96,16 @@ class Session : public std::enable_shared_from_this<Session> {
 
   void RecordStore(uint64_t bytes);
   void RecordFetch(uint64_t bytes);
+  void RecordLocalUsage(const LocalUsage& usage) ABSL_LOCKS_EXCLUDED(mu_);
+  // Lease bookkeeping (by LeaseManager): count and bytes held now.
+  void AddLeases(int64_t count, int64_t bytes) ABSL_LOCKS_EXCLUDED(mu_);
+  // Attach state (by AttachServer). Attached sessions never idle out.
+  void SetAttached(const PeerCredentials& peer) ABSL_LOCKS_EXCLUDED(mu_);
+  void SetDetached() ABSL_LOCKS_EXCLUDED(mu_);
+  bool attached() const ABSL_LOCKS_EXCLUDED(mu_);
+  // Marks activity now (every authenticated call), for the idle TTL.
+  void Touch();
+  int64_t last_active_ms() const { return last_active_ms_.load(std::memory_order_relaxed); }
   SessionSnapshot Snapshot() const;
 
  private:
@@ -91,6 +123,12 @@ class Session : public std::enable_shared_from_this<Session> {
   std::atomic<bool> closed_{false};
   mutable absl::Mutex mu_;
   uint64_t used_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  bool attached_ ABSL_GUARDED_BY(mu_) = false;
+  PeerCredentials peer_ ABSL_GUARDED_BY(mu_);
+  uint64_t leases_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t leased_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  LocalUsage local_ ABSL_GUARDED_BY(mu_);
+  std::atomic<int64_t> last_active_ms_{0};
   std::atomic<uint64_t> bytes_stored_{0};
   std::atomic<uint64_t> bytes_fetched_{0};
   std::atomic<uint64_t> puts_{0};

@@ -17,7 +17,18 @@ absl::StatusOr<std::shared_ptr<Session>> AuthenticateCall(
   const auto& metadata = ctx.client_metadata();
   auto it = metadata.find(kTokenMetadataKey);
   if (it == metadata.end()) return core.sessions.Authenticate("");
-  return core.sessions.Authenticate(absl::string_view(it->second.data(), it->second.size()));
+  absl::StatusOr<std::shared_ptr<Session>> session =
+      core.sessions.Authenticate(absl::string_view(it->second.data(), it->second.size()));
+  if (session.ok()) (*session)->Touch();
+  return session;
+}
+
+std::optional<SessionTotals> CloseSessionAndFree(StashCore& core, uint64_t session_id) {
+  if (core.sessions.Close(session_id) == nullptr) return std::nullopt;
+  SessionTotals totals;
+  totals.objects = core.catalog.RemoveSession(session_id);
+  totals.leases = core.leases.ReleaseSession(session_id);
+  return totals;
 }
 
 }  // namespace actstash::server

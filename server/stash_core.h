@@ -8,24 +8,35 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
+#include <string>
 
 #include "absl/status/statusor.h"
 #include "server/catalog.h"
+#include "server/lease_manager.h"
 #include "server/memory_pool.h"
 #include "server/session_manager.h"
 
 namespace actstash::server {
 
+class AttachServer;
+class WorkQueue;
+
 // Owned by the Daemon, which keeps it alive until the gRPC server has shut
 // down. The members are thread-safe themselves; handlers use them from
 // gRPC's callback threads.
 struct StashCore {
-  StashCore(MemoryPool* pool, SessionManager* sessions, Catalog* catalog)
-      : pool(*pool), sessions(*sessions), catalog(*catalog) {}
+  StashCore(MemoryPool* pool, SessionManager* sessions, Catalog* catalog, LeaseManager* leases)
+      : pool(*pool), sessions(*sessions), catalog(*catalog), leases(*leases) {}
 
   MemoryPool& pool;
   SessionManager& sessions;
   Catalog& catalog;
+  LeaseManager& leases;
+  // Set once at start-up, before the gRPC server serves.
+  AttachServer* attach = nullptr;
+  WorkQueue* work = nullptr;
+  std::string attach_socket_name;
   const std::chrono::steady_clock::time_point started = std::chrono::steady_clock::now();
   std::atomic<uint64_t> bytes_stored{0};   // cumulative, all sessions
   std::atomic<uint64_t> bytes_fetched{0};  // cumulative, all sessions
@@ -34,7 +45,17 @@ struct StashCore {
   // Streaming calls (Put, Get) between their start and OnDone; shutdown
   // waits for this to reach zero (or its grace period to end).
   std::atomic<int64_t> streams_in_flight{0};
+  std::atomic<uint64_t> sessions_reclaimed{0};
 };
+
+struct SessionTotals {
+  RemovedTotals objects;
+  RemovedTotals leases;
+};
+
+// Closes a session and frees everything it holds (objects, leases). Returns
+// nullopt when it was not open. Any thread.
+std::optional<SessionTotals> CloseSessionAndFree(StashCore& core, uint64_t session_id);
 
 // UNAVAILABLE once the daemon is shutting down.
 absl::Status CheckNotDraining(const StashCore& core);

@@ -9,7 +9,6 @@
 #include "spdlog/spdlog.h"
 
 namespace actstash::server {
-namespace {
 
 grpc::ServerUnaryReactor* FinishUnary(grpc::CallbackServerContext* ctx,
                                       const absl::Status& status) {
@@ -17,6 +16,8 @@ grpc::ServerUnaryReactor* FinishUnary(grpc::CallbackServerContext* ctx,
   reactor->Finish(ToGrpcStatus(status));
   return reactor;
 }
+
+namespace {
 
 void FillSessionStats(const SessionSnapshot& s, uint64_t objects, v1::SessionStats* out) {
   out->set_session_id(s.id);
@@ -30,6 +31,16 @@ void FillSessionStats(const SessionSnapshot& s, uint64_t objects, v1::SessionSta
   out->set_puts(s.puts);
   out->set_gets(s.gets);
   out->set_opened_unix_ms(s.opened_unix_ms);
+  out->set_attached(s.attached);
+  out->set_peer_uid(s.peer.uid);
+  out->set_peer_gid(s.peer.gid);
+  out->set_peer_pid(s.peer.pid);
+  out->set_leases(s.leases);
+  out->set_leased_bytes(s.leased_bytes);
+  out->set_local_objects(s.local.objects);
+  out->set_local_bytes(s.local.bytes);
+  out->set_local_bytes_stored(s.local.bytes_stored);
+  out->set_local_bytes_fetched(s.local.bytes_fetched);
 }
 
 }  // namespace
@@ -47,6 +58,8 @@ grpc::ServerUnaryReactor* StashService::OpenSession(grpc::CallbackServerContext*
   reply->set_quota_bytes(s.quota_bytes());
   reply->set_max_chunk_bytes(kMaxChunkBytes);
   reply->set_daemon_version(kVersion);
+  reply->set_attach_socket_name(core_->attach_socket_name);
+  reply->set_segment_bytes(core_->pool.segment_bytes());
   spdlog::info("session {} opened: client '{}' pid {} peer {} quota {} bytes", s.id(), s.name(),
                request->client_pid(), ctx->peer(), s.quota_bytes());
   return FinishUnary(ctx, absl::OkStatus());
@@ -58,13 +71,15 @@ grpc::ServerUnaryReactor* StashService::CloseSession(grpc::CallbackServerContext
   absl::StatusOr<std::shared_ptr<Session>> session = AuthenticateCall(*core_, *ctx);
   if (!session.ok()) return FinishUnary(ctx, session.status());
   const uint64_t id = (*session)->id();
-  if (core_->sessions.Close(id) == nullptr) {
+  std::optional<SessionTotals> freed = CloseSessionAndFree(*core_, id);
+  if (!freed.has_value()) {
     return FinishUnary(ctx, absl::UnauthenticatedError("the session is already closed"));
   }
-  const RemovedTotals freed = core_->catalog.RemoveSession(id);
-  reply->set_objects_freed(freed.objects);
-  reply->set_bytes_freed(freed.bytes);
-  spdlog::info("session {} closed: freed {} objects, {} bytes", id, freed.objects, freed.bytes);
+  reply->set_objects_freed(freed->objects.objects);
+  reply->set_bytes_freed(freed->objects.bytes + freed->leases.bytes);
+  spdlog::info("session {} closed: freed {} objects ({} bytes) and {} leases ({} bytes)", id,
+               freed->objects.objects, freed->objects.bytes, freed->leases.objects,
+               freed->leases.bytes);
   return FinishUnary(ctx, absl::OkStatus());
 }
 
@@ -110,6 +125,8 @@ grpc::ServerUnaryReactor* StashService::Stats(grpc::CallbackServerContext* ctx,
   out->set_segment_bytes(pool.segment_bytes);
   out->set_segments(pool.segments);
   out->set_locked_bytes(pool.locked_bytes);
+  out->set_leased_bytes(core_->leases.leased_bytes());
+  out->set_leases(core_->leases.size());
   reply->set_sessions(core_->sessions.size());
   reply->set_objects(core_->catalog.size());
   reply->set_bytes_stored(core_->bytes_stored.load(std::memory_order_relaxed));
@@ -128,6 +145,8 @@ grpc::ServerUnaryReactor* StashService::Stats(grpc::CallbackServerContext* ctx,
                                 std::chrono::steady_clock::now() - core_->started)
                                 .count());
   reply->set_daemon_pid(static_cast<uint32_t>(getpid()));
+  reply->set_leases_granted(core_->leases.granted_total());
+  reply->set_sessions_reclaimed(core_->sessions_reclaimed.load(std::memory_order_relaxed));
   return FinishUnary(ctx, absl::OkStatus());
 }
 

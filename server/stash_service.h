@@ -5,10 +5,17 @@
 #include "actstash/v1/stash.grpc.pb.h"
 #include "server/stash_core.h"
 
+namespace grpc {
+class ServerUnaryReactor;
+}
+
 namespace actstash::server {
 
 // Handlers run on gRPC's callback threads and never block on I/O. `core`
 // must outlive the gRPC server that serves this service.
+// Finishes a unary call's default reactor with `status`.
+grpc::ServerUnaryReactor* FinishUnary(grpc::CallbackServerContext* ctx, const absl::Status& status);
+
 class StashService final : public v1::Stash::CallbackService {
  public:
   explicit StashService(StashCore* core) : core_(core) {}
@@ -29,6 +36,16 @@ class StashService final : public v1::Stash::CallbackService {
   grpc::ServerUnaryReactor* Stats(grpc::CallbackServerContext* ctx,
                                   const v1::StatsRequest* request,
                                   v1::StatsReply* reply) override;
+  // Zero-copy data plane; in lease_handlers.cc.
+  grpc::ServerUnaryReactor* Lease(grpc::CallbackServerContext* ctx,
+                                  const v1::LeaseRequest* request,
+                                  v1::LeaseReply* reply) override;
+  grpc::ServerUnaryReactor* Return(grpc::CallbackServerContext* ctx,
+                                   const v1::ReturnRequest* request,
+                                   v1::ReturnReply* reply) override;
+  grpc::ServerUnaryReactor* ReportUsage(grpc::CallbackServerContext* ctx,
+                                        const v1::ReportUsageRequest* request,
+                                        v1::ReportUsageReply* reply) override;
 
  private:
   StashCore* const core_;

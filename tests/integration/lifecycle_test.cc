@@ -109,7 +109,7 @@ TEST(LifecycleTest, InFlightCallsFinishOrFailCleanlyOnShutdown) {
   const auto took = std::chrono::steady_clock::now() - start;
   stop = true;
   for (std::thread& thread : threads) thread.join();
-  ASSERT_TRUE(code.ok()) << code.status();
+  ASSERT_TRUE(code.ok()) << code.status() << "\n" << daemon->log();
   EXPECT_EQ(*code, 0) << daemon->log();
   EXPECT_LT(took, std::chrono::seconds(7)) << "shutdown must not wait past its grace period";
   EXPECT_EQ(unexpected.load(), 0);
@@ -137,6 +137,17 @@ TEST(LifecycleTest, StreamStuckPastTheGracePeriodIsCancelled) {
   v1::PutChunk data;
   data.set_data(std::string(4096, 'x'));
   ASSERT_TRUE(writer->Write(data));  // ...and never finish the stream.
+  // Wait until the daemon holds the stream (its header reserved 1 MiB).
+  auto observer = ConnectOrDie(*daemon, 1, "observer");
+  ASSERT_NE(observer, nullptr);
+  uint64_t used = 0;
+  for (int i = 0; i < 500 && used == 0; ++i) {
+    absl::StatusOr<StatsSnapshot> stats = observer->Stats();
+    ASSERT_TRUE(stats.ok());
+    used = stats->pool_used_bytes;
+    if (used == 0) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  ASSERT_EQ(used, 1u << 20);
 
   const auto start = std::chrono::steady_clock::now();
   absl::StatusOr<int> code = daemon->Stop(SIGTERM);

@@ -26,6 +26,15 @@
 
 namespace actstash {
 
+// Whether a client uses the zero-copy data plane (Store/Fetch write straight
+// into the daemon's shared memory). It needs the daemon's attach socket, so
+// it works only on the daemon's node, with the socket directory shared.
+enum class AttachMode {
+  kAuto,      // attach when possible, else Store/Fetch use the inline gRPC path
+  kRequired,  // Connect fails when attaching fails
+  kOff,       // always the inline gRPC path
+};
+
 struct ClientOptions {
   // "unix:///path", "/path/to.sock" or "host:port". Empty: $ACTSTASH_ADDRESS,
   // else the default socket (/run/actstash/actstash.sock as root, else
@@ -37,6 +46,20 @@ struct ClientOptions {
   std::chrono::milliseconds rpc_timeout{30000};
   // Deadline of Connect (opening the session).
   std::chrono::milliseconds connect_timeout{5000};
+  AttachMode attach = AttachMode::kAuto;
+  // Segments leased at a time by the zero-copy path; up to this many empty
+  // segments are kept leased for reuse.
+  uint32_t lease_batch = 4;
+  // How often the client reports its zero-copy usage to the daemon (Stats).
+  std::chrono::milliseconds usage_report_interval{1000};
+};
+
+// A buffer given to Store: either placed by this client in memory leased from
+// the daemon (zero-copy) or stored inline in the daemon. Valid until
+// Release, in the Client that made it.
+struct Ticket {
+  uint64_t id = 0;
+  uint64_t nbytes = 0;
 };
 
 // A stored object, valid in the session that stored it. 0 is never a handle.
@@ -65,6 +88,13 @@ struct Object {
 };
 
 struct SessionStatsEntry {
+  bool attached = false;
+  uint32_t peer_uid = 0;
+  uint32_t peer_pid = 0;
+  uint64_t leases = 0;
+  uint64_t leased_bytes = 0;
+  uint64_t local_objects = 0;  // reported by the client (zero-copy path)
+  uint64_t local_bytes = 0;
   uint64_t session_id = 0;
   std::string client_name;
   uint32_t client_pid = 0;
@@ -83,6 +113,10 @@ struct StatsSnapshot {
   uint64_t pool_free_bytes = 0;
   uint64_t pool_largest_free_bytes = 0;
   uint64_t pool_locked_bytes = 0;
+  uint64_t pool_leased_bytes = 0;
+  uint64_t pool_leases = 0;
+  uint64_t leases_granted = 0;
+  uint64_t sessions_reclaimed = 0;
   uint64_t segment_bytes = 0;
   uint64_t segments = 0;
   uint64_t sessions = 0;
@@ -120,6 +154,22 @@ class Client {
   absl::Status Delete(absl::Span<const Handle> handles);
   absl::Status Delete(Handle handle) { return Delete(absl::MakeConstSpan(&handle, 1)); }
   absl::StatusOr<StatsSnapshot> Stats(bool all_sessions = false);
+
+  // Stores a copy of `nbytes` from `src`: placed in leased shared memory
+  // when attached (one memcpy, no RPC except when a new segment must be
+  // leased), else through Put. RESOURCE_EXHAUSTED past the quota or the
+  // pool; UNAVAILABLE when the daemon went away (attached: stored buffers
+  // remain fetchable, new ones cannot be stored).
+  absl::StatusOr<Ticket> Store(const void* src, size_t nbytes);
+  // Copies the ticket's bytes into `dst` (capacity bytes). NOT_FOUND for an
+  // unknown or released ticket; OUT_OF_RANGE when it does not fit.
+  absl::Status Fetch(const Ticket& ticket, void* dst, size_t capacity);
+  // Frees the ticket's memory. Fetch or Release of a released ticket is
+  // NOT_FOUND; concurrently with its own Release, undefined.
+  absl::Status Release(const Ticket& ticket);
+  // Whether Store/Fetch use the zero-copy path, and why not if they don't.
+  bool attached() const;
+  absl::Status attach_status() const;
   // Closes the session now; later calls fail with FAILED_PRECONDITION.
   absl::Status Close();
 

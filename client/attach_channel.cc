@@ -1,0 +1,111 @@
+#include "client/attach_channel.h"
+
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "common/attach_wire.h"
+
+namespace actstash::client_internal {
+
+absl::StatusOr<std::unique_ptr<AttachChannel>> AttachChannel::Connect(
+    const std::string& socket_path, const std::string& token,
+    std::chrono::milliseconds timeout) {
+  sockaddr_un addr{};
+  if (socket_path.size() >= sizeof(addr.sun_path)) {
+    return absl::InvalidArgumentError(absl::StrCat("attach socket path too long: ", socket_path));
+  }
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, socket_path.c_str(), socket_path.size() + 1);
+  const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return absl::InternalError(absl::StrCat("socket: ", std::strerror(errno)));
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    const int error = errno;
+    close(fd);
+    return absl::UnavailableError(absl::StrCat("cannot connect to the attach socket ",
+                                               socket_path, ": ", std::strerror(error)));
+  }
+  absl::Status status = attach::SendMessage(fd, attach::MessageType::kHello, token);
+  absl::StatusOr<attach::Message> welcome =
+      status.ok() ? attach::ReceiveMessage(fd, timeout) : absl::StatusOr<attach::Message>(status);
+  if (!welcome.ok()) {
+    close(fd);
+    return absl::Status(welcome.status().code(),
+                        absl::StrCat("attach to ", socket_path, ": ", welcome.status().message()));
+  }
+  attach::WelcomePayload payload;
+  if (welcome->type != attach::MessageType::kWelcome || welcome->payload.size() < sizeof(payload) ||
+      !welcome->fds.empty()) {
+    for (int received : welcome->fds) close(received);
+    close(fd);
+    return absl::InternalError(absl::StrCat("attach to ", socket_path, ": unexpected reply"));
+  }
+  std::memcpy(&payload, welcome->payload.data(), sizeof(payload));
+  if (payload.status_code != 0) {
+    close(fd);
+    return absl::Status(static_cast<absl::StatusCode>(payload.status_code),
+                        absl::StrCat("actstashd refused the attach: ",
+                                     welcome->payload.substr(sizeof(payload))));
+  }
+  return std::unique_ptr<AttachChannel>(new AttachChannel(fd, payload.session_id));
+}
+
+AttachChannel::AttachChannel(int fd, uint64_t session_id) : fd_(fd), session_id_(session_id) {
+  wake_fd_ = eventfd(0, EFD_CLOEXEC);
+  watcher_ = std::thread([this] { Watch(); });
+}
+
+AttachChannel::~AttachChannel() {
+  const uint64_t one = 1;
+  if (wake_fd_ >= 0) (void)!write(wake_fd_, &one, sizeof(one));
+  watcher_.join();
+  if (wake_fd_ >= 0) close(wake_fd_);
+  close(fd_);
+}
+
+void AttachChannel::Watch() {
+  // POLLIN is not asked for: lease messages are ReceiveLease's to read.
+  pollfd fds[2] = {{fd_, POLLRDHUP, 0}, {wake_fd_, POLLIN, 0}};
+  while (true) {
+    const int ready = poll(fds, wake_fd_ >= 0 ? 2 : 1, -1);
+    if (ready < 0 && errno == EINTR) continue;
+    if (ready < 0 || (fds[0].revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) != 0) {
+      lost_.store(true, std::memory_order_release);
+      return;
+    }
+    if (fds[1].revents != 0) return;
+  }
+}
+
+absl::StatusOr<std::vector<int>> AttachChannel::ReceiveLease(uint64_t lease_id,
+                                                             uint32_t segments,
+                                                             std::chrono::milliseconds timeout) {
+  std::vector<int> fds;
+  auto fail = [&](absl::Status status) {
+    for (int fd : fds) close(fd);
+    return status;
+  };
+  while (fds.size() < segments) {
+    absl::StatusOr<attach::Message> message = attach::ReceiveMessage(fd_, timeout);
+    if (!message.ok()) return fail(message.status());
+    attach::SegmentsPayload payload;
+    const bool well_formed = message->type == attach::MessageType::kSegments &&
+                             message->payload.size() == sizeof(payload);
+    if (well_formed) std::memcpy(&payload, message->payload.data(), sizeof(payload));
+    fds.insert(fds.end(), message->fds.begin(), message->fds.end());
+    if (!well_formed || payload.lease_id != lease_id || payload.first != fds.size() - message->fds.size() ||
+        payload.count != message->fds.size() || payload.lease_segments != segments) {
+      return fail(absl::InternalError(absl::StrCat(
+          "attach channel: expected the fds of lease ", lease_id, ", got something else")));
+    }
+  }
+  return fds;
+}
+
+}  // namespace actstash::client_internal

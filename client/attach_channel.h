@@ -1,0 +1,56 @@
+// AttachChannel: the client's end of the attach socket (see
+// common/attach_wire.h). Presents the session token, then receives the
+// memfds of the session's leases. Its closing is how the daemon learns the
+// client is gone, and how the client learns the daemon is.
+#ifndef ACTSTASH_CLIENT_ATTACH_CHANNEL_H_
+#define ACTSTASH_CLIENT_ATTACH_CHANNEL_H_
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace actstash::client_internal {
+
+// ReceiveLease is called by one thread at a time (the caller serializes
+// leasing); lost() from any thread. A watcher thread notices the daemon
+// closing the connection without reading from it.
+class AttachChannel {
+ public:
+  // Connects to `socket_path` and attaches the session of `token`.
+  // UNAVAILABLE when nothing listens there; the daemon's refusal (wrong
+  // token, uid not allowed, already attached) with its code and message.
+  static absl::StatusOr<std::unique_ptr<AttachChannel>> Connect(
+      const std::string& socket_path, const std::string& token, std::chrono::milliseconds timeout);
+  ~AttachChannel();
+  AttachChannel(const AttachChannel&) = delete;
+  AttachChannel& operator=(const AttachChannel&) = delete;
+
+  // Receives the fds of lease `lease_id` (`segments` of them, in order; the
+  // caller owns them). INTERNAL if the daemon sends something else.
+  absl::StatusOr<std::vector<int>> ReceiveLease(uint64_t lease_id, uint32_t segments,
+                                                std::chrono::milliseconds timeout);
+
+  // True once the daemon closed the connection (it exited or restarted).
+  bool lost() const { return lost_.load(std::memory_order_acquire); }
+  uint64_t session_id() const { return session_id_; }
+
+ private:
+  AttachChannel(int fd, uint64_t session_id);
+  void Watch();
+
+  const int fd_;
+  const uint64_t session_id_;
+  int wake_fd_ = -1;  // eventfd that stops the watcher
+  std::atomic<bool> lost_{false};
+  std::thread watcher_;
+};
+
+}  // namespace actstash::client_internal
+
+#endif  // ACTSTASH_CLIENT_ATTACH_CHANNEL_H_

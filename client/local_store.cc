@@ -1,0 +1,264 @@
+#include "client/local_store.h"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace actstash::client_internal {
+namespace {
+
+absl::Status Lost() {
+  return absl::UnavailableError(
+      "actstashd went away (its attach connection closed): this session and its leases are "
+      "gone; buffers stored before can still be fetched, new ones cannot be stored. Connect a "
+      "new client.");
+}
+
+// Maps one lease's segment fds back to back; closes the fds either way.
+absl::StatusOr<std::byte*> MapLease(const GrantedLease& lease, uint64_t segment_bytes) {
+  const uint64_t bytes = uint64_t{lease.segments} * segment_bytes;
+  void* reserved = mmap(nullptr, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                        -1, 0);
+  absl::Status status;
+  if (reserved == MAP_FAILED) {
+    status = absl::ResourceExhaustedError(
+        absl::StrCat("reserving ", bytes, " bytes of address space: ", std::strerror(errno)));
+  }
+  for (size_t i = 0; status.ok() && i < lease.fds.size(); ++i) {
+    // MAP_POPULATE: the page-table work happens now, not on the hot path.
+    void* at = static_cast<std::byte*>(reserved) + i * segment_bytes;
+    if (mmap(at, segment_bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED | MAP_POPULATE,
+             lease.fds[i], 0) == MAP_FAILED) {
+      status = absl::InternalError(
+          absl::StrCat("mapping segment ", i, " of lease ", lease.lease_id, ": ",
+                       std::strerror(errno)));
+    }
+  }
+  for (int fd : lease.fds) close(fd);
+  if (!status.ok()) {
+    if (reserved != MAP_FAILED) munmap(reserved, bytes);
+    return status;
+  }
+  return static_cast<std::byte*>(reserved);
+}
+
+}  // namespace
+
+LocalStore::LocalStore(LeaseBackend* backend, uint64_t segment_bytes, uint32_t lease_batch)
+    : backend_(*backend),
+      segment_bytes_(segment_bytes),
+      lease_batch_(std::max<uint32_t>(1, lease_batch)) {}
+
+LocalStore::~LocalStore() {
+  absl::MutexLock lock(&mu_);
+  for (const std::unique_ptr<Arena>& arena : arenas_) munmap(arena->base, arena->bytes);
+}
+
+bool LocalStore::TryPlace(uint64_t nbytes, Placement* out) {
+  const size_t n = arenas_.size();
+  for (size_t k = 0; k < n; ++k) {
+    const size_t i = (hint_ + k) % n;
+    Arena* arena = arenas_[i].get();
+    if (arena->dedicated) continue;
+    if (std::optional<uint64_t> offset = arena->allocator.Allocate(nbytes)) {
+      hint_ = i;
+      *out = Placement{arena, *offset, nbytes};
+      return true;
+    }
+  }
+  return false;
+}
+
+uint64_t LocalStore::NewTicket(const Placement& placement, uint64_t nbytes) {
+  const uint64_t ticket = next_ticket_++;
+  tickets_.emplace(ticket, placement);
+  ++usage_.objects;
+  usage_.bytes += nbytes;
+  ++usage_.stores;
+  usage_.bytes_stored += nbytes;
+  return ticket;
+}
+
+absl::StatusOr<std::vector<std::unique_ptr<LocalStore::Arena>>> LocalStore::LeaseArenas(
+    uint32_t count, uint32_t segments, bool dedicated) {
+  absl::StatusOr<std::vector<GrantedLease>> granted = backend_.Lease(count, segments);
+  if (!granted.ok()) return granted.status();
+  std::vector<std::unique_ptr<Arena>> arenas;
+  absl::Status status;
+  std::vector<uint64_t> unmapped;
+  for (GrantedLease& lease : *granted) {
+    if (!status.ok()) {
+      for (int fd : lease.fds) close(fd);
+      unmapped.push_back(lease.lease_id);
+      continue;
+    }
+    absl::StatusOr<std::byte*> base = MapLease(lease, segment_bytes_);  // closes the fds
+    if (!base.ok()) {
+      status = base.status();
+      unmapped.push_back(lease.lease_id);
+      continue;
+    }
+    const uint64_t bytes = uint64_t{lease.segments} * segment_bytes_;
+    arenas.push_back(std::unique_ptr<Arena>(
+        new Arena{lease.lease_id, *base, bytes, dedicated, ArenaAllocator(bytes)}));
+  }
+  if (!status.ok()) {
+    for (const std::unique_ptr<Arena>& arena : arenas) {
+      munmap(arena->base, arena->bytes);
+      unmapped.push_back(arena->lease_id);
+    }
+    (void)backend_.Return(unmapped);
+    return status;
+  }
+  return arenas;
+}
+
+absl::StatusOr<uint64_t> LocalStore::Store(const void* src, size_t nbytes) {
+  if (nbytes > 0 && src == nullptr) {
+    return absl::InvalidArgumentError("Store: null source with a non-zero size");
+  }
+  if (backend_.Lost()) return Lost();
+  Placement placement;
+  uint64_t ticket = 0;
+  if (nbytes > segment_bytes_) {
+    // A dedicated lease of contiguous segments, returned on Release.
+    const uint64_t segments = (nbytes + segment_bytes_ - 1) / segment_bytes_;
+    if (segments > UINT32_MAX) return absl::ResourceExhaustedError("Store: buffer too large");
+    absl::MutexLock lease_lock(&lease_mu_);
+    absl::StatusOr<std::vector<std::unique_ptr<Arena>>> arenas =
+        LeaseArenas(1, static_cast<uint32_t>(segments), /*dedicated=*/true);
+    if (!arenas.ok()) return arenas.status();
+    absl::MutexLock lock(&mu_);
+    Arena* arena = arenas->front().get();
+    const std::optional<uint64_t> offset = arena->allocator.Allocate(nbytes);
+    placement = Placement{arena, offset.value_or(0), nbytes};
+    arenas_.push_back(std::move(arenas->front()));
+    usage_.leases += 1;
+    usage_.leased_bytes += arena->bytes;
+    ticket = NewTicket(placement, nbytes);
+  } else {
+    mu_.Lock();
+    bool placed = TryPlace(nbytes, &placement);
+    if (!placed) {
+      // Slow path: lease more segments. One thread leases; the others wait
+      // for it and then find room in what it mapped.
+      mu_.Unlock();
+      absl::MutexLock lease_lock(&lease_mu_);
+      mu_.Lock();
+      placed = TryPlace(nbytes, &placement);
+      if (!placed) {
+        mu_.Unlock();
+        absl::StatusOr<std::vector<std::unique_ptr<Arena>>> arenas =
+            LeaseArenas(lease_batch_, 1, /*dedicated=*/false);
+        if (!arenas.ok() && arenas.status().code() == absl::StatusCode::kResourceExhausted &&
+            lease_batch_ > 1) {
+          arenas = LeaseArenas(1, 1, /*dedicated=*/false);  // room for one, maybe
+        }
+        if (!arenas.ok()) return arenas.status();
+        mu_.Lock();
+        for (std::unique_ptr<Arena>& arena : *arenas) {
+          usage_.leases += 1;
+          usage_.leased_bytes += arena->bytes;
+          arenas_.push_back(std::move(arena));
+        }
+        placed = TryPlace(nbytes, &placement);
+      }
+    }
+    if (!placed) {  // only if a segment cannot hold nbytes after alignment
+      mu_.Unlock();
+      return absl::InternalError("Store: a fresh segment could not place the buffer");
+    }
+    ticket = NewTicket(placement, nbytes);
+    mu_.Unlock();
+  }
+  if (nbytes > 0) std::memcpy(placement.arena->base + placement.offset, src, nbytes);
+  return ticket;
+}
+
+absl::Status LocalStore::Fetch(uint64_t ticket, void* dst, size_t capacity) {
+  Placement placement;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = tickets_.find(ticket);
+    if (it == tickets_.end()) {
+      return absl::NotFoundError(absl::StrCat("unknown or released ticket ", ticket));
+    }
+    placement = it->second;
+    if (placement.size > capacity) {
+      return absl::OutOfRangeError(absl::StrCat("ticket ", ticket, " holds ", placement.size,
+                                                " bytes; the buffer holds ", capacity));
+    }
+    ++usage_.fetches;
+    usage_.bytes_fetched += placement.size;
+  }
+  if (placement.size > 0) {
+    std::memcpy(dst, placement.arena->base + placement.offset, placement.size);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<uint64_t> LocalStore::Size(uint64_t ticket) const {
+  absl::MutexLock lock(&mu_);
+  auto it = tickets_.find(ticket);
+  if (it == tickets_.end()) {
+    return absl::NotFoundError(absl::StrCat("unknown or released ticket ", ticket));
+  }
+  return it->second.size;
+}
+
+std::unique_ptr<LocalStore::Arena> LocalStore::Detach(Arena* arena) {
+  auto it = std::find_if(arenas_.begin(), arenas_.end(),
+                         [arena](const std::unique_ptr<Arena>& a) { return a.get() == arena; });
+  std::unique_ptr<Arena> detached = std::move(*it);
+  arenas_.erase(it);
+  hint_ = 0;
+  usage_.leases -= 1;
+  usage_.leased_bytes -= detached->bytes;
+  return detached;
+}
+
+void LocalStore::GiveBack(std::unique_ptr<Arena> arena) {
+  munmap(arena->base, arena->bytes);
+  // A failed Return (daemon gone) loses nothing: closing the session, or the
+  // daemon's exit, frees the lease anyway.
+  if (!backend_.Lost()) (void)backend_.Return(absl::MakeConstSpan(&arena->lease_id, 1));
+}
+
+absl::Status LocalStore::Release(uint64_t ticket) {
+  std::unique_ptr<Arena> give_back;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = tickets_.find(ticket);
+    if (it == tickets_.end()) {
+      return absl::NotFoundError(absl::StrCat("unknown or released ticket ", ticket));
+    }
+    const Placement placement = it->second;
+    tickets_.erase(it);
+    placement.arena->allocator.Free(placement.offset);
+    --usage_.objects;
+    usage_.bytes -= placement.size;
+    if (placement.arena->allocator.empty()) {
+      size_t empty_shared = 0;
+      for (const std::unique_ptr<Arena>& arena : arenas_) {
+        empty_shared += !arena->dedicated && arena->allocator.empty();
+      }
+      if (placement.arena->dedicated || empty_shared > lease_batch_) {
+        give_back = Detach(placement.arena);
+      }
+    }
+  }
+  if (give_back != nullptr) GiveBack(std::move(give_back));
+  return absl::OkStatus();
+}
+
+LocalUsage LocalStore::usage() const {
+  absl::MutexLock lock(&mu_);
+  return usage_;
+}
+
+}  // namespace actstash::client_internal

@@ -1,0 +1,121 @@
+// LocalStore: the zero-copy data plane of a client. Leases whole segments
+// of the daemon's pool (their memfds arrive over the attach channel), maps
+// them, and places buffers in them itself: no RPC and no syscall per buffer
+// on the hot path. Buffers bigger than a segment get a dedicated lease of
+// contiguous segments, given back when they are released.
+#ifndef ACTSTASH_CLIENT_LOCAL_STORE_H_
+#define ACTSTASH_CLIENT_LOCAL_STORE_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/types/span.h"
+#include "client/arena_allocator.h"
+
+namespace actstash::client_internal {
+
+struct GrantedLease {
+  uint64_t lease_id = 0;
+  uint32_t segments = 0;
+  std::vector<int> fds;  // one per segment, owned by the receiver
+};
+
+// Where leases come from: the daemon (Lease/Return RPCs plus the attach
+// channel), or a fake in unit tests. Called with no LocalStore lock held,
+// by one thread at a time for Lease.
+class LeaseBackend {
+ public:
+  virtual ~LeaseBackend() = default;
+  virtual absl::StatusOr<std::vector<GrantedLease>> Lease(uint32_t count,
+                                                          uint32_t segments_per_lease) = 0;
+  virtual absl::Status Return(absl::Span<const uint64_t> lease_ids) = 0;
+  // True once the daemon is gone: nothing more can be leased or returned.
+  virtual bool Lost() const = 0;
+};
+
+struct LocalUsage {
+  uint64_t objects = 0;        // placed buffers alive
+  uint64_t bytes = 0;          // their bytes
+  uint64_t bytes_stored = 0;   // cumulative
+  uint64_t bytes_fetched = 0;  // cumulative
+  uint64_t stores = 0;
+  uint64_t fetches = 0;
+  uint64_t leases = 0;         // leases mapped now
+  uint64_t leased_bytes = 0;
+};
+
+// Thread-safe: Store, Fetch and Release may run concurrently on any threads;
+// copies run outside the lock. Fetch or Release of a ticket concurrently
+// with its own Release is undefined (as for any freed buffer).
+class LocalStore {
+ public:
+  // `backend` must outlive the store. `lease_batch` segments are leased at a
+  // time; up to that many empty segments are kept for reuse.
+  LocalStore(LeaseBackend* backend, uint64_t segment_bytes, uint32_t lease_batch);
+  // Unmaps everything; does not return leases (closing the session does).
+  ~LocalStore();
+  LocalStore(const LocalStore&) = delete;
+  LocalStore& operator=(const LocalStore&) = delete;
+
+  // Copies `nbytes` from `src` into leased memory; returns the ticket id.
+  // RESOURCE_EXHAUSTED when no lease can be had (quota, pool); UNAVAILABLE
+  // once the daemon is gone.
+  absl::StatusOr<uint64_t> Store(const void* src, size_t nbytes) ABSL_LOCKS_EXCLUDED(mu_);
+  // Copies the ticket's bytes to `dst`. NOT_FOUND for an unknown or released
+  // ticket, OUT_OF_RANGE when `capacity` is too small. Works after the daemon
+  // went away: the memory is still mapped here.
+  absl::Status Fetch(uint64_t ticket, void* dst, size_t capacity) ABSL_LOCKS_EXCLUDED(mu_);
+  // The ticket's size, or NOT_FOUND.
+  absl::StatusOr<uint64_t> Size(uint64_t ticket) const ABSL_LOCKS_EXCLUDED(mu_);
+  // Frees the ticket's place; an emptied dedicated lease (or empty segments
+  // beyond the batch) go back to the daemon.
+  absl::Status Release(uint64_t ticket) ABSL_LOCKS_EXCLUDED(mu_);
+  LocalUsage usage() const ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  struct Arena {
+    uint64_t lease_id = 0;
+    std::byte* base = nullptr;
+    uint64_t bytes = 0;
+    bool dedicated = false;
+    ArenaAllocator allocator;
+  };
+  struct Placement {
+    Arena* arena = nullptr;
+    uint64_t offset = 0;
+    uint64_t size = 0;
+  };
+
+  // Places `nbytes` in a mapped shared arena; false when none has room.
+  bool TryPlace(uint64_t nbytes, Placement* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Leases and maps `count` leases of `segments` segments each.
+  absl::StatusOr<std::vector<std::unique_ptr<Arena>>> LeaseArenas(uint32_t count,
+                                                                  uint32_t segments,
+                                                                  bool dedicated);
+  uint64_t NewTicket(const Placement& placement, uint64_t nbytes)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Removes an arena from the table; the caller unmaps and returns it.
+  std::unique_ptr<Arena> Detach(Arena* arena) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void GiveBack(std::unique_ptr<Arena> arena);
+
+  LeaseBackend& backend_;
+  const uint64_t segment_bytes_;
+  const uint32_t lease_batch_;
+  absl::Mutex lease_mu_ ABSL_ACQUIRED_BEFORE(mu_);  // one lease RPC at a time
+  mutable absl::Mutex mu_;
+  std::vector<std::unique_ptr<Arena>> arenas_ ABSL_GUARDED_BY(mu_);
+  size_t hint_ ABSL_GUARDED_BY(mu_) = 0;  // arena that placed last
+  absl::flat_hash_map<uint64_t, Placement> tickets_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_ticket_ ABSL_GUARDED_BY(mu_) = 1;
+  LocalUsage usage_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace actstash::client_internal
+
+#endif  // ACTSTASH_CLIENT_LOCAL_STORE_H_

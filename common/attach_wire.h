@@ -1,0 +1,80 @@
+// Wire format of the attach channel: a Unix stream socket beside the gRPC
+// socket over which the daemon passes segment memfds (SCM_RIGHTS) to the
+// local client of a session.
+//
+//   client → daemon  Hello     payload: the session token
+//   daemon → client  Welcome   payload: WelcomePayload + UTF-8 message
+//   daemon → client  Segments  payload: SegmentsPayload; ancillary: `count` fds
+//
+// Every message is a MessageHeader followed by payload_bytes of payload.
+// Integers are little-endian (native: both ends are on one host). The open
+// connection is the session's liveness signal: when it closes, the daemon
+// reclaims everything the session holds.
+#ifndef ACTSTASH_COMMON_ATTACH_WIRE_H_
+#define ACTSTASH_COMMON_ATTACH_WIRE_H_
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+
+namespace actstash::attach {
+
+inline constexpr uint32_t kMagic = 0x54534341;  // "ACST"
+inline constexpr uint16_t kVersion = 1;
+inline constexpr uint32_t kMaxPayloadBytes = 4096;
+// Fewer than the kernel's SCM_MAX_FD (253) fds per message.
+inline constexpr uint32_t kMaxFdsPerMessage = 128;
+
+enum class MessageType : uint16_t { kHello = 1, kWelcome = 2, kSegments = 3 };
+
+struct MessageHeader {
+  uint32_t magic = kMagic;
+  uint16_t version = kVersion;
+  uint16_t type = 0;
+  uint32_t payload_bytes = 0;
+};
+static_assert(sizeof(MessageHeader) == 12);
+
+struct WelcomePayload {
+  int32_t status_code = 0;  // absl::StatusCode; 0 = attached
+  uint32_t reserved = 0;
+  uint64_t session_id = 0;
+};
+
+struct SegmentsPayload {
+  uint64_t lease_id = 0;
+  uint64_t segment_bytes = 0;
+  uint32_t first = 0;  // index of the first fd of this message within the lease
+  uint32_t count = 0;  // fds in this message
+  uint32_t lease_segments = 0;  // segments of the whole lease
+  uint32_t reserved = 0;
+};
+
+struct Message {
+  MessageType type = MessageType::kHello;
+  std::string payload;
+  std::vector<int> fds;  // owned by the receiver (close them)
+};
+
+// Sends one message with optional fds, retrying on EINTR and short writes.
+// For blocking sockets; on a non-blocking socket EAGAIN is UNAVAILABLE.
+absl::Status SendMessage(int fd, MessageType type, absl::string_view payload,
+                         absl::Span<const int> fds = {});
+
+// Receives one message, waiting at most `timeout` for each part. Rejects a
+// bad magic/version/size (INVALID_ARGUMENT; the stream is then unusable).
+// End of stream is UNAVAILABLE. Received fds are CLOEXEC.
+absl::StatusOr<Message> ReceiveMessage(int fd, std::chrono::milliseconds timeout);
+
+// The attach socket of a gRPC socket path: "x/actstash.sock" →
+// "x/actstash.attach.sock"; a path without ".sock" gets ".attach" appended.
+std::string AttachSocketPath(absl::string_view grpc_socket_path);
+
+}  // namespace actstash::attach
+
+#endif  // ACTSTASH_COMMON_ATTACH_WIRE_H_

@@ -1,0 +1,378 @@
+#include "server/attach_server.h"
+
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <boost/asio.hpp>
+#include <cerrno>
+#include <cstring>
+#include <deque>
+#include <thread>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "common/attach_wire.h"
+#include "server/socket_path.h"
+#include "spdlog/spdlog.h"
+
+namespace actstash::server {
+namespace {
+
+namespace asio = boost::asio;
+using Socket = asio::local::stream_protocol::socket;
+
+// One message on its way out; fds leave with its first byte.
+struct Outgoing {
+  std::string bytes;
+  std::vector<int> fds;  // borrowed from the pool
+  size_t sent = 0;
+  AttachServer::SendCallback done;  // may be empty
+};
+
+std::string Encode(attach::MessageType type, const void* payload, size_t n,
+                   const std::string& tail = "") {
+  attach::MessageHeader header;
+  header.type = static_cast<uint16_t>(type);
+  header.payload_bytes = static_cast<uint32_t>(n + tail.size());
+  std::string bytes(reinterpret_cast<const char*>(&header), sizeof(header));
+  bytes.append(static_cast<const char*>(payload), n);
+  bytes += tail;
+  return bytes;
+}
+
+}  // namespace
+
+class AttachServer::Impl {
+ public:
+  class Connection;
+
+  Impl(const AttachServerOptions& options, SessionManager* sessions, MemoryPool* pool,
+       DisconnectCallback on_disconnect)
+      : options_(options),
+        sessions_(*sessions),
+        pool_(*pool),
+        on_disconnect_(std::move(on_disconnect)),
+        acceptor_(io_) {}
+
+  absl::Status Listen();
+  void Run() {
+    thread_ = std::thread([this] { io_.run(); });
+  }
+  void Stop();
+  void SendLeases(uint64_t session_id, std::vector<std::shared_ptr<Lease>> leases,
+                  SendCallback done);
+
+  const AttachServerOptions options_;
+  SessionManager& sessions_;
+  MemoryPool& pool_;
+  const DisconnectCallback on_disconnect_;
+  asio::io_context io_;
+  asio::local::stream_protocol::acceptor acceptor_;
+  std::thread thread_;
+  ino_t socket_inode_ = 0;
+  bool stopped_ = false;  // owner thread only
+  // I/O thread only.
+  bool stopping_ = false;
+  absl::flat_hash_map<uint64_t, std::weak_ptr<Connection>> by_session_;
+  std::vector<std::weak_ptr<Connection>> all_;
+
+ private:
+  void Accept();
+};
+
+// Lives as long as an asynchronous operation holds it. I/O thread only.
+class AttachServer::Impl::Connection : public std::enable_shared_from_this<Connection> {
+ public:
+  Connection(Impl* server, Socket socket)
+      : server_(*server), socket_(std::move(socket)), hello_timer_(server->io_) {}
+
+  void Start() {
+    ucred cred{};
+    socklen_t len = sizeof(cred);
+    if (getsockopt(socket_.native_handle(), SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
+      Close(absl::StrCat("SO_PEERCRED failed: ", std::strerror(errno)));
+      return;
+    }
+    peer_ = PeerCredentials{static_cast<uint32_t>(cred.uid), static_cast<uint32_t>(cred.gid),
+                            static_cast<uint32_t>(cred.pid)};
+    if (!Allowed()) {
+      Refuse(absl::PermissionDeniedError(absl::StrCat(
+          "uid ", peer_.uid, " / gid ", peer_.gid, " may not attach (see --allow-uid, --allow-gid)")));
+      return;
+    }
+    auto self = shared_from_this();
+    hello_timer_.expires_after(server_.options_.hello_timeout);
+    hello_timer_.async_wait([self](const boost::system::error_code& error) {
+      if (!error && self->session_ == nullptr) self->Close("no hello before the timeout");
+    });
+    asio::async_read(socket_, asio::buffer(&header_, sizeof(header_)),
+                     [self](const boost::system::error_code& error, size_t) {
+                       self->OnHeader(error);
+                     });
+  }
+
+  // Queues a message; `done` (if any) learns whether it went out.
+  void Send(Outgoing message) {
+    if (closed_) {
+      if (message.done) message.done(absl::UnavailableError("the attach connection is closed"));
+      return;
+    }
+    queue_.push_back(std::move(message));
+    if (queue_.size() == 1) Flush();
+  }
+
+  // Closes the connection; if it was bound, the session is reclaimed.
+  void Close(const std::string& reason) {
+    if (closed_) return;
+    closed_ = true;
+    boost::system::error_code ignored;
+    hello_timer_.cancel();
+    socket_.close(ignored);
+    for (Outgoing& message : queue_) {
+      if (message.done) message.done(absl::UnavailableError("the attach connection closed"));
+    }
+    queue_.clear();
+    if (session_ == nullptr) {
+      spdlog::debug("attach connection of pid {} closed: {}", peer_.pid, reason);
+      return;
+    }
+    session_->SetDetached();
+    server_.by_session_.erase(session_->id());
+    if (server_.stopping_) return;
+    spdlog::info("session {} (pid {}, uid {}): attach connection closed ({}); reclaiming",
+                 session_->id(), peer_.pid, peer_.uid, reason);
+    server_.on_disconnect_(session_->id());
+  }
+
+ private:
+  bool Allowed() const {
+    const AttachServerOptions& o = server_.options_;
+    if (o.allow_uids.empty() && o.allow_gids.empty()) return true;
+    if (peer_.uid == geteuid()) return true;
+    return std::find(o.allow_uids.begin(), o.allow_uids.end(), peer_.uid) != o.allow_uids.end() ||
+           std::find(o.allow_gids.begin(), o.allow_gids.end(), peer_.gid) != o.allow_gids.end();
+  }
+
+  void OnHeader(const boost::system::error_code& error) {
+    if (error) return Close(error.message());
+    if (header_.magic != attach::kMagic || header_.version != attach::kVersion ||
+        header_.type != static_cast<uint16_t>(attach::MessageType::kHello) ||
+        header_.payload_bytes == 0 || header_.payload_bytes > 256) {
+      return Refuse(absl::InvalidArgumentError("expected a hello message with a session token"));
+    }
+    payload_.resize(header_.payload_bytes);
+    auto self = shared_from_this();
+    asio::async_read(socket_, asio::buffer(payload_),
+                     [self](const boost::system::error_code& error, size_t) {
+                       self->OnHello(error);
+                     });
+  }
+
+  void OnHello(const boost::system::error_code& error) {
+    if (error) return Close(error.message());
+    absl::StatusOr<std::shared_ptr<Session>> session = server_.sessions_.Authenticate(payload_);
+    if (!session.ok()) return Refuse(session.status());
+    if (server_.by_session_.contains((*session)->id())) {
+      return Refuse(absl::FailedPreconditionError("the session already has an attach connection"));
+    }
+    hello_timer_.cancel();
+    session_ = *std::move(session);
+    session_->SetAttached(peer_);
+    server_.by_session_[session_->id()] = weak_from_this();
+    spdlog::info("session {} attached: pid {} uid {} gid {}", session_->id(), peer_.pid,
+                 peer_.uid, peer_.gid);
+    attach::WelcomePayload welcome;
+    welcome.session_id = session_->id();
+    Send(Outgoing{Encode(attach::MessageType::kWelcome, &welcome, sizeof(welcome)), {}, 0, {}});
+    WatchForClose();
+  }
+
+  // After the hello the client only listens; anything it sends, or its
+  // end of stream, ends the session.
+  void WatchForClose() {
+    auto self = shared_from_this();
+    socket_.async_read_some(asio::buffer(&watch_byte_, 1),
+                            [self](const boost::system::error_code& error, size_t) {
+                              self->Close(error ? error.message()
+                                                : "unexpected data from the client");
+                            });
+  }
+
+  void Refuse(const absl::Status& status) {
+    spdlog::warn("attach refused for pid {} uid {}: {}", peer_.pid, peer_.uid,
+                 std::string(status.message()));
+    attach::WelcomePayload welcome;
+    welcome.status_code = static_cast<int32_t>(status.code());
+    auto self = shared_from_this();
+    Send(Outgoing{Encode(attach::MessageType::kWelcome, &welcome, sizeof(welcome),
+                         std::string(status.message().substr(0, 1024))),
+                  {}, 0, [self](absl::Status) { self->Close("attach refused"); }});
+  }
+
+  // Writes queued messages without blocking the I/O thread: sendmsg with
+  // MSG_DONTWAIT, and a wait for writability when the socket buffer is full.
+  void Flush() {
+    while (!queue_.empty()) {
+      Outgoing& message = queue_.front();
+      iovec iov{message.bytes.data() + message.sent, message.bytes.size() - message.sent};
+      msghdr msg{};
+      msg.msg_iov = &iov;
+      msg.msg_iovlen = 1;
+      alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * attach::kMaxFdsPerMessage)];
+      if (message.sent == 0 && !message.fds.empty()) {
+        msg.msg_control = control;
+        msg.msg_controllen = CMSG_SPACE(sizeof(int) * message.fds.size());
+        cmsghdr* c = CMSG_FIRSTHDR(&msg);
+        c->cmsg_level = SOL_SOCKET;
+        c->cmsg_type = SCM_RIGHTS;
+        c->cmsg_len = CMSG_LEN(sizeof(int) * message.fds.size());
+        std::memcpy(CMSG_DATA(c), message.fds.data(), sizeof(int) * message.fds.size());
+      }
+      const ssize_t n = sendmsg(socket_.native_handle(), &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+        auto self = shared_from_this();
+        socket_.async_wait(Socket::wait_write, [self](const boost::system::error_code& error) {
+          if (error) return self->Close(error.message());
+          self->Flush();
+        });
+        return;
+      }
+      if (n < 0) return Close(absl::StrCat("sendmsg: ", std::strerror(errno)));
+      message.sent += static_cast<size_t>(n);
+      if (message.sent == message.bytes.size()) {
+        SendCallback done = std::move(message.done);
+        queue_.pop_front();
+        if (done) done(absl::OkStatus());
+        if (closed_) return;
+      }
+    }
+  }
+
+  Impl& server_;
+  Socket socket_;
+  asio::steady_timer hello_timer_;
+  attach::MessageHeader header_;
+  std::string payload_;
+  char watch_byte_ = 0;
+  PeerCredentials peer_;
+  std::shared_ptr<Session> session_;
+  std::deque<Outgoing> queue_;
+  bool closed_ = false;
+};
+
+absl::Status AttachServer::Impl::Listen() {
+  if (absl::Status s = MakeParentDirectory(options_.socket_path); !s.ok()) return s;
+  if (absl::Status s = ClaimSocketPath(options_.socket_path); !s.ok()) return s;
+  boost::system::error_code error;
+  const asio::local::stream_protocol::endpoint endpoint(options_.socket_path);
+  acceptor_.open(endpoint.protocol(), error);
+  if (!error) acceptor_.bind(endpoint, error);
+  if (!error) acceptor_.listen(asio::socket_base::max_listen_connections, error);
+  if (error) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot listen on attach socket ", options_.socket_path, ": ",
+                     error.message()));
+  }
+  absl::StatusOr<ino_t> inode = SetSocketMode(options_.socket_path, options_.socket_mode);
+  if (!inode.ok()) return inode.status();
+  socket_inode_ = *inode;
+  Accept();
+  return absl::OkStatus();
+}
+
+void AttachServer::Impl::Accept() {
+  acceptor_.async_accept([this](const boost::system::error_code& error, Socket socket) {
+    if (error == asio::error::operation_aborted || stopping_) return;
+    if (!error) {
+      auto connection = std::make_shared<Connection>(this, std::move(socket));
+      all_.push_back(connection);
+      connection->Start();
+    } else {
+      spdlog::warn("attach accept failed: {}", error.message());
+    }
+    all_.erase(std::remove_if(all_.begin(), all_.end(),
+                              [](const std::weak_ptr<Connection>& c) { return c.expired(); }),
+               all_.end());
+    Accept();
+  });
+}
+
+void AttachServer::Impl::SendLeases(uint64_t session_id,
+                                    std::vector<std::shared_ptr<Lease>> leases,
+                                    SendCallback done) {
+  asio::post(io_, [this, session_id, leases = std::move(leases), done = std::move(done)] {
+    auto it = by_session_.find(session_id);
+    std::shared_ptr<Connection> connection =
+        it == by_session_.end() ? nullptr : it->second.lock();
+    if (connection == nullptr) {
+      done(absl::FailedPreconditionError(
+          absl::StrCat("session ", session_id, " has no attach connection (connect to ",
+                       options_.socket_path, " first)")));
+      return;
+    }
+    std::vector<Outgoing> messages;
+    for (const std::shared_ptr<Lease>& lease : leases) {
+      for (uint32_t first = 0; first < lease->segments(); first += attach::kMaxFdsPerMessage) {
+        attach::SegmentsPayload payload;
+        payload.lease_id = lease->id();
+        payload.segment_bytes = pool_.segment_bytes();
+        payload.first = first;
+        payload.count = std::min(attach::kMaxFdsPerMessage, lease->segments() - first);
+        payload.lease_segments = lease->segments();
+        Outgoing message{Encode(attach::MessageType::kSegments, &payload, sizeof(payload)), {},
+                         0, {}};
+        for (uint32_t i = 0; i < payload.count; ++i) {
+          message.fds.push_back(pool_.SegmentFd(lease->first_segment() + first + i));
+        }
+        messages.push_back(std::move(message));
+      }
+    }
+    // Only the last message reports; an earlier failure closes the
+    // connection, which fails the rest (and so the last) too.
+    messages.back().done = std::move(done);
+    for (Outgoing& message : messages) connection->Send(std::move(message));
+  });
+}
+
+void AttachServer::Impl::Stop() {
+  if (stopped_) return;
+  stopped_ = true;
+  asio::post(io_, [this] {
+    stopping_ = true;
+    boost::system::error_code ignored;
+    acceptor_.close(ignored);
+    for (const std::weak_ptr<Connection>& weak : all_) {
+      if (std::shared_ptr<Connection> connection = weak.lock()) connection->Close("daemon stopping");
+    }
+    all_.clear();
+  });
+  thread_.join();
+  RemoveSocketIfOurs(options_.socket_path, socket_inode_);
+}
+
+absl::StatusOr<std::unique_ptr<AttachServer>> AttachServer::Start(
+    const AttachServerOptions& options, SessionManager* sessions, MemoryPool* pool,
+    DisconnectCallback on_disconnect) {
+  auto impl = std::make_unique<Impl>(options, sessions, pool, std::move(on_disconnect));
+  if (absl::Status s = impl->Listen(); !s.ok()) return s;
+  impl->Run();
+  return std::unique_ptr<AttachServer>(new AttachServer(std::move(impl)));
+}
+
+AttachServer::AttachServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+AttachServer::~AttachServer() { Stop(); }
+void AttachServer::Stop() { impl_->Stop(); }
+const std::string& AttachServer::socket_path() const { return impl_->options_.socket_path; }
+
+void AttachServer::SendLeases(uint64_t session_id, std::vector<std::shared_ptr<Lease>> leases,
+                              SendCallback done) {
+  if (leases.empty()) {
+    done(absl::OkStatus());
+    return;
+  }
+  impl_->SendLeases(session_id, std::move(leases), std::move(done));
+}
+
+}  // namespace actstash::server

@@ -1,0 +1,118 @@
+// Lease, Return and ReportUsage: the control side of the zero-copy data
+// plane. A Lease is granted here, renewed (fresh memfds) on the work queue
+// when its segments were used before, and its fds are sent over the attach
+// channel before the call completes.
+#include "absl/strings/str_cat.h"
+#include "common/grpc_status.h"
+#include "server/attach_server.h"
+#include "server/stash_service.h"
+#include "server/work_queue.h"
+#include "spdlog/spdlog.h"
+
+namespace actstash::server {
+namespace {
+
+constexpr uint32_t kMaxLeasesPerCall = 1024;
+
+std::vector<uint64_t> Ids(const std::vector<std::shared_ptr<Lease>>& leases) {
+  std::vector<uint64_t> ids;
+  for (const auto& lease : leases) ids.push_back(lease->id());
+  return ids;
+}
+
+}  // namespace
+
+grpc::ServerUnaryReactor* StashService::Lease(grpc::CallbackServerContext* ctx,
+                                              const v1::LeaseRequest* request,
+                                              v1::LeaseReply* reply) {
+  absl::StatusOr<std::shared_ptr<Session>> session = AuthenticateCall(*core_, *ctx);
+  if (!session.ok()) return FinishUnary(ctx, session.status());
+  const uint32_t per_lease = std::max<uint32_t>(1, request->segments_per_lease());
+  const uint64_t segments = core_->pool.Stats().segments;
+  if (request->count() == 0 || request->count() > kMaxLeasesPerCall) {
+    return FinishUnary(ctx, absl::InvalidArgumentError(absl::StrCat(
+                                "Lease count ", request->count(), " is not in [1, ",
+                                kMaxLeasesPerCall, "]")));
+  }
+  if (per_lease > segments) {
+    return FinishUnary(ctx, absl::ResourceExhaustedError(absl::StrCat(
+                                "requested a lease of ", per_lease,
+                                " segments; the pool has ", segments)));
+  }
+  if (core_->attach == nullptr || !(*session)->attached()) {
+    return FinishUnary(ctx, absl::FailedPreconditionError(
+                                "Lease needs the session's attach connection; attach to the "
+                                "daemon's attach socket first"));
+  }
+  absl::StatusOr<std::vector<std::shared_ptr<server::Lease>>> granted =
+      core_->leases.Grant(*session, request->count(), per_lease);
+  if (!granted.ok()) return FinishUnary(ctx, granted.status());
+  for (const auto& lease : *granted) {
+    v1::LeaseGrant* grant = reply->add_leases();
+    grant->set_lease_id(lease->id());
+    grant->set_bytes(lease->bytes());
+    grant->set_segments(lease->segments());
+  }
+  // Counted like a stream: shutdown waits for it, and the work queue and the
+  // attach server outlive every such call.
+  core_->streams_in_flight.fetch_add(1, std::memory_order_acq_rel);
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  StashCore* core = core_;
+  const uint64_t session_id = (*session)->id();
+  const std::vector<uint64_t> ids = Ids(*granted);
+  // On failure the grants go back: the client never learns of them.
+  auto finish = [core, reactor, session_id, ids](const absl::Status& status) {
+    if (!status.ok()) (void)core->leases.Return(session_id, ids);
+    reactor->Finish(ToGrpcStatus(status));
+    core->streams_in_flight.fetch_sub(1, std::memory_order_acq_rel);
+  };
+  core->work->Post([core, session_id, finish, leases = *std::move(granted)]() mutable {
+    for (const auto& lease : leases) {
+      if (!lease->needs_scrub()) continue;
+      SegmentRun view;
+      view.first_segment = lease->first_segment();
+      view.count = lease->segments();
+      if (absl::Status renewed = core->pool.RenewSegments(view); !renewed.ok()) {
+        finish(renewed);
+        return;
+      }
+    }
+    core->attach->SendLeases(session_id, std::move(leases), finish);
+  });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* StashService::Return(grpc::CallbackServerContext* ctx,
+                                               const v1::ReturnRequest* request,
+                                               v1::ReturnReply* reply) {
+  absl::StatusOr<std::shared_ptr<Session>> session = AuthenticateCall(*core_, *ctx);
+  if (!session.ok()) return FinishUnary(ctx, session.status());
+  if (request->lease_ids_size() > static_cast<int>(kMaxLeasesPerCall) * 64) {
+    return FinishUnary(ctx, absl::InvalidArgumentError("too many lease ids in one Return"));
+  }
+  absl::StatusOr<RemovedTotals> returned = core_->leases.Return(
+      (*session)->id(),
+      absl::MakeConstSpan(request->lease_ids().data(), request->lease_ids_size()));
+  if (!returned.ok()) return FinishUnary(ctx, returned.status());
+  reply->set_returned(returned->objects);
+  reply->set_bytes(returned->bytes);
+  return FinishUnary(ctx, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* StashService::ReportUsage(grpc::CallbackServerContext* ctx,
+                                                    const v1::ReportUsageRequest* request,
+                                                    v1::ReportUsageReply* reply) {
+  absl::StatusOr<std::shared_ptr<Session>> session = AuthenticateCall(*core_, *ctx);
+  if (!session.ok()) return FinishUnary(ctx, session.status());
+  LocalUsage usage;
+  usage.objects = request->objects();
+  usage.bytes = request->bytes();
+  usage.bytes_stored = request->bytes_stored();
+  usage.bytes_fetched = request->bytes_fetched();
+  usage.stores = request->stores();
+  usage.fetches = request->fetches();
+  (*session)->RecordLocalUsage(usage);
+  return FinishUnary(ctx, absl::OkStatus());
+}
+
+}  // namespace actstash::server

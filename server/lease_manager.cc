@@ -1,0 +1,121 @@
+#include "server/lease_manager.h"
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+
+namespace actstash::server {
+
+Lease::Lease(uint64_t id, std::shared_ptr<Session> session, SegmentRun run,
+             QuotaReservation reservation)
+    : id_(id),
+      session_(std::move(session)),
+      run_(std::move(run)),
+      reservation_(std::move(reservation)) {
+  session_->AddLeases(1, static_cast<int64_t>(bytes()));
+}
+
+Lease::~Lease() { session_->AddLeases(-1, -static_cast<int64_t>(bytes())); }
+
+absl::StatusOr<std::vector<std::shared_ptr<Lease>>> LeaseManager::Grant(
+    const std::shared_ptr<Session>& session, uint32_t count, uint32_t segments_per_lease) {
+  const uint64_t lease_bytes = uint64_t{segments_per_lease} * pool_.segment_bytes();
+  // One reservation for the whole batch first, so a batch over the quota
+  // fails with the batch's numbers and takes no pool memory.
+  absl::StatusOr<QuotaReservation> batch = session->Reserve(lease_bytes * count);
+  if (!batch.ok()) return batch.status();
+  batch->Reset();
+  std::vector<std::shared_ptr<Lease>> granted;
+  std::vector<std::pair<SegmentRun, QuotaReservation>> parts;
+  for (uint32_t i = 0; i < count; ++i) {
+    absl::StatusOr<QuotaReservation> reservation = session->Reserve(lease_bytes);
+    if (!reservation.ok()) return reservation.status();  // raced with another grant
+    absl::StatusOr<SegmentRun> run = pool_.AllocateSegments(segments_per_lease);
+    if (!run.ok()) {
+      return absl::Status(run.status().code(),
+                          absl::StrCat("lease ", i + 1, " of ", count, ": ", run.status().message()));
+    }
+    parts.emplace_back(*std::move(run), *std::move(reservation));
+  }
+  absl::MutexLock lock(&mu_);
+  // Checked under mu_ like Catalog::Insert: a session closed meanwhile
+  // either sees these leases in ReleaseSession or they are never added.
+  if (session->closed()) {
+    return absl::FailedPreconditionError(absl::StrCat("session ", session->id(), " is closed"));
+  }
+  for (auto& [run, reservation] : parts) {
+    auto lease =
+        std::make_shared<Lease>(next_id_++, session, std::move(run), std::move(reservation));
+    leases_.emplace(lease->id(), lease);
+    leased_bytes_ += lease->bytes();
+    granted.push_back(std::move(lease));
+  }
+  granted_total_ += granted.size();
+  return granted;
+}
+
+absl::StatusOr<RemovedTotals> LeaseManager::Return(uint64_t session_id,
+                                                   absl::Span<const uint64_t> ids) {
+  std::vector<std::shared_ptr<Lease>> removed;
+  RemovedTotals totals;
+  {
+    absl::MutexLock lock(&mu_);
+    absl::flat_hash_set<uint64_t> seen;
+    for (uint64_t id : ids) {
+      auto it = leases_.find(id);
+      if (it == leases_.end() || it->second->session_id() != session_id) {
+        return absl::NotFoundError(
+            absl::StrCat("no lease ", id, " in this session; nothing returned"));
+      }
+      if (!seen.insert(id).second) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("lease ", id, " appears twice; nothing returned"));
+      }
+    }
+    for (uint64_t id : ids) {
+      auto it = leases_.find(id);
+      totals.bytes += it->second->bytes();
+      leased_bytes_ -= it->second->bytes();
+      removed.push_back(std::move(it->second));
+      leases_.erase(it);
+    }
+  }
+  totals.objects = removed.size();
+  return totals;  // memory and quota go back here, outside mu_
+}
+
+RemovedTotals LeaseManager::ReleaseSession(uint64_t session_id) {
+  std::vector<std::shared_ptr<Lease>> removed;
+  RemovedTotals totals;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto it = leases_.begin(); it != leases_.end();) {
+      if (it->second->session_id() == session_id) {
+        totals.bytes += it->second->bytes();
+        leased_bytes_ -= it->second->bytes();
+        removed.push_back(std::move(it->second));
+        leases_.erase(it++);
+      } else {
+        ++it;
+      }
+    }
+  }
+  totals.objects = removed.size();
+  return totals;
+}
+
+uint64_t LeaseManager::leased_bytes() const {
+  absl::MutexLock lock(&mu_);
+  return leased_bytes_;
+}
+
+size_t LeaseManager::size() const {
+  absl::MutexLock lock(&mu_);
+  return leases_.size();
+}
+
+uint64_t LeaseManager::granted_total() const {
+  absl::MutexLock lock(&mu_);
+  return granted_total_;
+}
+
+}  // namespace actstash::server

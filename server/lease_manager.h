@@ -1,0 +1,81 @@
+// LeaseManager: whole pool segments leased to sessions for the zero-copy
+// data plane.
+#ifndef ACTSTASH_SERVER_LEASE_MANAGER_H_
+#define ACTSTASH_SERVER_LEASE_MANAGER_H_
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/types/span.h"
+#include "server/catalog.h"
+#include "server/memory_pool.h"
+#include "server/session.h"
+
+namespace actstash::server {
+
+// One lease: a run of segments and the quota it holds. Memory and quota go
+// back when the last reference drops (the table's, or that of a grant still
+// being scrubbed and sent).
+class Lease {
+ public:
+  Lease(uint64_t id, std::shared_ptr<Session> session, SegmentRun run,
+        QuotaReservation reservation);
+  ~Lease();
+  Lease(const Lease&) = delete;
+  Lease& operator=(const Lease&) = delete;
+
+  uint64_t id() const { return id_; }
+  uint64_t session_id() const { return session_->id(); }
+  uint32_t first_segment() const { return run_.first_segment; }
+  uint32_t segments() const { return run_.count; }
+  uint64_t bytes() const { return run_.memory.size(); }
+  bool needs_scrub() const { return run_.needs_scrub; }
+  std::byte* data() const { return run_.memory.data(); }
+
+ private:
+  const uint64_t id_;
+  const std::shared_ptr<Session> session_;
+  SegmentRun run_;
+  QuotaReservation reservation_;
+};
+
+// Thread-safe. Lease ids are never 0 and never reused in a daemon's life.
+class LeaseManager {
+ public:
+  explicit LeaseManager(MemoryPool* pool) : pool_(*pool) {}
+  LeaseManager(const LeaseManager&) = delete;
+  LeaseManager& operator=(const LeaseManager&) = delete;
+
+  // Grants `count` leases of `segments_per_lease` contiguous segments each,
+  // all or none: RESOURCE_EXHAUSTED (quota or pool, with the numbers),
+  // FAILED_PRECONDITION when the session is closed. The grants still need
+  // scrubbing (needs_scrub) before their fds leave the daemon.
+  absl::StatusOr<std::vector<std::shared_ptr<Lease>>> Grant(
+      const std::shared_ptr<Session>& session, uint32_t count, uint32_t segments_per_lease);
+  // Takes leases back, all or none: NOT_FOUND for one that is not the
+  // session's, INVALID_ARGUMENT for a repeat.
+  absl::StatusOr<RemovedTotals> Return(uint64_t session_id, absl::Span<const uint64_t> ids);
+  // Takes back every lease of the session.
+  RemovedTotals ReleaseSession(uint64_t session_id);
+
+  uint64_t leased_bytes() const;
+  size_t size() const;
+  uint64_t granted_total() const;
+
+ private:
+  MemoryPool& pool_;
+  mutable absl::Mutex mu_;
+  uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  uint64_t granted_total_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t leased_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::flat_hash_map<uint64_t, std::shared_ptr<Lease>> leases_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace actstash::server
+
+#endif  // ACTSTASH_SERVER_LEASE_MANAGER_H_

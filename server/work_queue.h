@@ -1,0 +1,38 @@
+// WorkQueue: one background thread running posted tasks in order. For work
+// that must not run on gRPC or attach I/O threads (scrubbing leased memory).
+#ifndef ACTSTASH_SERVER_WORK_QUEUE_H_
+#define ACTSTASH_SERVER_WORK_QUEUE_H_
+
+#include <deque>
+#include <functional>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+
+namespace actstash::server {
+
+// Post() may be called from any thread. The destructor runs the tasks still
+// queued, then joins the thread; tasks posted after destruction began are
+// undefined behaviour.
+class WorkQueue {
+ public:
+  WorkQueue();
+  ~WorkQueue();
+  WorkQueue(const WorkQueue&) = delete;
+  WorkQueue& operator=(const WorkQueue&) = delete;
+
+  void Post(std::function<void()> task) ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  void Run();
+
+  absl::Mutex mu_;
+  std::deque<std::function<void()>> tasks_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;
+};
+
+}  // namespace actstash::server
+
+#endif  // ACTSTASH_SERVER_WORK_QUEUE_H_
