@@ -31,9 +31,10 @@ absl::StatusOr<std::unique_ptr<AttachChannel>> AttachChannel::Connect(
     return absl::UnavailableError(absl::StrCat("cannot connect to the attach socket ",
                                                socket_path, ": ", std::strerror(error)));
   }
-  absl::Status status = attach::SendMessage(fd, attach::MessageType::kHello, token);
-  absl::StatusOr<attach::Message> welcome =
-      status.ok() ? attach::ReceiveMessage(fd, timeout) : absl::StatusOr<attach::Message>(status);
+  // Even if the hello cannot be written, a refusal may be waiting to be read.
+  const absl::Status sent = attach::SendMessage(fd, attach::MessageType::kHello, token);
+  absl::StatusOr<attach::Message> welcome = attach::ReceiveMessage(fd, timeout);
+  if (!welcome.ok() && !sent.ok()) welcome = sent;
   if (!welcome.ok()) {
     close(fd);
     return absl::Status(welcome.status().code(),

@@ -96,11 +96,6 @@ class AttachServer::Impl::Connection : public std::enable_shared_from_this<Conne
     }
     peer_ = PeerCredentials{static_cast<uint32_t>(cred.uid), static_cast<uint32_t>(cred.gid),
                             static_cast<uint32_t>(cred.pid)};
-    if (!Allowed()) {
-      Refuse(absl::PermissionDeniedError(absl::StrCat(
-          "uid ", peer_.uid, " / gid ", peer_.gid, " may not attach (see --allow-uid, --allow-gid)")));
-      return;
-    }
     auto self = shared_from_this();
     hello_timer_.expires_after(server_.options_.hello_timeout);
     hello_timer_.async_wait([self](const boost::system::error_code& error) {
@@ -171,6 +166,13 @@ class AttachServer::Impl::Connection : public std::enable_shared_from_this<Conne
 
   void OnHello(const boost::system::error_code& error) {
     if (error) return Close(error.message());
+    // Checked after the (bounded) hello was read, so that the client's write
+    // of it cannot fail before it reads the refusal.
+    if (!Allowed()) {
+      return Refuse(absl::PermissionDeniedError(
+          absl::StrCat("uid ", peer_.uid, " / gid ", peer_.gid,
+                       " may not attach (see --allow-uid, --allow-gid)")));
+    }
     absl::StatusOr<std::shared_ptr<Session>> session = server_.sessions_.Authenticate(payload_);
     if (!session.ok()) return Refuse(session.status());
     if (server_.by_session_.contains((*session)->id())) {

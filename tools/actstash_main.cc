@@ -36,12 +36,17 @@ void PrintSessionJson(const actstash::SessionStatsEntry& s) {
   std::printf(
       "{\"session_id\": %llu, \"client_name\": \"%s\", \"client_pid\": %u, "
       "\"quota_bytes\": %llu, \"used_bytes\": %llu, \"objects\": %llu, \"bytes_stored\": %llu, "
-      "\"bytes_fetched\": %llu}",
+      "\"bytes_fetched\": %llu, \"attached\": %s, \"peer_uid\": %u, \"peer_pid\": %u, "
+      "\"leases\": %llu, \"leased_bytes\": %llu, \"local_objects\": %llu, \"local_bytes\": %llu}",
       static_cast<unsigned long long>(s.session_id), JsonEscape(s.client_name).c_str(),
       s.client_pid, static_cast<unsigned long long>(s.quota_bytes),
       static_cast<unsigned long long>(s.used_bytes), static_cast<unsigned long long>(s.objects),
       static_cast<unsigned long long>(s.bytes_stored),
-      static_cast<unsigned long long>(s.bytes_fetched));
+      static_cast<unsigned long long>(s.bytes_fetched), s.attached ? "true" : "false",
+      s.peer_uid, s.peer_pid, static_cast<unsigned long long>(s.leases),
+      static_cast<unsigned long long>(s.leased_bytes),
+      static_cast<unsigned long long>(s.local_objects),
+      static_cast<unsigned long long>(s.local_bytes));
 }
 
 int RunPing(const std::string& address, std::chrono::milliseconds timeout) {
@@ -79,12 +84,13 @@ int RunStats(const std::string& address, std::chrono::milliseconds timeout, bool
         "{\"daemon_version\": \"%s\", \"daemon_pid\": %u, \"uptime_seconds\": %llu, "
         "\"pool\": {\"total_bytes\": %llu, \"used_bytes\": %llu, \"free_bytes\": %llu, "
         "\"largest_free_bytes\": %llu, \"locked_bytes\": %llu, \"segment_bytes\": %llu, "
-        "\"segments\": %llu}, \"sessions\": %llu, \"objects\": %llu, \"bytes_stored\": %llu, "
+        "\"segments\": %llu, \"leased_bytes\": %llu, \"leases\": %llu}, \"sessions\": %llu, \"objects\": %llu, \"bytes_stored\": %llu, "
         "\"bytes_fetched\": %llu, \"session_list\": [",
         JsonEscape(s.daemon_version).c_str(), s.daemon_pid, ull(s.uptime_seconds),
         ull(s.pool_total_bytes), ull(s.pool_used_bytes), ull(s.pool_free_bytes),
         ull(s.pool_largest_free_bytes), ull(s.pool_locked_bytes), ull(s.segment_bytes),
-        ull(s.segments), ull(s.sessions), ull(s.objects), ull(s.bytes_stored),
+        ull(s.segments), ull(s.pool_leased_bytes), ull(s.pool_leases), ull(s.sessions),
+        ull(s.objects), ull(s.bytes_stored),
         ull(s.bytes_fetched));
     for (size_t i = 0; i < s.all_sessions.size(); ++i) {
       if (i > 0) std::printf(", ");
@@ -100,18 +106,23 @@ int RunStats(const std::string& address, std::chrono::milliseconds timeout, bool
               FormatBytes(s.pool_total_bytes).c_str(), FormatBytes(s.pool_used_bytes).c_str(),
               FormatBytes(s.pool_free_bytes).c_str(),
               FormatBytes(s.pool_largest_free_bytes).c_str());
-  std::printf("         %llu segments of %s, %s pinned\n", ull(s.segments),
-              FormatBytes(s.segment_bytes).c_str(), FormatBytes(s.pool_locked_bytes).c_str());
+  std::printf("         %llu segments of %s, %s pinned; %s in %llu leases\n", ull(s.segments),
+              FormatBytes(s.segment_bytes).c_str(), FormatBytes(s.pool_locked_bytes).c_str(),
+              FormatBytes(s.pool_leased_bytes).c_str(), ull(s.pool_leases));
   std::printf("objects  %llu stored; %s stored and %s fetched since start\n", ull(s.objects),
               FormatBytes(s.bytes_stored).c_str(), FormatBytes(s.bytes_fetched).c_str());
   std::printf("sessions %llu open (this one included)\n\n", ull(s.sessions));
-  std::printf("%8s  %-20s %8s %12s %12s %8s %12s %12s\n", "SESSION", "NAME", "PID", "QUOTA",
-              "USED", "OBJECTS", "STORED", "FETCHED");
+  std::printf("%8s  %-20s %8s %6s %12s %12s %12s %8s %12s %12s\n", "SESSION", "NAME", "PID",
+              "UID", "QUOTA", "USED", "LEASED", "OBJECTS", "STORED", "FETCHED");
   for (const actstash::SessionStatsEntry& e : s.all_sessions) {
-    std::printf("%8llu  %-20s %8u %12s %12s %8llu %12s %12s\n", ull(e.session_id),
-                e.client_name.substr(0, 20).c_str(), e.client_pid,
-                FormatBytes(e.quota_bytes).c_str(), FormatBytes(e.used_bytes).c_str(),
-                ull(e.objects), FormatBytes(e.bytes_stored).c_str(),
+    // Attached sessions show the kernel's view of the peer (SO_PEERCRED),
+    // the others what the client said; objects of both data paths count.
+    const std::string uid = e.attached ? std::to_string(e.peer_uid) : "-";
+    std::printf("%8llu  %-20s %8u %6s %12s %12s %12s %8llu %12s %12s\n", ull(e.session_id),
+                e.client_name.substr(0, 20).c_str(), e.attached ? e.peer_pid : e.client_pid,
+                uid.c_str(), FormatBytes(e.quota_bytes).c_str(),
+                FormatBytes(e.used_bytes).c_str(), FormatBytes(e.leased_bytes).c_str(),
+                ull(e.objects + e.local_objects), FormatBytes(e.bytes_stored).c_str(),
                 FormatBytes(e.bytes_fetched).c_str());
   }
   return 0;

@@ -1,0 +1,209 @@
+// LocalStore against a fake LeaseBackend that hands out real memfds: arena
+// placement, dedicated leases, giving segments back, failures, concurrency.
+#include "client/local_store.h"
+
+#include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
+#include <map>
+#include <random>
+#include <thread>
+
+#include "absl/synchronization/mutex.h"
+
+namespace actstash::client_internal {
+namespace {
+
+constexpr uint64_t kSegment = 1 << 20;
+
+class FakeBackend : public LeaseBackend {
+ public:
+  absl::StatusOr<std::vector<GrantedLease>> Lease(uint32_t count,
+                                                  uint32_t segments_per_lease) override {
+    absl::MutexLock lock(&mu_);
+    ++lease_calls_;
+    if (uint64_t{count} * segments_per_lease > segments_left_) {
+      return absl::ResourceExhaustedError("fake pool exhausted");
+    }
+    segments_left_ -= uint64_t{count} * segments_per_lease;
+    std::vector<GrantedLease> granted;
+    for (uint32_t i = 0; i < count; ++i) {
+      GrantedLease lease{next_id_++, segments_per_lease, {}};
+      for (uint32_t s = 0; s < segments_per_lease; ++s) {
+        const int fd = memfd_create("fake-segment", MFD_CLOEXEC);
+        EXPECT_EQ(ftruncate(fd, kSegment), 0);
+        lease.fds.push_back(fd);
+      }
+      segments_by_lease_[lease.lease_id] = segments_per_lease;
+      granted.push_back(std::move(lease));
+    }
+    return granted;
+  }
+  absl::Status Return(absl::Span<const uint64_t> ids) override {
+    absl::MutexLock lock(&mu_);
+    for (uint64_t id : ids) {
+      auto it = segments_by_lease_.find(id);
+      if (it == segments_by_lease_.end()) return absl::NotFoundError("unknown lease");
+      segments_left_ += it->second;
+      segments_by_lease_.erase(it);
+      ++returned_;
+    }
+    return absl::OkStatus();
+  }
+  bool Lost() const override { return lost_.load(); }
+
+  void SetSegments(uint64_t n) {
+    absl::MutexLock lock(&mu_);
+    segments_left_ = n;
+  }
+  size_t leased() {
+    absl::MutexLock lock(&mu_);
+    return segments_by_lease_.size();
+  }
+  int lease_calls() {
+    absl::MutexLock lock(&mu_);
+    return lease_calls_;
+  }
+  std::atomic<bool> lost_{false};
+
+ private:
+  absl::Mutex mu_;
+  uint64_t segments_left_ ABSL_GUARDED_BY(mu_) = 1000;
+  uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  std::map<uint64_t, uint32_t> segments_by_lease_ ABSL_GUARDED_BY(mu_);
+  int lease_calls_ ABSL_GUARDED_BY(mu_) = 0;
+  int returned_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+std::vector<char> Pattern(size_t n, char seed) {
+  std::vector<char> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = static_cast<char>(seed + i * 7);
+  return v;
+}
+
+TEST(LocalStoreTest, SmallBuffersShareLeasedSegmentsAndLeaseInBatches) {
+  FakeBackend backend;
+  LocalStore store(&backend, kSegment, /*lease_batch=*/2);
+  std::vector<uint64_t> tickets;
+  for (int i = 0; i < 64; ++i) {  // 64 × 32 KiB = 2 segments
+    const std::vector<char> data = Pattern(32 << 10, static_cast<char>(i));
+    absl::StatusOr<uint64_t> t = store.Store(data.data(), data.size());
+    ASSERT_TRUE(t.ok()) << t.status();
+    tickets.push_back(*t);
+  }
+  EXPECT_EQ(backend.lease_calls(), 1) << "one batch of two segments holds all";
+  EXPECT_EQ(store.usage().leases, 2u);
+  EXPECT_EQ(store.usage().objects, 64u);
+  for (int i = 0; i < 64; ++i) {
+    std::vector<char> back(32 << 10);
+    ASSERT_TRUE(store.Fetch(tickets[i], back.data(), back.size()).ok());
+    ASSERT_EQ(back, Pattern(32 << 10, static_cast<char>(i)));
+  }
+  for (uint64_t t : tickets) ASSERT_TRUE(store.Release(t).ok());
+  EXPECT_EQ(store.usage().objects, 0u);
+  EXPECT_EQ(store.usage().leases, 2u) << "empty segments up to the batch stay leased";
+  EXPECT_EQ(store.Release(tickets[0]).code(), absl::StatusCode::kNotFound);
+}
+
+TEST(LocalStoreTest, LargeBuffersGetDedicatedLeasesReturnedOnRelease) {
+  FakeBackend backend;
+  LocalStore store(&backend, kSegment, 1);
+  const std::vector<char> big = Pattern(3 * kSegment + 5, 3);
+  absl::StatusOr<uint64_t> t = store.Store(big.data(), big.size());
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(store.usage().leased_bytes, 4 * kSegment);
+  std::vector<char> back(big.size());
+  ASSERT_TRUE(store.Fetch(*t, back.data(), back.size()).ok());
+  EXPECT_EQ(back, big);
+  EXPECT_EQ(store.Fetch(*t, back.data(), back.size() - 1).code(),
+            absl::StatusCode::kOutOfRange);
+  ASSERT_TRUE(store.Release(*t).ok());
+  EXPECT_EQ(store.usage().leases, 0u);
+  EXPECT_EQ(backend.leased(), 0u);
+}
+
+TEST(LocalStoreTest, EmptySegmentsBeyondTheBatchGoBack) {
+  FakeBackend backend;
+  LocalStore store(&backend, kSegment, 1);
+  std::vector<uint64_t> tickets;
+  const std::vector<char> data = Pattern(kSegment * 3 / 4, 1);
+  for (int i = 0; i < 4; ++i) tickets.push_back(*store.Store(data.data(), data.size()));
+  EXPECT_EQ(backend.leased(), 4u);
+  for (uint64_t t : tickets) ASSERT_TRUE(store.Release(t).ok());
+  EXPECT_EQ(backend.leased(), 1u) << "one empty segment (the batch) is kept";
+}
+
+TEST(LocalStoreTest, ExhaustionIsReportedAndNothingIsHalfStored) {
+  FakeBackend backend;
+  backend.SetSegments(1);
+  LocalStore store(&backend, kSegment, 4);  // a batch of 4 cannot be had; 1 can
+  const std::vector<char> data = Pattern(kSegment / 2 + 1, 2);
+  absl::StatusOr<uint64_t> first = store.Store(data.data(), data.size());
+  ASSERT_TRUE(first.ok()) << first.status();
+  absl::StatusOr<uint64_t> second = store.Store(data.data(), data.size());
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(store.usage().objects, 1u);
+  std::vector<char> back(data.size());
+  ASSERT_TRUE(store.Fetch(*first, back.data(), back.size()).ok());
+  EXPECT_EQ(back, data);
+}
+
+TEST(LocalStoreTest, AfterTheDaemonIsLostStoredBuffersStayReadable) {
+  FakeBackend backend;
+  LocalStore store(&backend, kSegment, 1);
+  const std::vector<char> data = Pattern(1000, 9);
+  absl::StatusOr<uint64_t> t = store.Store(data.data(), data.size());
+  ASSERT_TRUE(t.ok());
+  backend.lost_ = true;
+  EXPECT_EQ(store.Store(data.data(), data.size()).status().code(),
+            absl::StatusCode::kUnavailable);
+  std::vector<char> back(1000);
+  ASSERT_TRUE(store.Fetch(*t, back.data(), back.size()).ok());
+  EXPECT_EQ(back, data);
+  EXPECT_TRUE(store.Release(*t).ok());
+}
+
+TEST(LocalStoreTest, ConcurrentThreadsNeverSeeEachOthersBytes) {
+  FakeBackend backend;
+  LocalStore store(&backend, kSegment, 2);
+  std::atomic<int> errors{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 8; ++t) {
+    threads.emplace_back([&, t] {
+      std::mt19937 rng(t);
+      std::vector<std::pair<uint64_t, std::vector<char>>> live;
+      for (int op = 0; op < 3000; ++op) {
+        if (live.empty() || rng() % 2 == 0) {
+          std::vector<char> data = Pattern(rng() % 50000, static_cast<char>(rng()));
+          absl::StatusOr<uint64_t> ticket = store.Store(data.data(), data.size());
+          if (!ticket.ok()) {
+            ++errors;
+            continue;
+          }
+          live.emplace_back(*ticket, std::move(data));
+        } else {
+          const size_t k = rng() % 3 == 0 ? rng() % live.size() : live.size() - 1;
+          std::vector<char> back(live[k].second.size());
+          if (!store.Fetch(live[k].first, back.data(), back.size()).ok() ||
+              back != live[k].second || !store.Release(live[k].first).ok()) {
+            ++errors;
+          }
+          live.erase(live.begin() + static_cast<long>(k));
+        }
+      }
+      for (auto& [ticket, data] : live) {
+        if (!store.Release(ticket).ok()) ++errors;
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  EXPECT_EQ(errors.load(), 0);
+  EXPECT_EQ(store.usage().objects, 0u);
+  EXPECT_EQ(store.usage().bytes, 0u);
+}
+
+}  // namespace
+}  // namespace actstash::client_internal
