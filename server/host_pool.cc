@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/check.h"
@@ -65,7 +66,7 @@ class HostPool final : public MemoryPool {
         locked_bytes_(locked_bytes),
         allocator_(total_bytes_, options.alignment),
         segment_fds_(std::move(fds)),
-        dirty_(segment_count_, false) {}
+        owner_(segment_count_, kClean) {}
 
   ~HostPool() override {
     {
@@ -91,7 +92,7 @@ class HostPool final : public MemoryPool {
     return MakeAllocation(this, base_ + *offset, *offset, nbytes);
   }
 
-  absl::StatusOr<SegmentRun> AllocateSegments(uint32_t count) override {
+  absl::StatusOr<SegmentRun> AllocateSegments(uint32_t count, uint64_t owner) override {
     if (count == 0 || count > segment_count_) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "requested ", count, " segments; the pool has ", segment_count_));
@@ -109,9 +110,10 @@ class HostPool final : public MemoryPool {
     run.first_segment = static_cast<uint32_t>(*offset / segment_bytes_);
     run.count = count;
     for (uint32_t i = run.first_segment; i < run.first_segment + count; ++i) {
-      run.needs_scrub = run.needs_scrub || dirty_[i];
-      dirty_[i] = false;
+      run.needs_scrub = run.needs_scrub || (owner_[i] != kClean && owner_[i] != owner);
+      owner_[i] = owner;
     }
+    segment_runs_.insert(*offset);
     run.memory = MakeAllocation(this, base_ + *offset, *offset, bytes);
     return run;
   }
@@ -158,9 +160,13 @@ class HostPool final : public MemoryPool {
     absl::MutexLock lock(&mu_);
     const std::optional<uint64_t> size = allocator_.AllocationSize(offset);
     ACTSTASH_CHECK(size.has_value(), "freeing a range the pool did not hand out");
-    // Whatever was written there may be another session's data.
-    for (uint64_t i = offset / segment_bytes_; i <= (offset + *size - 1) / segment_bytes_; ++i) {
-      dirty_[i] = true;
+    // A lease's segments keep their owner (only it had their fds); inline
+    // objects may have been any session's data.
+    if (segment_runs_.erase(offset) == 0) {
+      for (uint64_t i = offset / segment_bytes_; i <= (offset + *size - 1) / segment_bytes_;
+           ++i) {
+        owner_[i] = kMixed;
+      }
     }
     allocator_.Free(offset);
   }
@@ -173,8 +179,13 @@ class HostPool final : public MemoryPool {
   mutable absl::Mutex mu_;
   RangeAllocator allocator_ ABSL_GUARDED_BY(mu_);
   std::vector<int> segment_fds_ ABSL_GUARDED_BY(mu_);
-  // Segments that held data since they were last handed out clean.
-  std::vector<bool> dirty_ ABSL_GUARDED_BY(mu_);
+  // Per segment, who may have seen its memfd's contents since it was last
+  // renewed: kClean (nobody outside the daemon), a session id (its last
+  // lessee), or kMixed (inline objects of any session).
+  static constexpr uint64_t kClean = 0;
+  static constexpr uint64_t kMixed = UINT64_MAX;
+  std::vector<uint64_t> owner_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_set<uint64_t> segment_runs_ ABSL_GUARDED_BY(mu_);  // offsets of leases
 };
 
 std::string MemlockLimitText() {

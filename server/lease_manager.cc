@@ -29,7 +29,7 @@ absl::StatusOr<std::vector<std::shared_ptr<Lease>>> LeaseManager::Grant(
   for (uint32_t i = 0; i < count; ++i) {
     absl::StatusOr<QuotaReservation> reservation = session->Reserve(lease_bytes);
     if (!reservation.ok()) return reservation.status();  // raced with another grant
-    absl::StatusOr<SegmentRun> run = pool_.AllocateSegments(segments_per_lease);
+    absl::StatusOr<SegmentRun> run = pool_.AllocateSegments(segments_per_lease, session->id());
     if (!run.ok()) {
       return absl::Status(run.status().code(),
                           absl::StrCat("lease ", i + 1, " of ", count, ": ", run.status().message()));

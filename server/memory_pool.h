@@ -71,11 +71,14 @@ class MemoryPool {
   virtual absl::StatusOr<Allocation> Allocate(uint64_t nbytes) = 0;
   virtual PoolStats Stats() const = 0;
 
-  // Reserves `count` (>= 1) contiguous whole segments. RESOURCE_EXHAUSTED as
-  // Allocate. The run's needs_scrub says whether any of its segments was
-  // used since it was last renewed: the caller must then RenewSegments
-  // before the segments' fds leave the daemon.
-  virtual absl::StatusOr<SegmentRun> AllocateSegments(uint32_t count) = 0;
+  // Reserves `count` (>= 1) contiguous whole segments for `owner` (a
+  // session id, never 0). RESOURCE_EXHAUSTED as Allocate. The run's
+  // needs_scrub says whether any of its segments held data that `owner` may
+  // not see (inline objects, or another session's lease) since it was last
+  // renewed: the caller must then RenewSegments before the segments' fds
+  // leave the daemon. A segment going back to the session that held it last
+  // needs no renewal: that session already had its fd.
+  virtual absl::StatusOr<SegmentRun> AllocateSegments(uint32_t count, uint64_t owner) = 0;
   // Gives the run's segments fresh, zeroed memfds (mapped, populated and
   // locked like the rest of the pool) and drops the old ones. A memfd is
   // therefore only ever passed to one session: a client that kept an old fd

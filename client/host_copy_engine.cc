@@ -1,0 +1,124 @@
+// HostCopyEngine: each stream is a worker thread draining a FIFO of work.
+#include <deque>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "actstash/copy_engine.h"
+
+namespace actstash {
+namespace {
+
+class HostCopyEvent final : public CopyEvent {
+ public:
+  bool Done() const override {
+    absl::MutexLock lock(&mu_);
+    return done_;
+  }
+  absl::Status Wait() const override {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(&done_));
+    return status_;
+  }
+  void Complete(absl::Status status) {
+    absl::MutexLock lock(&mu_);
+    status_ = std::move(status);
+    done_ = true;
+  }
+
+ private:
+  mutable absl::Mutex mu_;
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status status_ ABSL_GUARDED_BY(mu_);
+};
+
+// One stream: a thread and its queue. The delay RNG is used by the worker only.
+class Stream {
+ public:
+  Stream(std::chrono::microseconds max_delay, uint64_t seed)
+      : max_delay_(max_delay), rng_(seed), thread_([this] { Run(); }) {}
+  ~Stream() {
+    {
+      absl::MutexLock lock(&mu_);
+      stopping_ = true;
+    }
+    thread_.join();
+  }
+
+  std::shared_ptr<CopyEvent> Submit(std::function<absl::Status()> work) {
+    auto event = std::make_shared<HostCopyEvent>();
+    absl::MutexLock lock(&mu_);
+    queue_.emplace_back(std::move(work), event);
+    return event;
+  }
+
+  void Drain() {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(
+        +[](Stream* s) ABSL_NO_THREAD_SAFETY_ANALYSIS { return s->queue_.empty() && !s->busy_; },
+        this));
+  }
+
+ private:
+  void Run() {
+    while (true) {
+      std::pair<std::function<absl::Status()>, std::shared_ptr<HostCopyEvent>> item;
+      {
+        absl::MutexLock lock(&mu_);
+        mu_.Await(absl::Condition(
+            +[](Stream* s) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+              return s->stopping_ || !s->queue_.empty();
+            },
+            this));
+        if (queue_.empty()) return;
+        item = std::move(queue_.front());
+        queue_.pop_front();
+        busy_ = true;
+      }
+      if (max_delay_.count() > 0) {
+        std::this_thread::sleep_for(std::chrono::microseconds(rng_() % (max_delay_.count() + 1)));
+      }
+      item.second->Complete(item.first());
+      absl::MutexLock lock(&mu_);
+      busy_ = false;
+    }
+  }
+
+  const std::chrono::microseconds max_delay_;
+  std::mt19937_64 rng_;
+  absl::Mutex mu_;
+  std::deque<std::pair<std::function<absl::Status()>, std::shared_ptr<HostCopyEvent>>> queue_
+      ABSL_GUARDED_BY(mu_);
+  bool busy_ ABSL_GUARDED_BY(mu_) = false;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;  // last: starts after the members it uses
+};
+
+class HostCopyEngine final : public CopyEngine {
+ public:
+  explicit HostCopyEngine(const HostCopyEngineOptions& options) {
+    for (uint64_t i = 0; i < 2; ++i) {
+      streams_.push_back(std::make_unique<Stream>(options.max_injected_delay, options.seed + i));
+    }
+  }
+  std::shared_ptr<CopyEvent> SubmitAsync(CopyStream stream,
+                                         std::function<absl::Status()> work) override {
+    return streams_[static_cast<size_t>(stream)]->Submit(std::move(work));
+  }
+  void Synchronize() override {
+    for (auto& stream : streams_) stream->Drain();
+  }
+
+ private:
+  std::vector<std::unique_ptr<Stream>> streams_;
+};
+
+}  // namespace
+
+std::unique_ptr<CopyEngine> CreateHostCopyEngine(const HostCopyEngineOptions& options) {
+  return std::make_unique<HostCopyEngine>(options);
+}
+
+}  // namespace actstash

@@ -1,0 +1,63 @@
+"""Fixtures: a real actstashd process per test module, on a private socket."""
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BUILD = os.environ.get("ACTSTASH_BUILD_DIR", os.path.join(ROOT, "build"))
+sys.path.insert(0, os.path.join(BUILD, "python"))
+sys.path.insert(0, os.path.join(ROOT, "examples"))
+
+
+class Daemon:
+    def __init__(self, pool="1GiB", extra=()):
+        self.dir = tempfile.mkdtemp(prefix="actstash-py-")
+        self.socket = os.path.join(self.dir, "actstash.sock")
+        self.log = open(os.path.join(self.dir, "actstashd.log"), "w+")
+        self.args = [os.path.join(BUILD, "server", "actstashd"), "--socket", self.socket,
+                     "--pool-size", pool, "--segment-size", "16MiB", *extra]
+        self.proc = None
+        self.start()
+
+    def start(self):
+        self.proc = subprocess.Popen(self.args, stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError("actstashd exited: " + self.text())
+            if os.path.exists(self.socket) and "] ready" in self.text():
+                return
+            time.sleep(0.02)
+        raise RuntimeError("actstashd not ready: " + self.text())
+
+    def text(self):
+        self.log.flush()
+        with open(self.log.name) as f:
+            return f.read()
+
+    def kill(self, sig=signal.SIGKILL):
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            self.proc.wait(timeout=30)
+
+    def stop(self):
+        self.kill(signal.SIGTERM)
+
+
+@pytest.fixture(scope="module")
+def daemon():
+    d = Daemon()
+    yield d
+    d.stop()
+
+
+@pytest.fixture
+def fresh_daemon():
+    d = Daemon(pool="256MiB")
+    yield d
+    d.stop()
