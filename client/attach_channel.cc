@@ -54,19 +54,24 @@ absl::StatusOr<std::unique_ptr<AttachChannel>> AttachChannel::Connect(
                         absl::StrCat("actstashd refused the attach: ",
                                      welcome->payload.substr(sizeof(payload))));
   }
-  return std::unique_ptr<AttachChannel>(new AttachChannel(fd, payload.session_id));
+  const int wake_fd = eventfd(0, EFD_CLOEXEC);
+  if (wake_fd < 0) {
+    close(fd);
+    return absl::InternalError(absl::StrCat("eventfd: ", std::strerror(errno)));
+  }
+  return std::unique_ptr<AttachChannel>(new AttachChannel(fd, payload.session_id, wake_fd));
 }
 
-AttachChannel::AttachChannel(int fd, uint64_t session_id) : fd_(fd), session_id_(session_id) {
-  wake_fd_ = eventfd(0, EFD_CLOEXEC);
+AttachChannel::AttachChannel(int fd, uint64_t session_id, int wake_fd)
+    : fd_(fd), session_id_(session_id), wake_fd_(wake_fd) {
   watcher_ = std::thread([this] { Watch(); });
 }
 
 AttachChannel::~AttachChannel() {
   const uint64_t one = 1;
-  if (wake_fd_ >= 0) (void)!write(wake_fd_, &one, sizeof(one));
+  (void)!write(wake_fd_, &one, sizeof(one));
   watcher_.join();
-  if (wake_fd_ >= 0) close(wake_fd_);
+  close(wake_fd_);
   close(fd_);
 }
 
@@ -74,7 +79,7 @@ void AttachChannel::Watch() {
   // POLLIN is not asked for: lease messages are ReceiveLease's to read.
   pollfd fds[2] = {{fd_, POLLRDHUP, 0}, {wake_fd_, POLLIN, 0}};
   while (true) {
-    const int ready = poll(fds, wake_fd_ >= 0 ? 2 : 1, -1);
+    const int ready = poll(fds, 2, -1);
     if (ready < 0 && errno == EINTR) continue;
     if (ready < 0 || (fds[0].revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) != 0) {
       lost_.store(true, std::memory_order_release);
@@ -86,7 +91,8 @@ void AttachChannel::Watch() {
 
 absl::StatusOr<std::vector<int>> AttachChannel::ReceiveLease(uint64_t lease_id,
                                                              uint32_t segments,
-                                                             std::chrono::milliseconds timeout) {
+                                                             std::chrono::milliseconds timeout,
+                                                             std::vector<uint64_t>* stale) {
   std::vector<int> fds;
   auto fail = [&](absl::Status status) {
     for (int fd : fds) close(fd);
@@ -99,14 +105,21 @@ absl::StatusOr<std::vector<int>> AttachChannel::ReceiveLease(uint64_t lease_id,
     const bool well_formed = message->type == attach::MessageType::kSegments &&
                              message->payload.size() == sizeof(payload);
     if (well_formed) std::memcpy(&payload, message->payload.data(), sizeof(payload));
+    if (well_formed && payload.lease_id != lease_id) {
+      for (int fd : message->fds) close(fd);
+      if (stale->empty() || stale->back() != payload.lease_id) stale->push_back(payload.lease_id);
+      continue;
+    }
     fds.insert(fds.end(), message->fds.begin(), message->fds.end());
-    if (!well_formed || payload.lease_id != lease_id || payload.first != fds.size() - message->fds.size() ||
+    if (!well_formed || payload.first != fds.size() - message->fds.size() ||
         payload.count != message->fds.size() || payload.lease_segments != segments) {
       return fail(absl::InternalError(absl::StrCat(
-          "attach channel: expected the fds of lease ", lease_id, ", got something else")));
+          "attach channel: malformed segment message for lease ", lease_id)));
     }
   }
   return fds;
 }
+
+void AttachChannel::Shutdown() { shutdown(fd_, SHUT_RDWR); }
 
 }  // namespace actstash::client_internal

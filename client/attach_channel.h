@@ -32,21 +32,28 @@ class AttachChannel {
   AttachChannel& operator=(const AttachChannel&) = delete;
 
   // Receives the fds of lease `lease_id` (`segments` of them, in order; the
-  // caller owns them). INTERNAL if the daemon sends something else.
+  // caller owns them). Messages of other leases (late ones of a Lease call
+  // that timed out) are skipped, their fds closed and their ids appended to
+  // `stale` (the caller returns them). INTERNAL if the daemon sends
+  // something malformed.
   absl::StatusOr<std::vector<int>> ReceiveLease(uint64_t lease_id, uint32_t segments,
-                                                std::chrono::milliseconds timeout);
+                                                std::chrono::milliseconds timeout,
+                                                std::vector<uint64_t>* stale);
+  // Hangs up (the daemon then reclaims the session); lost() turns true.
+  // The object stays usable for lost() and destruction.
+  void Shutdown();
 
   // True once the daemon closed the connection (it exited or restarted).
   bool lost() const { return lost_.load(std::memory_order_acquire); }
   uint64_t session_id() const { return session_id_; }
 
  private:
-  AttachChannel(int fd, uint64_t session_id);
+  AttachChannel(int fd, uint64_t session_id, int wake_fd);
   void Watch();
 
   const int fd_;
   const uint64_t session_id_;
-  int wake_fd_ = -1;  // eventfd that stops the watcher
+  const int wake_fd_;  // eventfd that stops the watcher
   std::atomic<bool> lost_{false};
   std::thread watcher_;
 };

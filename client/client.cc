@@ -135,12 +135,13 @@ struct Client::Impl final : public client_internal::LeaseBackend {
     grpc::Status status = stub->Lease(&ctx, request, &reply);
     if (!status.ok()) return Fail(status, "Lease");
     std::vector<client_internal::GrantedLease> granted;
+    std::vector<uint64_t> stale;  // leases of earlier calls that timed out here
     absl::Status error;
     for (const v1::LeaseGrant& grant : reply.leases()) {
       client_internal::GrantedLease lease{grant.lease_id(), grant.segments(), {}};
       if (error.ok()) {
-        absl::StatusOr<std::vector<int>> fds =
-            attach->ReceiveLease(grant.lease_id(), grant.segments(), options.rpc_timeout);
+        absl::StatusOr<std::vector<int>> fds = attach->ReceiveLease(
+            grant.lease_id(), grant.segments(), options.rpc_timeout, &stale);
         if (fds.ok()) {
           lease.fds = *std::move(fds);
         } else {
@@ -150,14 +151,15 @@ struct Client::Impl final : public client_internal::LeaseBackend {
       granted.push_back(std::move(lease));
     }
     if (!error.ok()) {
-      std::vector<uint64_t> ids;
       for (client_internal::GrantedLease& lease : granted) {
         for (int fd : lease.fds) close(fd);
-        ids.push_back(lease.lease_id);
+        stale.push_back(lease.lease_id);
       }
-      (void)Return(ids);
-      return error;
     }
+    // Best effort: the daemon frees what it still has of these; the rest
+    // goes when the session closes.
+    if (!stale.empty()) (void)Return(stale);
+    if (!error.ok()) return error;
     return granted;
   }
 
@@ -237,6 +239,13 @@ struct Client::Impl final : public client_internal::LeaseBackend {
   // socket, under the name the daemon gave) and starts the zero-copy path.
   absl::Status Attach(const std::string& socket_name) {
     const std::string grpc_socket = UnixSocketPath(target);
+    // The segment size comes from the daemon: it must make sense before the
+    // arenas are built on it.
+    if (segment_bytes % 4096 != 0 || segment_bytes > (uint64_t{1} << 40)) {
+      attach_status = absl::InternalError(
+          absl::StrCat("not attached: the daemon announced a segment size of ", segment_bytes));
+      return attach_status;
+    }
     if (grpc_socket.empty() || socket_name.empty() || segment_bytes == 0) {
       attach_status = absl::FailedPreconditionError(
           "not attached: the daemon is not on a local Unix socket (zero-copy needs one)");
@@ -268,7 +277,9 @@ Client::Client(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 Client::~Client() {
   if (!impl_->closed.load()) {
-    impl_->options.rpc_timeout = std::min(impl_->options.rpc_timeout, std::chrono::milliseconds(2000));
+    impl_->StopReporter();  // before touching the options it reads
+    impl_->options.rpc_timeout =
+        std::min(impl_->options.rpc_timeout, std::chrono::milliseconds(2000));
     (void)Close();
   }
 }
@@ -470,11 +481,14 @@ absl::StatusOr<StatsSnapshot> Client::Stats(bool all_sessions) {
 absl::Status Client::Close() {
   if (impl_->closed.exchange(true)) return absl::OkStatus();
   impl_->StopReporter();
-  // Closing the session frees the leases; unmap them here, then hang up.
-  impl_->local.reset();
+  // The local store and the channel stay alive (calls racing with Close may
+  // still be using them) until the Client goes; they are unmapped then.
+  // Hanging up after CloseSession has the daemon drop the attach connection.
   struct HangUp {
     Impl* impl;
-    ~HangUp() { impl->attach.reset(); }
+    ~HangUp() {
+      if (impl->attach != nullptr) impl->attach->Shutdown();
+    }
   } hang_up{impl_.get()};
   grpc::ClientContext ctx;
   impl_->Prepare(&ctx);

@@ -7,6 +7,8 @@
 //   daemon → client  Segments  payload: SegmentsPayload; ancillary: `count` fds
 //
 // Every message is a MessageHeader followed by payload_bytes of payload.
+// The functions below are thread-compatible: one reader and one writer per
+// socket at a time.
 // Integers are little-endian (native: both ends are on one host). The open
 // connection is the session's liveness signal: when it closes, the daemon
 // reclaims everything the session holds.

@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/strings/str_cat.h"
 #include "common/attach_wire.h"
 #include "server/socket_path.h"
@@ -22,13 +23,28 @@ namespace {
 namespace asio = boost::asio;
 using Socket = asio::local::stream_protocol::socket;
 
-// One message on its way out; fds leave with its first byte.
+// One message on its way out; fds leave with its first byte. Owns its fds
+// (duplicates taken while the lease was held), so a renewal that closes the
+// pool's fds meanwhile cannot make it send some other file.
 struct Outgoing {
+  Outgoing() = default;
+  Outgoing(std::string b, std::vector<int> f) : bytes(std::move(b)), fds(std::move(f)) {}
+  Outgoing(Outgoing&& other) noexcept
+      : bytes(std::move(other.bytes)), fds(std::move(other.fds)), sent(other.sent),
+        done(std::move(other.done)) {
+    other.fds.clear();
+  }
+  Outgoing& operator=(Outgoing&&) = delete;
+  ~Outgoing() {
+    for (int fd : fds) close(fd);
+  }
   std::string bytes;
-  std::vector<int> fds;  // borrowed from the pool
+  std::vector<int> fds;
   size_t sent = 0;
   AttachServer::SendCallback done;  // may be empty
 };
+
+constexpr size_t kMaxPendingConnections = 256;  // connected, no hello yet
 
 std::string Encode(attach::MessageType type, const void* payload, size_t n,
                    const std::string& tail = "") {
@@ -62,6 +78,7 @@ class AttachServer::Impl {
   void Stop();
   void SendLeases(uint64_t session_id, std::vector<std::shared_ptr<Lease>> leases,
                   SendCallback done);
+  void Disconnect(uint64_t session_id);
 
   const AttachServerOptions options_;
   SessionManager& sessions_;
@@ -69,9 +86,13 @@ class AttachServer::Impl {
   const DisconnectCallback on_disconnect_;
   asio::io_context io_;
   asio::local::stream_protocol::acceptor acceptor_;
+  asio::steady_timer accept_backoff_{io_};
+  std::chrono::steady_clock::time_point last_accept_warning_{};
   std::thread thread_;
   ino_t socket_inode_ = 0;
-  bool stopped_ = false;  // owner thread only
+  // Posting to io_ after Stop would lose the work (and its callback).
+  absl::Mutex stop_mu_;
+  bool stopped_ ABSL_GUARDED_BY(stop_mu_) = false;
   // I/O thread only.
   bool stopping_ = false;
   absl::flat_hash_map<uint64_t, std::weak_ptr<Connection>> by_session_;
@@ -116,6 +137,9 @@ class AttachServer::Impl::Connection : public std::enable_shared_from_this<Conne
     queue_.push_back(std::move(message));
     if (queue_.size() == 1) Flush();
   }
+
+  bool attached() const { return session_ != nullptr; }
+  bool closed() const { return closed_; }
 
   // Closes the connection; if it was bound, the session is reclaimed.
   void Close(const std::string& reason) {
@@ -181,12 +205,13 @@ class AttachServer::Impl::Connection : public std::enable_shared_from_this<Conne
     hello_timer_.cancel();
     session_ = *std::move(session);
     session_->SetAttached(peer_);
+    session_->Touch();
     server_.by_session_[session_->id()] = weak_from_this();
     spdlog::info("session {} attached: pid {} uid {} gid {}", session_->id(), peer_.pid,
                  peer_.uid, peer_.gid);
     attach::WelcomePayload welcome;
     welcome.session_id = session_->id();
-    Send(Outgoing{Encode(attach::MessageType::kWelcome, &welcome, sizeof(welcome)), {}, 0, {}});
+    Send(Outgoing(Encode(attach::MessageType::kWelcome, &welcome, sizeof(welcome)), {}));
     WatchForClose();
   }
 
@@ -207,9 +232,11 @@ class AttachServer::Impl::Connection : public std::enable_shared_from_this<Conne
     attach::WelcomePayload welcome;
     welcome.status_code = static_cast<int32_t>(status.code());
     auto self = shared_from_this();
-    Send(Outgoing{Encode(attach::MessageType::kWelcome, &welcome, sizeof(welcome),
-                         std::string(status.message().substr(0, 1024))),
-                  {}, 0, [self](absl::Status) { self->Close("attach refused"); }});
+    Outgoing message(Encode(attach::MessageType::kWelcome, &welcome, sizeof(welcome),
+                            std::string(status.message().substr(0, 1024))),
+                     {});
+    message.done = [self](absl::Status) { self->Close("attach refused"); };
+    Send(std::move(message));
   }
 
   // Writes queued messages without blocking the I/O thread: sendmsg with
@@ -287,16 +314,35 @@ absl::Status AttachServer::Impl::Listen() {
 void AttachServer::Impl::Accept() {
   acceptor_.async_accept([this](const boost::system::error_code& error, Socket socket) {
     if (error == asio::error::operation_aborted || stopping_) return;
-    if (!error) {
-      auto connection = std::make_shared<Connection>(this, std::move(socket));
-      all_.push_back(connection);
-      connection->Start();
-    } else {
-      spdlog::warn("attach accept failed: {}", error.message());
-    }
     all_.erase(std::remove_if(all_.begin(), all_.end(),
                               [](const std::weak_ptr<Connection>& c) { return c.expired(); }),
                all_.end());
+    if (error) {
+      // Out of fds (EMFILE/ENFILE) and the like: retrying at once would spin.
+      const auto now = std::chrono::steady_clock::now();
+      if (now - last_accept_warning_ > std::chrono::seconds(10)) {
+        last_accept_warning_ = now;
+        spdlog::warn("attach accept failed: {}; pausing accepts for 100 ms", error.message());
+      }
+      accept_backoff_.expires_after(std::chrono::milliseconds(100));
+      accept_backoff_.async_wait([this](const boost::system::error_code& e) {
+        if (!e && !stopping_) Accept();
+      });
+      return;
+    }
+    const size_t pending = static_cast<size_t>(std::count_if(
+        all_.begin(), all_.end(), [](const std::weak_ptr<Connection>& c) {
+          std::shared_ptr<Connection> connection = c.lock();
+          return connection != nullptr && !connection->attached();
+        }));
+    if (pending >= kMaxPendingConnections) {
+      boost::system::error_code ignored;
+      socket.close(ignored);  // too many connections that have not said hello
+    } else {
+      auto connection = std::make_shared<Connection>(this, std::move(socket));
+      all_.push_back(connection);
+      connection->Start();
+    }
     Accept();
   });
 }
@@ -304,6 +350,11 @@ void AttachServer::Impl::Accept() {
 void AttachServer::Impl::SendLeases(uint64_t session_id,
                                     std::vector<std::shared_ptr<Lease>> leases,
                                     SendCallback done) {
+  absl::MutexLock lock(&stop_mu_);
+  if (stopped_) {
+    done(absl::UnavailableError("actstashd is shutting down"));
+    return;
+  }
   asio::post(io_, [this, session_id, leases = std::move(leases), done = std::move(done)] {
     auto it = by_session_.find(session_id);
     std::shared_ptr<Connection> connection =
@@ -314,6 +365,8 @@ void AttachServer::Impl::SendLeases(uint64_t session_id,
                        options_.socket_path, " first)")));
       return;
     }
+    // The leases are held here, so their segments' fds are theirs: duplicate
+    // them now; the messages own the duplicates.
     std::vector<Outgoing> messages;
     for (const std::shared_ptr<Lease>& lease : leases) {
       for (uint32_t first = 0; first < lease->segments(); first += attach::kMaxFdsPerMessage) {
@@ -323,34 +376,58 @@ void AttachServer::Impl::SendLeases(uint64_t session_id,
         payload.first = first;
         payload.count = std::min(attach::kMaxFdsPerMessage, lease->segments() - first);
         payload.lease_segments = lease->segments();
-        Outgoing message{Encode(attach::MessageType::kSegments, &payload, sizeof(payload)), {},
-                         0, {}};
+        Outgoing message(Encode(attach::MessageType::kSegments, &payload, sizeof(payload)), {});
         for (uint32_t i = 0; i < payload.count; ++i) {
-          message.fds.push_back(pool_.SegmentFd(lease->first_segment() + first + i));
+          absl::StatusOr<int> fd = pool_.DupSegmentFd(lease->first_segment() + first + i);
+          if (!fd.ok()) {
+            done(fd.status());
+            return;
+          }
+          message.fds.push_back(*fd);
         }
         messages.push_back(std::move(message));
       }
     }
-    // Only the last message reports; an earlier failure closes the
-    // connection, which fails the rest (and so the last) too.
-    messages.back().done = std::move(done);
+    // Queued is enough to answer: the client reads its fds after the reply,
+    // and the socket drains as it does (waiting for the drain here would
+    // deadlock once the messages outgrow the socket buffer).
     for (Outgoing& message : messages) connection->Send(std::move(message));
+    done(connection->closed() ? absl::UnavailableError("the attach connection closed")
+                              : absl::OkStatus());
+  });
+}
+
+void AttachServer::Impl::Disconnect(uint64_t session_id) {
+  absl::MutexLock lock(&stop_mu_);
+  if (stopped_) return;
+  asio::post(io_, [this, session_id] {
+    auto it = by_session_.find(session_id);
+    if (it == by_session_.end()) return;
+    if (std::shared_ptr<Connection> connection = it->second.lock()) {
+      connection->Close("the session was closed");
+    }
   });
 }
 
 void AttachServer::Impl::Stop() {
-  if (stopped_) return;
-  stopped_ = true;
-  asio::post(io_, [this] {
-    stopping_ = true;
-    boost::system::error_code ignored;
-    acceptor_.close(ignored);
-    for (const std::weak_ptr<Connection>& weak : all_) {
-      if (std::shared_ptr<Connection> connection = weak.lock()) connection->Close("daemon stopping");
-    }
-    all_.clear();
-  });
-  thread_.join();
+  {
+    absl::MutexLock lock(&stop_mu_);
+    if (stopped_) return;
+    stopped_ = true;
+    asio::post(io_, [this] {
+      stopping_ = true;
+      boost::system::error_code ignored;
+      acceptor_.close(ignored);
+      accept_backoff_.cancel();
+      for (const std::weak_ptr<Connection>& weak : all_) {
+        if (std::shared_ptr<Connection> connection = weak.lock()) {
+          connection->Close("daemon stopping");
+        }
+      }
+      all_.clear();
+    });
+  }
+  if (thread_.joinable()) thread_.join();
   RemoveSocketIfOurs(options_.socket_path, socket_inode_);
 }
 
@@ -366,6 +443,7 @@ absl::StatusOr<std::unique_ptr<AttachServer>> AttachServer::Start(
 AttachServer::AttachServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 AttachServer::~AttachServer() { Stop(); }
 void AttachServer::Stop() { impl_->Stop(); }
+void AttachServer::Disconnect(uint64_t session_id) { impl_->Disconnect(session_id); }
 const std::string& AttachServer::socket_path() const { return impl_->options_.socket_path; }
 
 void AttachServer::SendLeases(uint64_t session_id, std::vector<std::shared_ptr<Lease>> leases,

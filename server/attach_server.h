@@ -51,11 +51,17 @@ class AttachServer {
   AttachServer(const AttachServer&) = delete;
   AttachServer& operator=(const AttachServer&) = delete;
 
-  // Sends the memfds of `leases` to the attach connection of `session_id`,
-  // one message per lease (or per 128 segments), then calls `done`:
-  // FAILED_PRECONDITION without a connection, UNAVAILABLE if it breaks.
+  // Queues the memfds of `leases` (duplicates) for the attach connection of
+  // `session_id`, one message per lease (or per 128 segments), then calls
+  // `done`: OK once queued (the client reads them after its Lease reply),
+  // FAILED_PRECONDITION without a connection, UNAVAILABLE when the
+  // connection is closed or the server stopped (then at once, on the
+  // calling thread).
   void SendLeases(uint64_t session_id, std::vector<std::shared_ptr<Lease>> leases,
                   SendCallback done);
+  // Closes the session's attach connection (after CloseSession), without
+  // the disconnect callback's reclaim mattering: the session is gone.
+  void Disconnect(uint64_t session_id);
 
   // Closes the listener and every connection, without disconnect callbacks,
   // joins the I/O thread and removes the socket file. Idempotent.

@@ -18,6 +18,7 @@
 #include "absl/strings/strip.h"
 #include "absl/strings/ascii.h"
 #include "common/address.h"
+#include "common/attach_wire.h"
 #include "common/protocol.h"
 #include "common/units.h"
 #include "toml++/toml.h"
@@ -117,6 +118,15 @@ absl::StatusOr<DaemonConfig> Resolve(const std::map<std::string, std::string>& v
   if (config.socket_path.empty() || config.socket_path[0] != '/') {
     return absl::InvalidArgumentError(
         absl::StrCat("socket: '", config.socket_path, "' is not an absolute path"));
+  }
+  // sockaddr_un holds 108 bytes with the terminator; the attach socket's
+  // name is longer than the gRPC socket's.
+  constexpr size_t kMaxSocketPath = 107;
+  if (attach::AttachSocketPath(config.socket_path).size() > kMaxSocketPath) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "socket: '", config.socket_path, "' is too long: its attach socket '",
+        attach::AttachSocketPath(config.socket_path), "' exceeds ", kMaxSocketPath,
+        " bytes, the limit of a Unix socket path"));
   }
   if (const std::string* mode = get("socket_mode")) {
     char* end = nullptr;

@@ -76,6 +76,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config
   daemon->attach_ = *std::move(attach_server);
   daemon->core_.attach = daemon->attach_.get();
   daemon->core_.work = daemon->work_.get();
+  daemon->core_.pool_segments = stats.segments;
+  daemon->leases_.SetWorkQueue(daemon->work_.get());
   daemon->core_.attach_socket_name = attach_options.socket_path.substr(
       attach_options.socket_path.find_last_of('/') + 1);
   grpc::EnableDefaultHealthCheckService(true);
@@ -151,11 +153,16 @@ void Daemon::Shutdown(std::chrono::milliseconds grace) {
     }
     const int64_t cancelled = core_.streams_in_flight.load(std::memory_order_acquire);
     if (cancelled > 0) spdlog::warn("cancelling {} calls still running after the grace period", cancelled);
+    // The attach server goes first: it fails the sends of pending Lease
+    // calls (and refuses new ones), so that those calls finish and Wait
+    // returns even when a client stopped reading its attach socket.
+    if (attach_ != nullptr) attach_->Stop();
     server_->Shutdown(std::chrono::system_clock::now());
     server_->Wait();
   }
-  // After the gRPC server: pending Lease calls finish through both.
-  if (attach_ != nullptr) attach_->Stop();
+  // Released leases are freed as they are from now on: renewing memory the
+  // daemon is about to give back to the kernel is wasted work.
+  leases_.StopRenewing();
   work_.reset();
   // Remove the socket only if it is still ours (a new daemon may own the path).
   RemoveSocketIfOurs(config_.socket_path, socket_inode_);

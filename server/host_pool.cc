@@ -1,5 +1,6 @@
 #include "server/host_pool.h"
 
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <unistd.h>
@@ -53,8 +54,9 @@ absl::StatusOr<int> MapFreshSegment(std::byte* at, uint64_t index, uint64_t byte
   return fd;
 }
 
-// Thread-safety: allocator_ is guarded by mu_; the mapping and the segment
-// fds are fixed between construction and destruction.
+// Thread-safety: the allocator, the segment fds and the per-segment flags are
+// guarded by mu_; the address range is fixed between construction and
+// destruction (renewal remaps a segment in place, for a run held exclusively).
 class HostPool final : public MemoryPool {
  public:
   HostPool(std::byte* base, std::vector<int> fds, const HostPoolOptions& options,
@@ -66,7 +68,7 @@ class HostPool final : public MemoryPool {
         locked_bytes_(locked_bytes),
         allocator_(total_bytes_, options.alignment),
         segment_fds_(std::move(fds)),
-        owner_(segment_count_, kClean) {}
+        held_inline_(segment_count_, false) {}
 
   ~HostPool() override {
     {
@@ -92,7 +94,7 @@ class HostPool final : public MemoryPool {
     return MakeAllocation(this, base_ + *offset, *offset, nbytes);
   }
 
-  absl::StatusOr<SegmentRun> AllocateSegments(uint32_t count, uint64_t owner) override {
+  absl::StatusOr<SegmentRun> AllocateSegments(uint32_t count) override {
     if (count == 0 || count > segment_count_) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "requested ", count, " segments; the pool has ", segment_count_));
@@ -109,31 +111,50 @@ class HostPool final : public MemoryPool {
     SegmentRun run;
     run.first_segment = static_cast<uint32_t>(*offset / segment_bytes_);
     run.count = count;
+    // The flags are cleared by RenewSegments only: a run freed unrenewed
+    // (its fds never left) keeps them.
     for (uint32_t i = run.first_segment; i < run.first_segment + count; ++i) {
-      run.needs_scrub = run.needs_scrub || (owner_[i] != kClean && owner_[i] != owner);
-      owner_[i] = owner;
+      run.needs_scrub = run.needs_scrub || held_inline_[i];
     }
     segment_runs_.insert(*offset);
     run.memory = MakeAllocation(this, base_ + *offset, *offset, bytes);
     return run;
   }
 
-  int SegmentFd(uint32_t index) const override {
+  absl::StatusOr<int> DupSegmentFd(uint32_t index) const override {
     ACTSTASH_CHECK(index < segment_count_, "segment index out of range");
     absl::MutexLock lock(&mu_);
-    return segment_fds_[index];
+    const int fd = fcntl(segment_fds_[index], F_DUPFD_CLOEXEC, 0);
+    if (fd < 0) return ErrnoStatus("duplicating a segment fd", errno);
+    return fd;
   }
 
   absl::Status RenewSegments(const SegmentRun& run) override {
     for (uint32_t i = run.first_segment; i < run.first_segment + run.count; ++i) {
-      absl::StatusOr<int> fd = MapFreshSegment(base_ + uint64_t{i} * segment_bytes_, i,
-                                               segment_bytes_, locked_bytes_ != 0);
-      if (!fd.ok()) return fd.status();
+      std::byte* at = base_ + uint64_t{i} * segment_bytes_;
+      absl::StatusOr<int> fd = MapFreshSegment(at, i, segment_bytes_, locked_bytes_ != 0);
+      if (!fd.ok()) {
+        // A failed MAP_FIXED may have unmapped the range: put the old memfd
+        // back, or the pool has a hole the allocator does not know about.
+        int old_fd;
+        {
+          absl::MutexLock lock(&mu_);
+          old_fd = segment_fds_[i];
+        }
+        ACTSTASH_CHECK(mmap(at, segment_bytes_, PROT_READ | PROT_WRITE,
+                            MAP_SHARED | MAP_FIXED | MAP_POPULATE, old_fd, 0) != MAP_FAILED,
+                       "cannot restore a pool segment's mapping after a failed renewal");
+        return fd.status();
+      }
       int old_fd = *fd;
       {
         absl::MutexLock lock(&mu_);
         std::swap(segment_fds_[i], old_fd);
+        held_inline_[i] = false;
       }
+      // Empties the old memfd for whoever still maps it.
+      fallocate(old_fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0,
+                static_cast<off_t>(segment_bytes_));
       close(old_fd);
     }
     return absl::OkStatus();
@@ -160,12 +181,13 @@ class HostPool final : public MemoryPool {
     absl::MutexLock lock(&mu_);
     const std::optional<uint64_t> size = allocator_.AllocationSize(offset);
     ACTSTASH_CHECK(size.has_value(), "freeing a range the pool did not hand out");
-    // A lease's segments keep their owner (only it had their fds); inline
-    // objects may have been any session's data.
+    // Inline objects may have been any session's data: the segments they
+    // touched are renewed before they are leased. (Leases are renewed by
+    // their owner before they come back here.)
     if (segment_runs_.erase(offset) == 0) {
       for (uint64_t i = offset / segment_bytes_; i <= (offset + *size - 1) / segment_bytes_;
            ++i) {
-        owner_[i] = kMixed;
+        held_inline_[i] = true;
       }
     }
     allocator_.Free(offset);
@@ -179,12 +201,8 @@ class HostPool final : public MemoryPool {
   mutable absl::Mutex mu_;
   RangeAllocator allocator_ ABSL_GUARDED_BY(mu_);
   std::vector<int> segment_fds_ ABSL_GUARDED_BY(mu_);
-  // Per segment, who may have seen its memfd's contents since it was last
-  // renewed: kClean (nobody outside the daemon), a session id (its last
-  // lessee), or kMixed (inline objects of any session).
-  static constexpr uint64_t kClean = 0;
-  static constexpr uint64_t kMixed = UINT64_MAX;
-  std::vector<uint64_t> owner_ ABSL_GUARDED_BY(mu_);
+  // Segments that held inline objects since they were last renewed.
+  std::vector<bool> held_inline_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_set<uint64_t> segment_runs_ ABSL_GUARDED_BY(mu_);  // offsets of leases
 };
 

@@ -12,7 +12,7 @@
 namespace actstash::server {
 namespace {
 
-constexpr uint32_t kMaxLeasesPerCall = 1024;
+constexpr uint32_t kMaxLeasesPerCall = 256;
 
 std::vector<uint64_t> Ids(const std::vector<std::shared_ptr<Lease>>& leases) {
   std::vector<uint64_t> ids;
@@ -28,7 +28,7 @@ grpc::ServerUnaryReactor* StashService::Lease(grpc::CallbackServerContext* ctx,
   absl::StatusOr<std::shared_ptr<Session>> session = AuthenticateCall(*core_, *ctx);
   if (!session.ok()) return FinishUnary(ctx, session.status());
   const uint32_t per_lease = std::max<uint32_t>(1, request->segments_per_lease());
-  const uint64_t segments = core_->pool.Stats().segments;
+  const uint64_t segments = core_->pool_segments;
   if (request->count() == 0 || request->count() > kMaxLeasesPerCall) {
     return FinishUnary(ctx, absl::InvalidArgumentError(absl::StrCat(
                                 "Lease count ", request->count(), " is not in [1, ",
@@ -44,40 +44,43 @@ grpc::ServerUnaryReactor* StashService::Lease(grpc::CallbackServerContext* ctx,
                                 "Lease needs the session's attach connection; attach to the "
                                 "daemon's attach socket first"));
   }
-  absl::StatusOr<std::vector<std::shared_ptr<server::Lease>>> granted =
-      core_->leases.Grant(*session, request->count(), per_lease);
-  if (!granted.ok()) return FinishUnary(ctx, granted.status());
-  for (const auto& lease : *granted) {
-    v1::LeaseGrant* grant = reply->add_leases();
-    grant->set_lease_id(lease->id());
-    grant->set_bytes(lease->bytes());
-    grant->set_segments(lease->segments());
-  }
   // Counted like a stream: shutdown waits for it, and the work queue and the
   // attach server outlive every such call.
   core_->streams_in_flight.fetch_add(1, std::memory_order_acq_rel);
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  StashCore* core = core_;
-  const uint64_t session_id = (*session)->id();
-  const std::vector<uint64_t> ids = Ids(*granted);
-  // On failure the grants go back: the client never learns of them.
-  auto finish = [core, reactor, session_id, ids](const absl::Status& status) {
-    if (!status.ok()) (void)core->leases.Return(session_id, ids);
-    reactor->Finish(ToGrpcStatus(status));
-    core->streams_in_flight.fetch_sub(1, std::memory_order_acq_rel);
-  };
-  core->work->Post([core, session_id, finish, leases = *std::move(granted)]() mutable {
-    for (const auto& lease : leases) {
+  // Granted on the work queue, behind the renewals of leases returned
+  // before: memory that is being renewed counts as used, and a Lease that
+  // arrives meanwhile must find it free rather than fail.
+  core_->work->Post([core = core_, reactor, ctx, reply, session = *std::move(session),
+                     count = request->count(), per_lease] {
+    const uint64_t session_id = session->id();
+    auto finish = [core, reactor, ctx, session_id](const absl::Status& status,
+                                                   const std::vector<uint64_t>& ids) {
+      // On failure, or when the caller gave up (deadline, cancel), the grants
+      // go back: the client will never map them (it skips their fds).
+      if (!status.ok() || ctx->IsCancelled()) core->leases.ReturnAny(session_id, ids);
+      reactor->Finish(ToGrpcStatus(status));
+      core->streams_in_flight.fetch_sub(1, std::memory_order_acq_rel);
+    };
+    absl::StatusOr<std::vector<std::shared_ptr<server::Lease>>> granted =
+        core->leases.Grant(session, count, per_lease);
+    if (!granted.ok()) return finish(granted.status(), {});
+    const std::vector<uint64_t> ids = Ids(*granted);
+    for (const auto& lease : *granted) {
+      v1::LeaseGrant* grant = reply->add_leases();
+      grant->set_lease_id(lease->id());
+      grant->set_bytes(lease->bytes());
+      grant->set_segments(lease->segments());
       if (!lease->needs_scrub()) continue;
       SegmentRun view;
       view.first_segment = lease->first_segment();
       view.count = lease->segments();
       if (absl::Status renewed = core->pool.RenewSegments(view); !renewed.ok()) {
-        finish(renewed);
-        return;
+        return finish(renewed, ids);
       }
     }
-    core->attach->SendLeases(session_id, std::move(leases), finish);
+    core->attach->SendLeases(session_id, *std::move(granted),
+                             [finish, ids](const absl::Status& sent) { finish(sent, ids); });
   });
   return reactor;
 }

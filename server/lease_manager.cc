@@ -2,19 +2,44 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "server/work_queue.h"
+#include "spdlog/spdlog.h"
 
 namespace actstash::server {
 
 Lease::Lease(uint64_t id, std::shared_ptr<Session> session, SegmentRun run,
-             QuotaReservation reservation)
+             QuotaReservation reservation, LeaseManager* manager)
     : id_(id),
       session_(std::move(session)),
       run_(std::move(run)),
-      reservation_(std::move(reservation)) {
+      reservation_(std::move(reservation)),
+      manager_(manager) {
   session_->AddLeases(1, static_cast<int64_t>(bytes()));
 }
 
-Lease::~Lease() { session_->AddLeases(-1, -static_cast<int64_t>(bytes())); }
+Lease::~Lease() {
+  session_->AddLeases(-1, -static_cast<int64_t>(bytes()));
+  manager_->Recycle(std::move(run_));
+}
+
+void LeaseManager::Recycle(SegmentRun run) {
+  if (!renew_.load()) return;  // shutting down: `run` frees the memory as it is
+  auto renew = [this, run = std::make_shared<SegmentRun>(std::move(run))] {
+    if (absl::Status s = pool_.RenewSegments(*run); !s.ok()) {
+      // The run stays allocated (never handed out again) rather than going
+      // back to the pool with memory a client can still reach.
+      spdlog::error("renewing returned segments {}..{} failed: {}; keeping them out of use",
+                    run->first_segment, run->first_segment + run->count - 1, s.ToString());
+      absl::MutexLock lock(&mu_);
+      quarantine_.push_back(std::move(*run));
+    }
+  };
+  if (WorkQueue* work = work_.load()) {
+    work->Post(std::move(renew));
+  } else {
+    renew();
+  }
+}
 
 absl::StatusOr<std::vector<std::shared_ptr<Lease>>> LeaseManager::Grant(
     const std::shared_ptr<Session>& session, uint32_t count, uint32_t segments_per_lease) {
@@ -29,7 +54,7 @@ absl::StatusOr<std::vector<std::shared_ptr<Lease>>> LeaseManager::Grant(
   for (uint32_t i = 0; i < count; ++i) {
     absl::StatusOr<QuotaReservation> reservation = session->Reserve(lease_bytes);
     if (!reservation.ok()) return reservation.status();  // raced with another grant
-    absl::StatusOr<SegmentRun> run = pool_.AllocateSegments(segments_per_lease, session->id());
+    absl::StatusOr<SegmentRun> run = pool_.AllocateSegments(segments_per_lease);
     if (!run.ok()) {
       return absl::Status(run.status().code(),
                           absl::StrCat("lease ", i + 1, " of ", count, ": ", run.status().message()));
@@ -43,8 +68,8 @@ absl::StatusOr<std::vector<std::shared_ptr<Lease>>> LeaseManager::Grant(
     return absl::FailedPreconditionError(absl::StrCat("session ", session->id(), " is closed"));
   }
   for (auto& [run, reservation] : parts) {
-    auto lease =
-        std::make_shared<Lease>(next_id_++, session, std::move(run), std::move(reservation));
+    auto lease = std::make_shared<Lease>(next_id_++, session, std::move(run),
+                                         std::move(reservation), this);
     leases_.emplace(lease->id(), lease);
     leased_bytes_ += lease->bytes();
     granted.push_back(std::move(lease));
@@ -81,6 +106,24 @@ absl::StatusOr<RemovedTotals> LeaseManager::Return(uint64_t session_id,
   }
   totals.objects = removed.size();
   return totals;  // memory and quota go back here, outside mu_
+}
+
+RemovedTotals LeaseManager::ReturnAny(uint64_t session_id, absl::Span<const uint64_t> ids) {
+  std::vector<std::shared_ptr<Lease>> removed;
+  RemovedTotals totals;
+  {
+    absl::MutexLock lock(&mu_);
+    for (uint64_t id : ids) {
+      auto it = leases_.find(id);
+      if (it == leases_.end() || it->second->session_id() != session_id) continue;
+      totals.bytes += it->second->bytes();
+      leased_bytes_ -= it->second->bytes();
+      removed.push_back(std::move(it->second));
+      leases_.erase(it);
+    }
+  }
+  totals.objects = removed.size();
+  return totals;
 }
 
 RemovedTotals LeaseManager::ReleaseSession(uint64_t session_id) {

@@ -3,6 +3,7 @@
 #ifndef ACTSTASH_SERVER_LEASE_MANAGER_H_
 #define ACTSTASH_SERVER_LEASE_MANAGER_H_
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -18,13 +19,16 @@
 
 namespace actstash::server {
 
-// One lease: a run of segments and the quota it holds. Memory and quota go
-// back when the last reference drops (the table's, or that of a grant still
-// being scrubbed and sent).
+class LeaseManager;
+
+// One lease: a run of segments and the quota it holds. The quota goes back
+// when the last reference drops (the table's, or that of a grant still being
+// renewed and sent); the memory goes back through LeaseManager::Recycle,
+// which renews it first. Immutable; any thread.
 class Lease {
  public:
   Lease(uint64_t id, std::shared_ptr<Session> session, SegmentRun run,
-        QuotaReservation reservation);
+        QuotaReservation reservation, LeaseManager* manager);
   ~Lease();
   Lease(const Lease&) = delete;
   Lease& operator=(const Lease&) = delete;
@@ -42,12 +46,23 @@ class Lease {
   const std::shared_ptr<Session> session_;
   SegmentRun run_;
   QuotaReservation reservation_;
+  LeaseManager* const manager_;
 };
+
+class WorkQueue;
 
 // Thread-safe. Lease ids are never 0 and never reused in a daemon's life.
 class LeaseManager {
  public:
   explicit LeaseManager(MemoryPool* pool) : pool_(*pool) {}
+  // Where released leases are renewed (off the caller's thread). Without
+  // one (tests), renewal runs in the releasing thread; after
+  // StopRenewing(), released memory is freed as it is (daemon shutdown).
+  // Both are set before leases exist / after nothing leases any more.
+  void SetWorkQueue(WorkQueue* work) { work_.store(work); }
+  void StopRenewing() { renew_.store(false); }
+  // A released lease's memory: renewed, then freed. Called by ~Lease.
+  void Recycle(SegmentRun run);
   LeaseManager(const LeaseManager&) = delete;
   LeaseManager& operator=(const LeaseManager&) = delete;
 
@@ -60,6 +75,8 @@ class LeaseManager {
   // Takes leases back, all or none: NOT_FOUND for one that is not the
   // session's, INVALID_ARGUMENT for a repeat.
   absl::StatusOr<RemovedTotals> Return(uint64_t session_id, absl::Span<const uint64_t> ids);
+  // Takes back those of `ids` that are the session's; ignores the others.
+  RemovedTotals ReturnAny(uint64_t session_id, absl::Span<const uint64_t> ids);
   // Takes back every lease of the session.
   RemovedTotals ReleaseSession(uint64_t session_id);
 
@@ -69,11 +86,15 @@ class LeaseManager {
 
  private:
   MemoryPool& pool_;
+  std::atomic<WorkQueue*> work_{nullptr};
+  std::atomic<bool> renew_{true};
   mutable absl::Mutex mu_;
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
   uint64_t granted_total_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t leased_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_map<uint64_t, std::shared_ptr<Lease>> leases_ ABSL_GUARDED_BY(mu_);
+  // Runs whose renewal failed: never handed out again (freed with the manager).
+  std::vector<SegmentRun> quarantine_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace actstash::server

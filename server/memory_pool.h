@@ -71,23 +71,24 @@ class MemoryPool {
   virtual absl::StatusOr<Allocation> Allocate(uint64_t nbytes) = 0;
   virtual PoolStats Stats() const = 0;
 
-  // Reserves `count` (>= 1) contiguous whole segments for `owner` (a
-  // session id, never 0). RESOURCE_EXHAUSTED as Allocate. The run's
-  // needs_scrub says whether any of its segments held data that `owner` may
-  // not see (inline objects, or another session's lease) since it was last
-  // renewed: the caller must then RenewSegments before the segments' fds
-  // leave the daemon. A segment going back to the session that held it last
-  // needs no renewal: that session already had its fd.
-  virtual absl::StatusOr<SegmentRun> AllocateSegments(uint32_t count, uint64_t owner) = 0;
+  // Reserves `count` (>= 1) contiguous whole segments. RESOURCE_EXHAUSTED as
+  // Allocate. The run's needs_scrub says whether any of its segments held
+  // inline objects since it was last renewed: the caller must then
+  // RenewSegments before the segments' fds leave the daemon. The caller must
+  // also RenewSegments before letting go of a run whose fds did leave (so
+  // that free pool memory is never memory a client can reach).
+  virtual absl::StatusOr<SegmentRun> AllocateSegments(uint32_t count) = 0;
   // Gives the run's segments fresh, zeroed memfds (mapped, populated and
-  // locked like the rest of the pool) and drops the old ones. A memfd is
-  // therefore only ever passed to one session: a client that kept an old fd
-  // or mapping past its lease sees only its own old data, never the next
-  // tenant's. The caller holds the run exclusively.
+  // locked like the rest of the pool) and empties and drops the old ones
+  // (their pages are punched out: a client that kept an old fd or mapping
+  // sees zeros and can reach nothing the daemon or another session uses,
+  // and whatever it writes there is its own memory). The caller holds the
+  // run exclusively. Runs on a work thread: it costs ~20 ms per 64 MiB.
   virtual absl::Status RenewSegments(const SegmentRun& run) = 0;
-  // The memfd of segment `index` (< Stats().segments). Owned by the pool and
-  // valid while it lives; SCM_RIGHTS sends duplicates.
-  virtual int SegmentFd(uint32_t index) const = 0;
+  // A duplicate of the memfd of segment `index` (< Stats().segments), owned
+  // by the caller, or INTERNAL. Call it while holding the segment's run, so
+  // the fd is that run's (renewal replaces the pool's fds).
+  virtual absl::StatusOr<int> DupSegmentFd(uint32_t index) const = 0;
   virtual uint64_t segment_bytes() const = 0;
 
  protected:

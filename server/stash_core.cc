@@ -1,6 +1,7 @@
 #include "server/stash_core.h"
 
 #include "common/protocol.h"
+#include "server/attach_server.h"
 
 namespace actstash::server {
 
@@ -25,6 +26,8 @@ absl::StatusOr<std::shared_ptr<Session>> AuthenticateCall(
 
 std::optional<SessionTotals> CloseSessionAndFree(StashCore& core, uint64_t session_id) {
   if (core.sessions.Close(session_id) == nullptr) return std::nullopt;
+  // Its attach connection, if any, must not carry anything any more.
+  if (core.attach != nullptr) core.attach->Disconnect(session_id);
   SessionTotals totals;
   totals.objects = core.catalog.RemoveSession(session_id);
   totals.leases = core.leases.ReleaseSession(session_id);

@@ -37,6 +37,7 @@ struct StashCore {
   AttachServer* attach = nullptr;
   WorkQueue* work = nullptr;
   std::string attach_socket_name;
+  uint64_t pool_segments = 0;
   const std::chrono::steady_clock::time_point started = std::chrono::steady_clock::now();
   std::atomic<uint64_t> bytes_stored{0};   // cumulative, all sessions
   std::atomic<uint64_t> bytes_fetched{0};  // cumulative, all sessions

@@ -96,6 +96,19 @@ class ZeroCopyTest : public ::testing::Test {
     return stats.ok() ? *stats : StatsSnapshot{};
   }
 
+  // Stats once `settled` holds (returned leases are renewed in the
+  // background before their memory counts as free), or after 5 s.
+  template <typename Predicate>
+  StatsSnapshot SettledStats(Predicate settled) {
+    StatsSnapshot stats;
+    for (int i = 0; i < 500; ++i) {
+      stats = Stats();
+      if (settled(stats)) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return stats;
+  }
+
   std::unique_ptr<DaemonProcess> daemon_;
 };
 
@@ -123,7 +136,8 @@ TEST_F(ZeroCopyTest, StoreFetchOneByteTo256MiBBytesIdentical) {
     EXPECT_EQ(client->Release(*ticket).code(), absl::StatusCode::kNotFound);
   }
   // Dedicated leases went back on Release; at most the batch stays leased.
-  StatsSnapshot stats = Stats();
+  StatsSnapshot stats = SettledStats(
+      [](const StatsSnapshot& s) { return s.pool_used_bytes == s.pool_leased_bytes; });
   EXPECT_LE(stats.pool_leased_bytes, 2 * kSegment);
   EXPECT_EQ(stats.pool_used_bytes, stats.pool_leased_bytes);
 }
@@ -174,7 +188,7 @@ TEST_F(ZeroCopyTest, FourClientProcessesAtOnce) {
     EXPECT_THAT(line, HasSubstr("ok: 0 errors, attached=1"));
     EXPECT_EQ(Wait(child), 0);
   }
-  StatsSnapshot stats = Stats();
+  StatsSnapshot stats = SettledStats([](const StatsSnapshot& s) { return s.pool_used_bytes == 0; });
   EXPECT_EQ(stats.pool_used_bytes, 0u) << "the workers' sessions were closed";
   EXPECT_EQ(stats.sessions, 1u);
 }
@@ -260,10 +274,11 @@ TEST_F(ZeroCopyTest, SegmentsAreIsolatedBetweenSessions) {
   ASSERT_NE(a.attach, nullptr);
   ASSERT_NE(b.attach, nullptr);
 
+  std::vector<uint64_t> stale;
   pb::LeaseReply lease_a;
   ASSERT_TRUE(a.Lease(1, &lease_a).ok());
   absl::StatusOr<std::vector<int>> fds_a =
-      a.attach->ReceiveLease(lease_a.leases(0).lease_id(), 1, std::chrono::seconds(5));
+      a.attach->ReceiveLease(lease_a.leases(0).lease_id(), 1, std::chrono::seconds(5), &stale);
   ASSERT_TRUE(fds_a.ok()) << fds_a.status();
   auto* mem_a = static_cast<char*>(
       mmap(nullptr, kSegment, PROT_READ | PROT_WRITE, MAP_SHARED, (*fds_a)[0], 0));
@@ -283,7 +298,7 @@ TEST_F(ZeroCopyTest, SegmentsAreIsolatedBetweenSessions) {
   ASSERT_TRUE(a.Return(lease_a.leases(0).lease_id()).ok());
   ASSERT_TRUE(b.Lease(1, &lease_b).ok());
   absl::StatusOr<std::vector<int>> fds_b =
-      b.attach->ReceiveLease(lease_b.leases(0).lease_id(), 1, std::chrono::seconds(5));
+      b.attach->ReceiveLease(lease_b.leases(0).lease_id(), 1, std::chrono::seconds(5), &stale);
   ASSERT_TRUE(fds_b.ok()) << fds_b.status();
   struct stat st_a {}, st_b {};
   ASSERT_EQ(fstat((*fds_a)[0], &st_a), 0);
@@ -296,11 +311,62 @@ TEST_F(ZeroCopyTest, SegmentsAreIsolatedBetweenSessions) {
   for (size_t i = 0; i < kSegment; i += 4096) nonzero += mem_b[i] != 0;
   EXPECT_EQ(nonzero, 0u) << "B sees A's data";
   std::memset(mem_b, 'B', kSegment);
-  EXPECT_EQ(mem_a[12345], 'A') << "A's stale mapping sees B's data";
+  EXPECT_EQ(mem_a[12345], 0) << "A's stale mapping must be emptied, and never see B's data";
+  EXPECT_TRUE(stale.empty());
   munmap(mem_a, kSegment);
   munmap(mem_b, kSegment);
   close((*fds_a)[0]);
   close((*fds_b)[0]);
+}
+
+// A returned lease's memory must not serve other sessions' inline objects
+// while the old tenant can still reach it.
+TEST_F(ZeroCopyTest, ReturnedLeaseMemoryIsUnreachableForInlineObjects) {
+  StartDaemon({}, "16MiB");
+  RawSession a = OpenRaw(*daemon_, true);
+  ASSERT_NE(a.attach, nullptr);
+  std::vector<uint64_t> stale;
+  pb::LeaseReply lease;
+  ASSERT_TRUE(a.Lease(1, &lease).ok());
+  absl::StatusOr<std::vector<int>> fds =
+      a.attach->ReceiveLease(lease.leases(0).lease_id(), 1, std::chrono::seconds(5), &stale);
+  ASSERT_TRUE(fds.ok());
+  auto* mem = static_cast<char*>(
+      mmap(nullptr, kSegment, PROT_READ | PROT_WRITE, MAP_SHARED, (*fds)[0], 0));
+  ASSERT_NE(mem, MAP_FAILED);
+  ASSERT_TRUE(a.Return(lease.leases(0).lease_id()).ok());
+
+  auto b = ConnectOrDie(*daemon_, 0, "inline");
+  const std::vector<std::byte> secret = RandomBytes(1 << 20, 11);
+  absl::StatusOr<Handle> handle;
+  for (int i = 0; i < 200; ++i) {  // the renewal runs in the background
+    handle = b->Put(secret.data(), secret.size());
+    if (handle.ok()) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_TRUE(handle.ok()) << handle.status();
+  size_t seen = 0;
+  for (size_t i = 0; i < kSegment; ++i) seen += mem[i] != 0;
+  EXPECT_EQ(seen, 0u) << "the old tenant sees the inline object's bytes";
+  std::memset(mem, 'X', kSegment);
+  absl::StatusOr<Object> back = b->Get(*handle);
+  ASSERT_TRUE(back.ok());
+  EXPECT_TRUE(back->data == secret) << "the old tenant changed another session's object";
+  munmap(mem, kSegment);
+  close((*fds)[0]);
+}
+
+TEST_F(ZeroCopyTest, ShutdownIsPromptWithAClientThatStoppedReading) {
+  StartDaemon({"--shutdown-grace-seconds", "1"});
+  RawSession a = OpenRaw(*daemon_, true);  // never reads its attach socket
+  ASSERT_NE(a.attach, nullptr);
+  pb::LeaseReply reply;
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(a.Lease(8, &reply).ok());
+  const auto start = std::chrono::steady_clock::now();
+  absl::StatusOr<int> code = daemon_->Stop(SIGTERM);
+  ASSERT_TRUE(code.ok()) << code.status();
+  EXPECT_EQ(*code, 0);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
 }
 
 TEST_F(ZeroCopyTest, LeaseWithoutAttachAndBadHellosAreRefused) {

@@ -371,6 +371,16 @@ TEST_F(ConfigTest, TomlIntegerSocketModeIsOctal) {
   EXPECT_EQ(*decimal.command_line.exit_code, 2);
 }
 
+TEST_F(ConfigTest, SocketPathsTooLongForTheAttachSocketAreUsageErrors) {
+  const std::string longest = "/" + std::string(100, 's') + ".sock";  // 106 bytes
+  const Parsed parsed = ParseArgs({"--socket", longest});
+  ASSERT_TRUE(parsed.command_line.exit_code.has_value());
+  EXPECT_EQ(*parsed.command_line.exit_code, 2);
+  EXPECT_NE(parsed.err.find("attach socket"), std::string::npos) << parsed.err;
+  const Parsed fits = ParseArgs({"--socket", "/" + std::string(93, 's') + ".sock"});
+  EXPECT_FALSE(fits.command_line.exit_code.has_value()) << fits.err;
+}
+
 TEST_F(ConfigTest, SizesThatCannotWorkAreUsageErrors) {
   for (const std::vector<std::string>& args :
        {std::vector<std::string>{"--pool-size", "10MiB"},
