@@ -91,6 +91,7 @@ class Stash:
         self._keep = set()        # storage data_ptrs never to offload (params, buffers)
         self._min_bytes = 0
         self._unavailable = client is None
+        self._pending_error = None  # a store failure, raised when the offload scope ends
         self._stats = dict(bytes_offloaded=0, bytes_fetched=0, bytes_kept=0, tensors_offloaded=0,
                            tensors_kept=0, live_bytes=0, peak_live_bytes=0, wait_seconds=0.0,
                            prefetch_hits=0)
@@ -156,6 +157,11 @@ class Stash:
                 yield self
         finally:
             self._min_bytes = previous
+        # Raised here, not in the pack hook: torch turns exceptions raised in
+        # hooks into plain RuntimeErrors.
+        error, self._pending_error = self._pending_error, None
+        if error is not None:
+            raise error
 
     def _should_offload(self, t):
         if self._unavailable or t.layout != torch.strided or t.device.type != "cpu":
@@ -171,8 +177,11 @@ class Stash:
         return t.storage().data_ptr() not in self._keep
 
     def _pack(self, t):
-        self._reap(wait=False)
-        if not self._should_offload(t):
+        try:
+            self._reap(wait=False)
+        except _native.StashError as error:
+            self._pending_error = self._pending_error or error
+        if self._pending_error is not None or not self._should_offload(t):
             with self._lock:
                 self._stats["tensors_kept"] += 1
                 self._stats["bytes_kept"] += t.numel() * t.element_size()
