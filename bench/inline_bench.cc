@@ -28,69 +28,13 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "actstash/client.h"
+#include "bench/bench_util.h"
 #include "tests/support/daemon_process.h"
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using namespace actstash::bench;  // NOLINT: the shared helpers
 
-actstash::testing::DaemonProcess* g_daemon = nullptr;  // for the log on failure
-
-[[noreturn]] void Die(const std::string& what) {
-  std::fprintf(stderr, "inline_bench: %s\n", what.c_str());
-  if (g_daemon != nullptr) std::fprintf(stderr, "--- daemon log ---\n%s", g_daemon->log().c_str());
-  std::exit(1);
-}
-
-void Check(const absl::Status& status, const std::string& what) {
-  if (!status.ok()) Die(what + ": " + status.ToString());
-}
-
-double Since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
-
-// Keeps the compiler from dropping or merging copies whose result it cannot see used.
-void Clobber(const void* p) { asm volatile("" : : "r"(p) : "memory"); }
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 == 1 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
-
-// Nearest-rank percentile of sorted samples.
-double Percentile(const std::vector<double>& sorted, double p) {
-  size_t rank = static_cast<size_t>(std::ceil(p / 100.0 * static_cast<double>(sorted.size())));
-  return sorted[std::min(sorted.size(), std::max<size_t>(rank, 1)) - 1];
-}
-
-// "4096", "4K", "4KiB", "64MiB", "1G": binary units.
-bool ParseSize(const std::string& text, size_t* out) {
-  size_t pos = 0;
-  unsigned long long value = 0;
-  try {
-    value = std::stoull(text, &pos);
-  } catch (...) {
-    return false;
-  }
-  const std::string unit = text.substr(pos);
-  int shift = -1;
-  if (unit.empty() || unit == "B") shift = 0;
-  for (const auto& [prefix, bits] : {std::pair<char, int>{'K', 10}, {'M', 20}, {'G', 30}}) {
-    const std::string p(1, prefix);
-    if (unit == p || unit == p + "i" || unit == p + "iB") shift = bits;
-  }
-  if (shift < 0 || value == 0) return false;
-  *out = static_cast<size_t>(value) << shift;
-  return true;
-}
-
-std::string SizeName(size_t n) {
-  if (n >= (1u << 20) && n % (1u << 20) == 0) return std::to_string(n >> 20) + " MiB";
-  if (n >= 1024 && n % 1024 == 0) return std::to_string(n >> 10) + " KiB";
-  return std::to_string(n) + " B";
-}
 
 struct Buffers {
   explicit Buffers(size_t n) : src(n), staging(n), dst(n) {
@@ -243,6 +187,7 @@ void Latency(actstash::Client& client, size_t n, int iters) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  g_program = "inline_bench";
   CLI::App app{"Throughput and latency of actstashd's inline gRPC data path vs memcpy"};
   std::string address, pool, sizes_text = "4KiB,64KiB,1MiB,16MiB,64MiB";
   bool quick = false;

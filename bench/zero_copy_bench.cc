@@ -35,50 +35,15 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "actstash/client.h"
+#include "bench/bench_util.h"
 #include "tests/support/daemon_process.h"
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using namespace actstash::bench;  // NOLINT: the shared helpers
 using actstash::AttachMode;
 using actstash::Client;
 
-actstash::testing::DaemonProcess* g_daemon = nullptr;  // for the log on failure
-
-[[noreturn]] void Die(const std::string& what) {
-  std::fprintf(stderr, "zero_copy_bench: %s\n", what.c_str());
-  if (g_daemon != nullptr) std::fprintf(stderr, "--- daemon log ---\n%s", g_daemon->log().c_str());
-  std::exit(1);
-}
-
-void Check(const absl::Status& status, const std::string& what) {
-  if (!status.ok()) Die(what + ": " + status.ToString());
-}
-
-double Since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
-
-// Keeps the compiler from dropping copies whose result it cannot see used.
-void Clobber(const void* p) { asm volatile("" : : "r"(p) : "memory"); }
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 == 1 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
-
-// Nearest-rank percentile of sorted samples.
-double Percentile(const std::vector<double>& sorted, double p) {
-  size_t rank = static_cast<size_t>(std::ceil(p / 100.0 * static_cast<double>(sorted.size())));
-  return sorted[std::min(sorted.size(), std::max<size_t>(rank, 1)) - 1];
-}
-
-std::string SizeName(size_t n) {
-  if (n >= (1u << 20) && n % (1u << 20) == 0) return std::to_string(n >> 20) + " MiB";
-  if (n >= 1024 && n % 1024 == 0) return std::to_string(n >> 10) + " KiB";
-  return std::to_string(n) + " B";
-}
 
 struct Buffers {
   explicit Buffers(size_t n) : src(n), staging(n), dst(n) {
@@ -293,6 +258,7 @@ void Latency(Client& zero_copy, Client& inline_path, size_t n, int iters, int in
 }  // namespace
 
 int main(int argc, char** argv) {
+  g_program = "zero_copy_bench";
   CLI::App app{"Throughput, latency and lease cost of actstashd's zero-copy data plane vs memcpy"};
   std::string address, pool;
   std::vector<size_t> sizes = {1 << 20, 4 << 20, 16 << 20, 64 << 20, 256 << 20};

@@ -1,0 +1,71 @@
+// Helpers shared by the benchmarks: timing, statistics, sizes, failing loudly
+// (with the daemon's log when the benchmark started one).
+#ifndef ACTSTASH_BENCH_BENCH_UTIL_H_
+#define ACTSTASH_BENCH_BENCH_UTIL_H_
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "common/units.h"
+#include "tests/support/daemon_process.h"
+
+namespace actstash::bench {
+
+using Clock = std::chrono::steady_clock;
+
+// Set by main once it started a daemon: its log is printed on failure.
+inline const char* g_program = "bench";
+inline actstash::testing::DaemonProcess* g_daemon = nullptr;
+
+[[noreturn]] inline void Die(const std::string& what) {
+  std::fprintf(stderr, "%s: %s\n", g_program, what.c_str());
+  if (g_daemon != nullptr) std::fprintf(stderr, "--- daemon log ---\n%s", g_daemon->log().c_str());
+  std::exit(1);
+}
+
+inline void Check(const absl::Status& status, const std::string& what) {
+  if (!status.ok()) Die(what + ": " + status.ToString());
+}
+
+inline double Since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// Keeps the compiler from dropping or merging copies whose result it cannot see used.
+inline void Clobber(const void* p) { asm volatile("" : : "r"(p) : "memory"); }
+
+inline double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 == 1 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+// Nearest-rank percentile of sorted samples.
+inline double Percentile(const std::vector<double>& sorted, double p) {
+  size_t rank = static_cast<size_t>(std::ceil(p / 100.0 * static_cast<double>(sorted.size())));
+  return sorted[std::min(sorted.size(), std::max<size_t>(rank, 1)) - 1];
+}
+
+// "4096", "4K", "4KiB", "64MiB", "1G" (binary units); false when not a size > 0.
+inline bool ParseSize(const std::string& text, size_t* out) {
+  absl::StatusOr<uint64_t> bytes = ParseByteSize(text);
+  if (!bytes.ok() || *bytes == 0) return false;
+  *out = static_cast<size_t>(*bytes);
+  return true;
+}
+
+inline std::string SizeName(size_t n) {
+  if (n >= (1u << 20) && n % (1u << 20) == 0) return std::to_string(n >> 20) + " MiB";
+  if (n >= 1024 && n % 1024 == 0) return std::to_string(n >> 10) + " KiB";
+  return std::to_string(n) + " B";
+}
+
+}  // namespace actstash::bench
+
+#endif  // ACTSTASH_BENCH_BENCH_UTIL_H_
