@@ -459,6 +459,7 @@ absl::StatusOr<StatsSnapshot> Client::Stats(bool all_sessions) {
   s.pool_largest_free_bytes = reply.pool().largest_free_bytes();
   s.pool_locked_bytes = reply.pool().locked_bytes();
   s.pool_leased_bytes = reply.pool().leased_bytes();
+  s.pool_renewing_bytes = reply.pool().renewing_bytes();
   s.pool_leases = reply.pool().leases();
   s.leases_granted = reply.leases_granted();
   s.sessions_reclaimed = reply.sessions_reclaimed();

@@ -126,21 +126,38 @@ absl::StatusOr<uint64_t> LocalStore::Store(const void* src, size_t nbytes) {
   Placement placement;
   uint64_t ticket = 0;
   if (nbytes > segment_bytes_) {
-    // A dedicated lease of contiguous segments, returned on Release.
+    // A dedicated lease of contiguous segments. The last one released is
+    // kept as a spare for the next big buffer of the same size (a layer's
+    // activations come back every step); others go back on Release.
     const uint64_t segments = (nbytes + segment_bytes_ - 1) / segment_bytes_;
     if (segments > UINT32_MAX) return absl::ResourceExhaustedError("Store: buffer too large");
     absl::MutexLock lease_lock(&lease_mu_);
-    absl::StatusOr<std::vector<std::unique_ptr<Arena>>> arenas =
-        LeaseArenas(1, static_cast<uint32_t>(segments), /*dedicated=*/true);
-    if (!arenas.ok()) return arenas.status();
-    absl::MutexLock lock(&mu_);
-    Arena* arena = arenas->front().get();
-    const std::optional<uint64_t> offset = arena->allocator.Allocate(nbytes);
-    placement = Placement{arena, offset.value_or(0), nbytes};
-    arenas_.push_back(std::move(arenas->front()));
-    usage_.leases += 1;
-    usage_.leased_bytes += arena->bytes;
-    ticket = NewTicket(placement, nbytes);
+    std::unique_ptr<Arena> unfit_spare;
+    {
+      absl::MutexLock lock(&mu_);
+      if (Arena* spare = SpareDedicated(); spare != nullptr) {
+        if (spare->bytes == segments * segment_bytes_) {
+          placement = Placement{spare, spare->allocator.Allocate(nbytes).value_or(0), nbytes};
+          ticket = NewTicket(placement, nbytes);
+        } else {
+          unfit_spare = Detach(spare);
+        }
+      }
+    }
+    if (unfit_spare != nullptr) GiveBack(std::move(unfit_spare));
+    if (ticket == 0) {
+      absl::StatusOr<std::vector<std::unique_ptr<Arena>>> arenas =
+          LeaseArenas(1, static_cast<uint32_t>(segments), /*dedicated=*/true);
+      if (!arenas.ok()) return arenas.status();
+      absl::MutexLock lock(&mu_);
+      Arena* arena = arenas->front().get();
+      const std::optional<uint64_t> offset = arena->allocator.Allocate(nbytes);
+      placement = Placement{arena, offset.value_or(0), nbytes};
+      arenas_.push_back(std::move(arenas->front()));
+      usage_.leases += 1;
+      usage_.leased_bytes += arena->bytes;
+      ticket = NewTicket(placement, nbytes);
+    }
   } else {
     mu_.Lock();
     bool placed = TryPlace(nbytes, &placement);
@@ -211,6 +228,13 @@ absl::StatusOr<uint64_t> LocalStore::Size(uint64_t ticket) const {
   return it->second.size;
 }
 
+LocalStore::Arena* LocalStore::SpareDedicated() {
+  for (const std::unique_ptr<Arena>& arena : arenas_) {
+    if (arena->dedicated && arena->allocator.empty()) return arena.get();
+  }
+  return nullptr;
+}
+
 std::unique_ptr<LocalStore::Arena> LocalStore::Detach(Arena* arena) {
   auto it = std::find_if(arenas_.begin(), arenas_.end(),
                          [arena](const std::unique_ptr<Arena>& a) { return a.get() == arena; });
@@ -243,12 +267,20 @@ absl::Status LocalStore::Release(uint64_t ticket) {
     --usage_.objects;
     usage_.bytes -= placement.size;
     if (placement.arena->allocator.empty()) {
-      size_t empty_shared = 0;
-      for (const std::unique_ptr<Arena>& arena : arenas_) {
-        empty_shared += !arena->dedicated && arena->allocator.empty();
-      }
-      if (placement.arena->dedicated || empty_shared > lease_batch_) {
-        give_back = Detach(placement.arena);
+      if (placement.arena->dedicated) {
+        // This one becomes the spare; an older spare goes back.
+        for (const std::unique_ptr<Arena>& arena : arenas_) {
+          if (arena.get() != placement.arena && arena->dedicated && arena->allocator.empty()) {
+            give_back = Detach(arena.get());
+            break;
+          }
+        }
+      } else {
+        size_t empty_shared = 0;
+        for (const std::unique_ptr<Arena>& arena : arenas_) {
+          empty_shared += !arena->dedicated && arena->allocator.empty();
+        }
+        if (empty_shared > lease_batch_) give_back = Detach(placement.arena);
       }
     }
   }

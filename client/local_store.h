@@ -2,7 +2,8 @@
 // of the daemon's pool (their memfds arrive over the attach channel), maps
 // them, and places buffers in them itself: no RPC and no syscall per buffer
 // on the hot path. Buffers bigger than a segment get a dedicated lease of
-// contiguous segments, given back when they are released.
+// contiguous segments; the last one released is kept for the next buffer of
+// its size, older ones go back.
 #ifndef ACTSTASH_CLIENT_LOCAL_STORE_H_
 #define ACTSTASH_CLIENT_LOCAL_STORE_H_
 
@@ -73,8 +74,8 @@ class LocalStore {
   absl::Status Fetch(uint64_t ticket, void* dst, size_t capacity) ABSL_LOCKS_EXCLUDED(mu_);
   // The ticket's size, or NOT_FOUND.
   absl::StatusOr<uint64_t> Size(uint64_t ticket) const ABSL_LOCKS_EXCLUDED(mu_);
-  // Frees the ticket's place; an emptied dedicated lease (or empty segments
-  // beyond the batch) go back to the daemon.
+  // Frees the ticket's place; empty segments beyond the batch, and emptied
+  // dedicated leases but the last, go back to the daemon.
   absl::Status Release(uint64_t ticket) ABSL_LOCKS_EXCLUDED(mu_);
   LocalUsage usage() const ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -100,6 +101,8 @@ class LocalStore {
                                                                   bool dedicated);
   uint64_t NewTicket(const Placement& placement, uint64_t nbytes)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The empty dedicated arena kept for reuse, if any.
+  Arena* SpareDedicated() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Removes an arena from the table; the caller unmaps and returns it.
   std::unique_ptr<Arena> Detach(Arena* arena) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void GiveBack(std::unique_ptr<Arena> arena);

@@ -20,6 +20,70 @@ std::vector<uint64_t> Ids(const std::vector<std::shared_ptr<Lease>>& leases) {
   return ids;
 }
 
+// One Lease call between its handler and its Finish; kept alive by the
+// callbacks that still have to run.
+struct LeaseCall : std::enable_shared_from_this<LeaseCall> {
+  LeaseCall(StashCore* core, grpc::ServerUnaryReactor* reactor, grpc::CallbackServerContext* ctx,
+            v1::LeaseReply* reply, std::shared_ptr<Session> session, uint32_t count,
+            uint32_t per_lease)
+      : core(core), reactor(reactor), ctx(ctx), reply(reply), session(std::move(session)),
+        count(count), per_lease(per_lease) {}
+
+  StashCore* core;
+  grpc::ServerUnaryReactor* reactor;
+  grpc::CallbackServerContext* ctx;
+  v1::LeaseReply* reply;
+  std::shared_ptr<Session> session;
+  uint32_t count;
+  uint32_t per_lease;
+
+  absl::StatusOr<std::vector<std::shared_ptr<server::Lease>>> Grant() {
+    return core->leases.Grant(session, count, per_lease);
+  }
+
+  // On failure, or when the caller gave up (deadline, cancel), the grants go
+  // back: the client will never map them (it skips their fds).
+  void Finish(const absl::Status& status, const std::vector<uint64_t>& ids) {
+    if (!status.ok() || ctx->IsCancelled()) core->leases.ReturnAny(session->id(), ids);
+    reactor->Finish(ToGrpcStatus(status));
+    core->streams_in_flight.fetch_sub(1, std::memory_order_acq_rel);
+  }
+
+  // Renews what needs it (on the work queue, never on this thread), then has
+  // the attach server queue the fds.
+  void Continue(absl::StatusOr<std::vector<std::shared_ptr<server::Lease>>> granted) {
+    if (!granted.ok()) return Finish(granted.status(), {});
+    const std::vector<uint64_t> ids = Ids(*granted);
+    bool renew = false;
+    for (const auto& lease : *granted) {
+      v1::LeaseGrant* grant = reply->add_leases();
+      grant->set_lease_id(lease->id());
+      grant->set_bytes(lease->bytes());
+      grant->set_segments(lease->segments());
+      renew = renew || lease->needs_scrub();
+    }
+    std::shared_ptr<LeaseCall> self = shared_from_this();
+    auto send = [self, ids](std::vector<std::shared_ptr<server::Lease>> leases) {
+      self->core->attach->SendLeases(
+          self->session->id(), std::move(leases),
+          [self, ids](const absl::Status& sent) { self->Finish(sent, ids); });
+    };
+    if (!renew) return send(*std::move(granted));
+    core->work->Post([self, ids, send, leases = *std::move(granted)]() mutable {
+      for (const auto& lease : leases) {
+        if (!lease->needs_scrub()) continue;
+        SegmentRun view;
+        view.first_segment = lease->first_segment();
+        view.count = lease->segments();
+        if (absl::Status renewed = self->core->pool.RenewSegments(view); !renewed.ok()) {
+          return self->Finish(renewed, ids);
+        }
+      }
+      send(std::move(leases));
+    });
+  }
+};
+
 }  // namespace
 
 grpc::ServerUnaryReactor* StashService::Lease(grpc::CallbackServerContext* ctx,
@@ -47,42 +111,18 @@ grpc::ServerUnaryReactor* StashService::Lease(grpc::CallbackServerContext* ctx,
   // Counted like a stream: shutdown waits for it, and the work queue and the
   // attach server outlive every such call.
   core_->streams_in_flight.fetch_add(1, std::memory_order_acq_rel);
-  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  // Granted on the work queue, behind the renewals of leases returned
-  // before: memory that is being renewed counts as used, and a Lease that
-  // arrives meanwhile must find it free rather than fail.
-  core_->work->Post([core = core_, reactor, ctx, reply, session = *std::move(session),
-                     count = request->count(), per_lease] {
-    const uint64_t session_id = session->id();
-    auto finish = [core, reactor, ctx, session_id](const absl::Status& status,
-                                                   const std::vector<uint64_t>& ids) {
-      // On failure, or when the caller gave up (deadline, cancel), the grants
-      // go back: the client will never map them (it skips their fds).
-      if (!status.ok() || ctx->IsCancelled()) core->leases.ReturnAny(session_id, ids);
-      reactor->Finish(ToGrpcStatus(status));
-      core->streams_in_flight.fetch_sub(1, std::memory_order_acq_rel);
-    };
-    absl::StatusOr<std::vector<std::shared_ptr<server::Lease>>> granted =
-        core->leases.Grant(session, count, per_lease);
-    if (!granted.ok()) return finish(granted.status(), {});
-    const std::vector<uint64_t> ids = Ids(*granted);
-    for (const auto& lease : *granted) {
-      v1::LeaseGrant* grant = reply->add_leases();
-      grant->set_lease_id(lease->id());
-      grant->set_bytes(lease->bytes());
-      grant->set_segments(lease->segments());
-      if (!lease->needs_scrub()) continue;
-      SegmentRun view;
-      view.first_segment = lease->first_segment();
-      view.count = lease->segments();
-      if (absl::Status renewed = core->pool.RenewSegments(view); !renewed.ok()) {
-        return finish(renewed, ids);
-      }
-    }
-    core->attach->SendLeases(session_id, *std::move(granted),
-                             [finish, ids](const absl::Status& sent) { finish(sent, ids); });
-  });
-  return reactor;
+  auto call = std::make_shared<LeaseCall>(core_, ctx->DefaultReactor(), ctx, reply,
+                                          *std::move(session), request->count(), per_lease);
+  absl::StatusOr<std::vector<std::shared_ptr<server::Lease>>> granted = call->Grant();
+  if (!granted.ok() && granted.status().code() == absl::StatusCode::kResourceExhausted &&
+      core_->leases.renewals_pending() > 0) {
+    // Memory being renewed counts as used: try again behind those renewals
+    // (the work queue runs in order) rather than fail.
+    core_->work->Post([call] { call->Continue(call->Grant()); });
+  } else {
+    call->Continue(std::move(granted));
+  }
+  return call->reactor;
 }
 
 grpc::ServerUnaryReactor* StashService::Return(grpc::CallbackServerContext* ctx,

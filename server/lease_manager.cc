@@ -24,7 +24,19 @@ Lease::~Lease() {
 
 void LeaseManager::Recycle(SegmentRun run) {
   if (!renew_.load()) return;  // shutting down: `run` frees the memory as it is
-  auto renew = [this, run = std::make_shared<SegmentRun>(std::move(run))] {
+  const uint64_t bytes = run.memory.size();
+  renewals_pending_.fetch_add(1);
+  renewing_bytes_.fetch_add(bytes);
+  auto renew = [this, bytes, run = std::make_shared<SegmentRun>(std::move(run))] {
+    struct Done {
+      LeaseManager* manager;
+      uint64_t bytes;
+      ~Done() {  // after `run` is freed below
+        manager->renewing_bytes_.fetch_sub(bytes);
+        manager->renewals_pending_.fetch_sub(1);
+      }
+    };
+    Done done{this, bytes};
     if (absl::Status s = pool_.RenewSegments(*run); !s.ok()) {
       // The run stays allocated (never handed out again) rather than going
       // back to the pool with memory a client can still reach.
@@ -33,6 +45,7 @@ void LeaseManager::Recycle(SegmentRun run) {
       absl::MutexLock lock(&mu_);
       quarantine_.push_back(std::move(*run));
     }
+    run->memory.Reset();  // free now, before `done` says so
   };
   if (WorkQueue* work = work_.load()) {
     work->Post(std::move(renew));

@@ -80,6 +80,9 @@ class LeaseManager {
   // Takes back every lease of the session.
   RemovedTotals ReleaseSession(uint64_t session_id);
 
+  // Released leases whose memory is still being renewed (counted as used).
+  int64_t renewals_pending() const { return renewals_pending_.load(); }
+  uint64_t renewing_bytes() const { return renewing_bytes_.load(); }
   uint64_t leased_bytes() const;
   size_t size() const;
   uint64_t granted_total() const;
@@ -88,6 +91,8 @@ class LeaseManager {
   MemoryPool& pool_;
   std::atomic<WorkQueue*> work_{nullptr};
   std::atomic<bool> renew_{true};
+  std::atomic<int64_t> renewals_pending_{0};
+  std::atomic<uint64_t> renewing_bytes_{0};
   mutable absl::Mutex mu_;
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
   uint64_t granted_total_ ABSL_GUARDED_BY(mu_) = 0;

@@ -119,7 +119,10 @@ grpc::ServerUnaryReactor* StashService::Stats(grpc::CallbackServerContext* ctx,
   const PoolStats pool = core_->pool.Stats();
   v1::PoolStats* out = reply->mutable_pool();
   out->set_total_bytes(pool.total_bytes);
-  out->set_used_bytes(pool.used_bytes);
+  // Memory under renewal is allocated in the pool but no session's any more.
+  const uint64_t renewing = std::min(core_->leases.renewing_bytes(), pool.used_bytes);
+  out->set_used_bytes(pool.used_bytes - renewing);
+  out->set_renewing_bytes(renewing);
   out->set_free_bytes(pool.free_bytes);
   out->set_largest_free_bytes(pool.largest_free_bytes);
   out->set_segment_bytes(pool.segment_bytes);

@@ -84,12 +84,13 @@ int RunStats(const std::string& address, std::chrono::milliseconds timeout, bool
         "{\"daemon_version\": \"%s\", \"daemon_pid\": %u, \"uptime_seconds\": %llu, "
         "\"pool\": {\"total_bytes\": %llu, \"used_bytes\": %llu, \"free_bytes\": %llu, "
         "\"largest_free_bytes\": %llu, \"locked_bytes\": %llu, \"segment_bytes\": %llu, "
-        "\"segments\": %llu, \"leased_bytes\": %llu, \"leases\": %llu}, \"sessions\": %llu, \"objects\": %llu, \"bytes_stored\": %llu, "
+        "\"segments\": %llu, \"leased_bytes\": %llu, \"leases\": %llu, \"renewing_bytes\": %llu}, \"sessions\": %llu, \"objects\": %llu, \"bytes_stored\": %llu, "
         "\"bytes_fetched\": %llu, \"session_list\": [",
         JsonEscape(s.daemon_version).c_str(), s.daemon_pid, ull(s.uptime_seconds),
         ull(s.pool_total_bytes), ull(s.pool_used_bytes), ull(s.pool_free_bytes),
         ull(s.pool_largest_free_bytes), ull(s.pool_locked_bytes), ull(s.segment_bytes),
-        ull(s.segments), ull(s.pool_leased_bytes), ull(s.pool_leases), ull(s.sessions),
+        ull(s.segments), ull(s.pool_leased_bytes), ull(s.pool_leases),
+        ull(s.pool_renewing_bytes), ull(s.sessions),
         ull(s.objects), ull(s.bytes_stored),
         ull(s.bytes_fetched));
     for (size_t i = 0; i < s.all_sessions.size(); ++i) {
@@ -102,10 +103,11 @@ int RunStats(const std::string& address, std::chrono::milliseconds timeout, bool
   using actstash::FormatBytes;
   std::printf("actstashd %s (pid %u, up %llus) at %s\n", s.daemon_version.c_str(), s.daemon_pid,
               ull(s.uptime_seconds), (*client)->address().c_str());
-  std::printf("pool     %s total, %s used, %s free (largest free block %s)\n",
+  std::printf("pool     %s total, %s used, %s free (largest free block %s), %s renewing\n",
               FormatBytes(s.pool_total_bytes).c_str(), FormatBytes(s.pool_used_bytes).c_str(),
               FormatBytes(s.pool_free_bytes).c_str(),
-              FormatBytes(s.pool_largest_free_bytes).c_str());
+              FormatBytes(s.pool_largest_free_bytes).c_str(),
+              FormatBytes(s.pool_renewing_bytes).c_str());
   std::printf("         %llu segments of %s, %s pinned; %s in %llu leases\n", ull(s.segments),
               FormatBytes(s.segment_bytes).c_str(), FormatBytes(s.pool_locked_bytes).c_str(),
               FormatBytes(s.pool_leased_bytes).c_str(), ull(s.pool_leases));

@@ -121,8 +121,20 @@ TEST(LocalStoreTest, LargeBuffersGetDedicatedLeasesReturnedOnRelease) {
   EXPECT_EQ(store.Fetch(*t, back.data(), back.size() - 1).code(),
             absl::StatusCode::kOutOfRange);
   ASSERT_TRUE(store.Release(*t).ok());
-  EXPECT_EQ(store.usage().leases, 0u);
-  EXPECT_EQ(backend.leased(), 0u);
+  EXPECT_EQ(store.usage().leases, 1u) << "the last dedicated lease is kept as a spare";
+  const int calls = backend.lease_calls();
+  absl::StatusOr<uint64_t> again = store.Store(big.data(), big.size());
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(backend.lease_calls(), calls) << "a buffer of the same size reuses the spare";
+  ASSERT_TRUE(store.Fetch(*again, back.data(), back.size()).ok());
+  EXPECT_EQ(back, big);
+  ASSERT_TRUE(store.Release(*again).ok());
+  const std::vector<char> bigger = Pattern(5 * kSegment, 4);
+  absl::StatusOr<uint64_t> other = store.Store(bigger.data(), bigger.size());
+  ASSERT_TRUE(other.ok());
+  EXPECT_EQ(backend.leased(), 1u) << "the spare that did not fit went back";
+  ASSERT_TRUE(store.Release(*other).ok());
+  EXPECT_EQ(backend.leased(), 1u);
 }
 
 TEST(LocalStoreTest, EmptySegmentsBeyondTheBatchGoBack) {

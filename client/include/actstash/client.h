@@ -114,6 +114,7 @@ struct StatsSnapshot {
   uint64_t pool_largest_free_bytes = 0;
   uint64_t pool_locked_bytes = 0;
   uint64_t pool_leased_bytes = 0;
+  uint64_t pool_renewing_bytes = 0;  // returned lease memory being renewed
   uint64_t pool_leases = 0;
   uint64_t leases_granted = 0;
   uint64_t sessions_reclaimed = 0;
