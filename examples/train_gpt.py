@@ -125,6 +125,8 @@ def main():
     parser.add_argument("--min-bytes", type=int, default=64 << 10)
     parser.add_argument("--copy-delay-us", type=int, default=0)
     parser.add_argument("--modes", default=",".join(MODES))
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="run all modes this many times, round-robin; report medians")
     parser.add_argument("--json", action="store_true", help="print results as JSON")
     parser.add_argument("--mode", help=argparse.SUPPRESS)
     parser.add_argument("--grads-out", help=argparse.SUPPRESS)
@@ -137,32 +139,48 @@ def main():
     import tempfile
     import torch
     env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="131072")
-    results = []
+    modes = args.modes.split(",")
+    rounds = []  # per round, per mode: the child's result
     with tempfile.TemporaryDirectory() as tmp:
-        for mode in args.modes.split(","):
-            grads = os.path.join(tmp, mode + ".pt")
-            argv = [sys.executable, os.path.abspath(__file__), "--mode", mode,
-                    "--grads-out", grads] + [a for a in sys.argv[1:] if a != "--json"]
-            out = subprocess.run(argv, env=env, capture_output=True, text=True)
-            if out.returncode != 0:
-                print(out.stderr, file=sys.stderr)
-                return 1
-            result = json.loads(out.stdout.strip().splitlines()[-1])
-            result["grads"] = grads
-            results.append(result)
-        baseline = torch.load(results[0]["grads"])
-        for r in results:
-            g = torch.load(r.pop("grads"))
-            r["grads_equal"] = all(torch.equal(a, b) for a, b in zip(baseline, g))
-    base = results[0]
-    for r in results:
-        r["step_ratio"] = r["step_seconds"] / base["step_seconds"]
-        r["held_ratio"] = r["held_bytes"] / base["held_bytes"] if base["held_bytes"] else 0.0
+        # Modes run round-robin, `--rounds` times: on a shared machine, load
+        # changes over minutes; a ratio taken within one round pairs runs
+        # made close together.
+        for _ in range(args.rounds):
+            per_mode = {}
+            for mode in modes:
+                grads = os.path.join(tmp, mode + ".pt")
+                argv = [sys.executable, os.path.abspath(__file__), "--mode", mode,
+                        "--grads-out", grads] + [a for a in sys.argv[1:] if a != "--json"]
+                out = subprocess.run(argv, env=env, capture_output=True, text=True)
+                if out.returncode != 0:
+                    print(out.stderr, file=sys.stderr)
+                    return 1
+                per_mode[mode] = json.loads(out.stdout.strip().splitlines()[-1])
+                per_mode[mode]["grads"] = torch.load(grads)
+            rounds.append(per_mode)
+    results = []
+    base_mode = modes[0]
+    for mode in modes:
+        runs = [r[mode] for r in rounds]
+        result = dict(runs[len(runs) // 2])
+        result.pop("grads")
+        result["step_seconds"] = statistics.median(r["step_seconds"] for r in runs)
+        result["held_bytes"] = int(statistics.median(r["held_bytes"] for r in runs))
+        result["step_ratio"] = statistics.median(
+            r[mode]["step_seconds"] / r[base_mode]["step_seconds"] for r in rounds)
+        base_held = statistics.median(r[base_mode]["held_bytes"] for r in rounds)
+        result["held_ratio"] = result["held_bytes"] / base_held if base_held else 0.0
+        result["grads_equal"] = all(
+            all(torch.equal(a, b) for a, b in zip(r[base_mode]["grads"], r[mode]["grads"]))
+            for r in rounds)
+        result["rounds"] = len(rounds)
+        results.append(result)
     if args.json:
         print(json.dumps(results, indent=1))
         return 0
     print(f"GPT {args.layers}x{args.dim}, batch {args.batch}x{args.context}, {args.steps} steps "
-          f"(median after 1 warm-up), {args.threads} thread(s)")
+          f"(median after 1 warm-up), {args.threads} thread(s), {args.rounds} round(s); "
+          f"x none: median of the per-round ratios")
     print(f"{'mode':<29}{'step ms':>9}{'x none':>8}{'held MiB':>10}{'x none':>8}"
           f"{'peak RSS MiB':>14}{'shared MiB':>12}{'grads equal':>13}")
     for r in results:
