@@ -1,0 +1,327 @@
+// actstash::torch against a real actstashd: gradients with offload and/or
+// Checkpoint are bitwise equal to plain libtorch autograd on the same seed.
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "actstash/client.h"
+#include "actstash/copy_engine.h"
+#include "actstash/torch.h"
+#include "tests/support/daemon_process.h"
+
+namespace actstash::torch {
+namespace {
+
+using ::actstash::testing::DaemonProcess;
+
+void Seed(uint64_t seed) {
+  at::Generator gen = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  gen.set_current_seed(seed);
+}
+
+// An MLP with dropout; its middle block can be checkpointed.
+struct Mlp {
+  Mlp() {
+    Seed(7);
+    const int64_t dims[] = {64, 256, 256, 256, 10};
+    for (int i = 0; i < 4; ++i) {
+      params.push_back((at::randn({dims[i + 1], dims[i]}) * 0.1).requires_grad_());
+      params.push_back((at::randn({dims[i + 1]}) * 0.1).requires_grad_());
+    }
+  }
+  at::Tensor Block(const at::Tensor& h) const {
+    at::Tensor a = at::dropout(at::tanh(at::linear(h, params[2], params[3])), 0.25, true);
+    return at::dropout(at::gelu(at::linear(a, params[4], params[5])), 0.25, true);
+  }
+  at::Tensor Loss(const at::Tensor& x, const at::Tensor& y, bool checkpoint,
+                  const std::shared_ptr<Offloader>& offloader) const {
+    at::Tensor h = at::dropout(at::relu(at::linear(x, params[0], params[1])), 0.25, true);
+    h = checkpoint ? Checkpoint([this](const at::Tensor& t) { return Block(t); }, h, offloader)
+                   : Block(h);
+    return at::nll_loss(at::log_softmax(at::linear(h, params[6], params[7]), 1), y);
+  }
+  std::vector<at::Tensor> params;
+};
+
+struct Result {
+  std::vector<at::Tensor> losses;
+  std::vector<at::Tensor> grads;
+  OffloadStats after_forward;   // of the offloader, between forwards and backwards
+  uint64_t daemon_objects = 0;  // the session's objects then (with sync_then_count)
+};
+
+// Two forwards, then two backwards (the second graph's activations wait while
+// the first is backpropagated). `offloader` null: no OffloadScope.
+// With sync_then_count, waits for the stores after the forwards and counts
+// the session's objects in the daemon (zero-copy and inline ones).
+Result Train(Mlp& mlp, bool checkpoint, const std::shared_ptr<Offloader>& offloader,
+             const std::shared_ptr<Offloader>& checkpoint_offloader = nullptr,
+             bool sync_then_count = false) {
+  for (at::Tensor& p : mlp.params) p.mutable_grad() = at::Tensor();
+  Seed(1234);
+  std::vector<at::Tensor> losses;
+  {
+    std::unique_ptr<OffloadScope> scope;
+    if (offloader) scope = std::make_unique<OffloadScope>(offloader);
+    for (int i = 0; i < 2; ++i) {
+      at::Tensor x = at::randn({128, 64});
+      at::Tensor y = at::randint(10, {128}, at::kLong);
+      losses.push_back(mlp.Loss(x, y, checkpoint, checkpoint_offloader));
+    }
+  }
+  Result result;
+  if (offloader) result.after_forward = offloader->stats();
+  if (offloader && sync_then_count) {
+    offloader->Synchronize();
+    auto stats = offloader->client().Stats();
+    EXPECT_TRUE(stats.ok()) << stats.status();
+    if (stats.ok()) result.daemon_objects = stats->self.local_objects + stats->self.objects;
+  }
+  for (at::Tensor& loss : losses) {
+    loss.backward();
+    result.losses.push_back(loss.detach());
+  }
+  for (const at::Tensor& p : mlp.params) result.grads.push_back(p.grad().clone());
+  return result;
+}
+
+void ExpectBitwiseEqual(const Result& expected, const Result& actual) {
+  ASSERT_EQ(expected.grads.size(), actual.grads.size());
+  for (size_t i = 0; i < expected.losses.size(); ++i) {
+    EXPECT_TRUE(at::equal(expected.losses[i], actual.losses[i])) << "loss " << i;
+  }
+  for (size_t i = 0; i < expected.grads.size(); ++i) {
+    EXPECT_TRUE(at::equal(expected.grads[i], actual.grads[i]))
+        << "grad " << i << " max diff "
+        << (expected.grads[i] - actual.grads[i]).abs().max().item<float>();
+  }
+}
+
+class TorchOffloadTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    testing::DaemonProcessOptions options;
+    options.segment_size = "16MiB";  // attached clients lease 4 segments at a time
+    auto daemon = DaemonProcess::Start(options);
+    ASSERT_TRUE(daemon.ok()) << daemon.status();
+    daemon_ = std::move(*daemon).release();
+  }
+  static void TearDownTestSuite() {
+    delete daemon_;
+    daemon_ = nullptr;
+  }
+
+  std::shared_ptr<Client> Connect(AttachMode attach = AttachMode::kAuto, uint64_t quota = 0) {
+    ClientOptions options;
+    options.address = daemon_->address();
+    options.attach = attach;
+    options.quota_bytes = quota;
+    options.client_name = "torch_offload_test";
+    auto client = Client::Connect(options);
+    EXPECT_TRUE(client.ok()) << client.status();
+    return client.ok() ? std::shared_ptr<Client>(std::move(*client)) : nullptr;
+  }
+
+  // An offloader whose stores first sleep a random time up to max_delay
+  // (min_bytes 4 KiB).
+  std::shared_ptr<Offloader> MakeOffloader(
+      std::shared_ptr<Client> client,
+      std::chrono::microseconds max_delay = std::chrono::microseconds(2000)) {
+    OffloadOptions options;
+    options.min_bytes = 4 << 10;
+    HostCopyEngineOptions engine;
+    engine.max_injected_delay = max_delay;
+    engine.seed = 42;
+    options.copy_engine = CreateHostCopyEngine(engine);
+    auto offloader = Offloader::Create(std::move(client), options);
+    EXPECT_TRUE(offloader.ok()) << offloader.status();
+    return offloader.ok() ? *offloader : nullptr;
+  }
+
+  // Everything stored was released once backward and the copy work are done.
+  void ExpectAllReleased(Offloader& offloader) {
+    offloader.Synchronize();
+    EXPECT_EQ(offloader.stats().live_tensors, 0u);
+    EXPECT_EQ(offloader.stats().live_bytes, 0u);
+    auto stats = offloader.client().Stats();
+    ASSERT_TRUE(stats.ok()) << stats.status();
+    EXPECT_EQ(stats->self.local_objects, 0u);
+    EXPECT_EQ(stats->self.objects, 0u);
+  }
+
+  static DaemonProcess* daemon_;
+  Mlp mlp_;
+};
+DaemonProcess* TorchOffloadTest::daemon_ = nullptr;
+
+TEST_F(TorchOffloadTest, OffloadScopeGradientsBitwiseEqual) {
+  const Result plain = Train(mlp_, /*checkpoint=*/false, nullptr);
+  auto client = Connect();
+  ASSERT_NE(client, nullptr);
+  EXPECT_TRUE(client->attached()) << client->attach_status();
+  // 20 ms: backward starts while most stores are still queued.
+  for (int delay_us : {2000, 20000}) {
+    SCOPED_TRACE(delay_us);
+    auto offloader = MakeOffloader(client, std::chrono::microseconds(delay_us));
+    ASSERT_NE(offloader, nullptr);
+    const Result offloaded = Train(mlp_, false, offloader);
+    ExpectBitwiseEqual(plain, offloaded);
+    EXPECT_GE(offloaded.after_forward.tensors_offloaded, 10u);
+    EXPECT_GT(offloaded.after_forward.live_bytes, 1u << 20);
+    EXPECT_GT(offloaded.after_forward.tensors_kept, 0u);  // parameters and weight.t() views
+    EXPECT_EQ(offloader->stats().tensors_fetched, offloaded.after_forward.tensors_offloaded);
+    EXPECT_EQ(offloader->stats().store_failures, 0u);
+    ExpectAllReleased(*offloader);
+  }
+}
+
+TEST_F(TorchOffloadTest, CheckpointReachesParametersWhenNoInputRequiresGrad) {
+  auto run = [&](bool checkpoint) {
+    for (at::Tensor& p : mlp_.params) p.mutable_grad() = at::Tensor();
+    Seed(11);
+    at::Tensor x = at::randn({32, 256});  // a leaf without grad
+    at::Tensor y = checkpoint ? Checkpoint([&](const at::Tensor& t) { return mlp_.Block(t); }, x)
+                              : mlp_.Block(x);
+    EXPECT_TRUE(y.requires_grad());
+    y.sum().backward();
+    return std::vector<at::Tensor>{mlp_.params[2].grad(), mlp_.params[5].grad()};
+  };
+  const std::vector<at::Tensor> plain = run(false);
+  const std::vector<at::Tensor> checkpointed = run(true);
+  ASSERT_TRUE(checkpointed[0].defined());
+  EXPECT_TRUE(at::equal(plain[0], checkpointed[0]));
+  EXPECT_TRUE(at::equal(plain[1], checkpointed[1]));
+}
+
+TEST_F(TorchOffloadTest, CheckpointGradientsBitwiseEqual) {
+  const Result plain = Train(mlp_, false, nullptr);
+  const Result checkpointed = Train(mlp_, /*checkpoint=*/true, nullptr);
+  ExpectBitwiseEqual(plain, checkpointed);
+}
+
+TEST_F(TorchOffloadTest, CheckpointAndOffloadGradientsBitwiseEqual) {
+  const Result plain = Train(mlp_, false, nullptr);
+  auto client = Connect();
+  ASSERT_NE(client, nullptr);
+  auto offloader = MakeOffloader(client);
+  ASSERT_NE(offloader, nullptr);
+  const Result both = Train(mlp_, true, offloader, offloader, /*sync_then_count=*/true);
+  ExpectBitwiseEqual(plain, both);
+  EXPECT_GT(both.after_forward.tensors_offloaded, 0u);
+  EXPECT_EQ(offloader->stats().store_failures, 0u);
+  EXPECT_EQ(both.daemon_objects, both.after_forward.tensors_offloaded);  // all in actstashd
+  ExpectAllReleased(*offloader);
+}
+
+TEST_F(TorchOffloadTest, CheckpointInputOffloadedWithoutScope) {
+  const Result plain = Train(mlp_, false, nullptr);
+  auto client = Connect();
+  ASSERT_NE(client, nullptr);
+  auto offloader = MakeOffloader(client);
+  ASSERT_NE(offloader, nullptr);
+  const Result result = Train(mlp_, true, nullptr, offloader);
+  ExpectBitwiseEqual(plain, result);
+  // Only the two checkpoint inputs went to the daemon, and they are there now.
+  EXPECT_EQ(offloader->stats().tensors_fetched, 2u);
+  EXPECT_EQ(offloader->stats().tensors_offloaded, 2u);
+  ExpectAllReleased(*offloader);
+}
+
+TEST_F(TorchOffloadTest, InlinePathGradientsBitwiseEqualAndDaemonHoldsTensors) {
+  const Result plain = Train(mlp_, true, nullptr);
+  auto client = Connect(AttachMode::kOff);
+  ASSERT_NE(client, nullptr);
+  auto offloader = MakeOffloader(client);
+  ASSERT_NE(offloader, nullptr);
+  Seed(99);
+  at::Tensor x = at::randn({128, 64});
+  at::Tensor y = at::randint(10, {128}, at::kLong);
+  at::Tensor loss;
+  {
+    OffloadScope scope(offloader);
+    EXPECT_TRUE(scope.active());
+    loss = mlp_.Loss(x, y, true, nullptr);
+  }
+  offloader->Synchronize();  // the stores are done: the daemon holds the tensors now
+  auto stats = client->Stats();
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_EQ(offloader->stats().store_failures, 0u);
+  EXPECT_EQ(stats->self.objects, offloader->stats().live_tensors);
+  EXPECT_GT(stats->self.used_bytes, 0u);
+  loss.backward();
+  ExpectAllReleased(*offloader);
+  ExpectBitwiseEqual(plain, Train(mlp_, true, offloader));
+}
+
+TEST_F(TorchOffloadTest, ViewsWithGapsAreRestridedAndNestedNullScopeDisables) {
+  auto client = Connect();
+  ASSERT_NE(client, nullptr);
+  auto offloader = MakeOffloader(client);
+  ASSERT_NE(offloader, nullptr);
+  auto run = [&](bool offload, bool inner_off) {
+    Seed(5);
+    at::Tensor w = at::randn({64, 128}).requires_grad_();
+    at::Tensor h = at::tanh(w * 3);
+    at::Tensor loss;
+    {
+      std::unique_ptr<OffloadScope> outer, inner;
+      if (offload) outer = std::make_unique<OffloadScope>(offloader);
+      if (inner_off) inner = std::make_unique<OffloadScope>(nullptr);
+      at::Tensor v = h.slice(1, 0, 128, 2);  // strides (128, 2): a view with gaps
+      at::Tensor t = h.t();                  // dense, transposed strides
+      loss = (v * v).sum() + at::sigmoid(t).sum();
+    }
+    loss.backward();
+    return w.grad();
+  };
+  const at::Tensor plain = run(false, false);
+  EXPECT_TRUE(at::equal(plain, run(true, true)));
+  EXPECT_EQ(offloader->stats().tensors_offloaded, 0u);
+  EXPECT_TRUE(at::equal(plain, run(true, false)));
+  EXPECT_GE(offloader->stats().tensors_offloaded, 3u);  // v (twice), sigmoid's result
+  ExpectAllReleased(*offloader);
+}
+
+TEST_F(TorchOffloadTest, InPlaceChangeOfOffloadedTensorFailsBackward) {
+  auto client = Connect();
+  ASSERT_NE(client, nullptr);
+  auto offloader = MakeOffloader(client);
+  ASSERT_NE(offloader, nullptr);
+  at::Tensor w = at::randn({256, 256}).requires_grad_();
+  at::Tensor loss;
+  {
+    OffloadScope scope(offloader);
+    at::Tensor e = at::exp(w);  // saves its result
+    loss = e.sum();
+    e.mul_(2);
+  }
+  try {
+    loss.backward();
+    ADD_FAILURE() << "backward did not fail";
+  } catch (const c10::Error& error) {
+    EXPECT_NE(std::string(error.what()).find("modified by an inplace operation"), std::string::npos)
+        << error.what();
+  }
+}
+
+TEST_F(TorchOffloadTest, FailedStoresKeepTensorsInMemory) {
+  const Result plain = Train(mlp_, false, nullptr);
+  auto client = Connect(AttachMode::kOff, /*quota=*/64 << 10);  // room for a couple at most
+  ASSERT_NE(client, nullptr);
+  auto offloader = MakeOffloader(client);
+  ASSERT_NE(offloader, nullptr);
+  const Result result = Train(mlp_, false, offloader);
+  ExpectBitwiseEqual(plain, result);
+  offloader->Synchronize();
+  EXPECT_GT(offloader->stats().store_failures, 0u);
+  EXPECT_EQ(offloader->stats().live_tensors, 0u);
+}
+
+}  // namespace
+}  // namespace actstash::torch
