@@ -6,6 +6,7 @@
 #include "common/grpc_status.h"
 #include "common/protocol.h"
 #include "server/stash_reactors.h"
+#include "server/work_queue.h"
 
 namespace actstash::server {
 namespace {
@@ -55,6 +56,17 @@ class PutReactor final : public grpc::ServerReadReactor<v1::PutChunk> {
     absl::Status status = ok ? Consume() : Complete();
     if (!status.ok()) {
       FinishOnce(status);
+    } else if (ok && waiting_for_memory_) {
+      // The pool is short while returned leases are being renewed: retry
+      // behind those renewals (the work queue runs in order). No read is
+      // pending meanwhile, so nothing else touches this reactor.
+      core_.work->Post([this] {
+        waiting_for_memory_ = false;
+        absl::StatusOr<Allocation> memory = core_.pool.Allocate(meta_.nbytes);
+        if (!memory.ok()) return FinishOnce(memory.status());
+        memory_ = *std::move(memory);
+        StartRead(&chunk_);
+      });
     } else if (ok) {
       StartRead(&chunk_);
     }
@@ -107,7 +119,14 @@ class PutReactor final : public grpc::ServerReadReactor<v1::PutChunk> {
     if (!reservation.ok()) return reservation.status();
     reservation_ = *std::move(reservation);
     absl::StatusOr<Allocation> memory = core_.pool.Allocate(meta_.nbytes);
-    if (!memory.ok()) return memory.status();
+    if (!memory.ok()) {
+      if (memory.status().code() == absl::StatusCode::kResourceExhausted &&
+          core_.work != nullptr && core_.leases.renewals_pending() > 0) {
+        waiting_for_memory_ = true;
+        return absl::OkStatus();
+      }
+      return memory.status();
+    }
     memory_ = *std::move(memory);
     return absl::OkStatus();
   }
@@ -158,6 +177,7 @@ class PutReactor final : public grpc::ServerReadReactor<v1::PutChunk> {
   bool finished_ = false;
   bool have_header_ = false;
   bool hash_ = false;
+  bool waiting_for_memory_ = false;  // Begin found the pool short; see OnReadDone
   ObjectMeta meta_;
   QuotaReservation reservation_;
   Allocation memory_;

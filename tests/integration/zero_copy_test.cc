@@ -71,10 +71,11 @@ int Wait(Child& child) {
 
 class ZeroCopyTest : public ::testing::Test {
  protected:
-  void StartDaemon(std::vector<std::string> extra = {}, const std::string& pool = "768MiB") {
+  void StartDaemon(std::vector<std::string> extra = {}, const std::string& pool = "768MiB",
+                   const std::string& segment = "16MiB") {
     DaemonProcessOptions options;
     options.pool_size = pool;
-    options.segment_size = "16MiB";
+    options.segment_size = segment;
     options.extra_args = std::move(extra);
     daemon_ = StartDaemonOrDie(options);
     ASSERT_NE(daemon_, nullptr);
@@ -355,6 +356,32 @@ TEST_F(ZeroCopyTest, ReturnedLeaseMemoryIsUnreachableForInlineObjects) {
   EXPECT_TRUE(back->data == secret) << "the old tenant changed another session's object";
   munmap(mem, kSegment);
   close((*fds)[0]);
+}
+
+// Memory of a closed session is renewed in the background; a Put or a Lease
+// that needs it meanwhile waits for it instead of failing.
+TEST_F(ZeroCopyTest, CallsWaitForMemoryThatIsBeingRenewed) {
+  // Big segments: renewing four takes the daemon tens of milliseconds.
+  StartDaemon({}, "256MiB", "64MiB");
+  const std::vector<std::byte> chunk = RandomBytes(33 << 20, 12);
+  const std::vector<std::byte> big = RandomBytes(160 << 20, 13);
+  for (int round = 0; round < 3; ++round) {
+    {
+      auto holder = Attached(0, /*batch=*/4);
+      ASSERT_NE(holder, nullptr);
+      for (int i = 0; i < 4; ++i) ASSERT_TRUE(holder->Store(chunk.data(), chunk.size()).ok());
+    }  // closed: all four segments go to renewal at once
+    auto inline_client = ConnectOrDie(*daemon_, 0, "inline");
+    absl::StatusOr<Handle> handle = inline_client->Put(big.data(), big.size());
+    ASSERT_TRUE(handle.ok()) << "round " << round << ": " << handle.status();
+    ASSERT_TRUE(inline_client->Delete(*handle).ok());
+    inline_client.reset();
+    auto leaser = Attached(0, 1);
+    ASSERT_NE(leaser, nullptr);
+    absl::StatusOr<Ticket> ticket = leaser->Store(big.data(), big.size());  // 3 segments
+    leaser.reset();  // and these three go to renewal for the next round
+    ASSERT_TRUE(ticket.ok()) << "round " << round << ": " << ticket.status();
+  }
 }
 
 TEST_F(ZeroCopyTest, ShutdownIsPromptWithAClientThatStoppedReading) {
