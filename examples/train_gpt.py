@@ -56,7 +56,7 @@ def run_mode(args):
     torch.manual_seed(0)
     model = GPT(vocab=args.vocab, dim=args.dim, heads=args.heads, layers=args.layers,
                 context=args.context, dropout=0.1)
-    data = torch.randint(0, args.vocab, (args.steps + 1, args.batch, args.context + 1))
+    data = torch.randint(0, args.vocab, (args.steps + 2, args.batch, args.context + 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     stash = None
     ctx = None
@@ -75,7 +75,11 @@ def run_mode(args):
 
     times, held = [], []
     first_grads = None
-    for step in range(args.steps + 1):  # step 0 warms up (leases, allocator)
+    # Step 0 warms up (leases, allocator); steps 1..N are timed; a last,
+    # untimed step measures memory after waiting for the copies in flight
+    # (a timed step must not wait: stores overlap the start of backward).
+    for step in range(args.steps + 2):
+        measure = step == args.steps + 1
         torch.manual_seed(100 + step)
         optimizer.zero_grad(set_to_none=True)
         before = rss_anon()
@@ -85,18 +89,20 @@ def run_mode(args):
                 loss = loss_fn(model, data[step])
         else:
             loss = loss_fn(model, data[step])
-        if stash is not None:
-            stash.synchronize()  # what the trainer still holds once the copies are done
-        held.append(rss_anon() - before)
+        if measure:
+            if stash is not None:
+                stash.synchronize()  # what the trainer still holds once the copies are done
+            held.append(rss_anon() - before)
         loss.backward()
         if step == 0:
             first_grads = [p.grad.clone() for p in model.parameters()]
         optimizer.step()
-        times.append(time.perf_counter() - start)
+        if 0 < step <= args.steps:
+            times.append(time.perf_counter() - start)
     result = {
         "mode": args.mode,
-        "step_seconds": statistics.median(times[1:]),
-        "held_bytes": int(statistics.median(held[1:])),
+        "step_seconds": statistics.median(times),
+        "held_bytes": held[0],
         "peak_rss": peak_rss(),
         # Mapped segments of the daemon's pool count in RSS but are not the trainer's memory.
         "shared_rss": rss_shmem(),
@@ -104,7 +110,7 @@ def run_mode(args):
     }
     if stash is not None:
         stats = stash.stats()
-        result["offloaded_bytes_per_step"] = stats["bytes_offloaded"] // (args.steps + 1)
+        result["offloaded_bytes_per_step"] = stats["bytes_offloaded"] // (args.steps + 2)
         result["wait_seconds"] = stats["wait_seconds"]
         stash.close()
     torch.save(first_grads, args.grads_out)
