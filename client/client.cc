@@ -26,7 +26,17 @@
 namespace actstash {
 namespace {
 
-std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target) {
+std::shared_ptr<grpc::ChannelCredentials> Credentials(const ClientOptions& options) {
+  if (options.tls_root_certs.empty()) return grpc::InsecureChannelCredentials();
+  grpc::SslCredentialsOptions ssl;
+  ssl.pem_root_certs = options.tls_root_certs;
+  ssl.pem_cert_chain = options.tls_cert_chain;
+  ssl.pem_private_key = options.tls_private_key;
+  return grpc::SslCredentials(ssl);
+}
+
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target,
+                                           const ClientOptions& options) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(kMaxMessageBytes);
   args.SetMaxSendMessageSize(kMaxMessageBytes);
@@ -35,7 +45,7 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target) {
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-  return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+  return grpc::CreateCustomChannel(target, Credentials(options), args);
 }
 
 // Adds what a user needs to act on an error: where the daemon was expected
@@ -288,7 +298,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   auto impl = std::make_unique<Impl>();
   impl->options = options;
   impl->target = ResolveClientAddress(options.address);
-  impl->channel = MakeChannel(impl->target);
+  impl->channel = MakeChannel(impl->target, options);
   impl->stub = v1::Stash::NewStub(impl->channel);
 
   v1::OpenSessionRequest request;
@@ -542,9 +552,14 @@ uint64_t Client::quota_bytes() const { return impl_->quota_bytes; }
 const std::string& Client::address() const { return impl_->target; }
 
 absl::StatusOr<PingResult> Ping(const std::string& address, std::chrono::milliseconds timeout) {
+  return Ping(address, timeout, ClientOptions{});
+}
+
+absl::StatusOr<PingResult> Ping(const std::string& address, std::chrono::milliseconds timeout,
+                                const ClientOptions& tls) {
   PingResult result;
   result.address = ResolveClientAddress(address);
-  auto stub = grpc::health::v1::Health::NewStub(MakeChannel(result.address));
+  auto stub = grpc::health::v1::Health::NewStub(MakeChannel(result.address, tls));
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + timeout);
   grpc::health::v1::HealthCheckRequest request;

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "CLI/CLI.hpp"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -56,6 +57,15 @@ constexpr Setting kSettings[] = {
     {"allow_uid", "Comma-separated uids allowed to attach (zero-copy); with allow_gid empty "
                   "too, anyone who can open the socket (default)"},
     {"allow_gid", "Comma-separated gids allowed to attach (zero-copy)"},
+    {"metrics_address", "Serve Prometheus metrics at http://HOST:PORT/metrics (e.g. "
+                        "127.0.0.1:9464); off by default"},
+    {"listen_tcp", "Also serve gRPC on HOST:PORT (TCP); off by default. A non-loopback "
+                   "address needs --tls-cert and --tls-key, or --insecure"},
+    {"tls_cert", "PEM certificate chain for the TCP listener"},
+    {"tls_key", "PEM private key for the TCP listener"},
+    {"tls_client_ca", "PEM CA: TCP clients must present a certificate it signed (mTLS)"},
+    {"insecure", "Allow plaintext TCP on a non-loopback address (true/false; the flag "
+                 "alone means true)"},
 };
 
 std::string FlagName(const char* key) {
@@ -88,11 +98,13 @@ absl::Status ReadToml(const std::string& path, std::map<std::string, std::string
       // A mode is octal: TOML's 0o640 arrives as 416 and must read as 0640.
       // (A decimal 640 then reads as 01200 and is refused as out of range.)
       (*values)[name] = name == "socket_mode" ? absl::StrFormat("%o", *i) : absl::StrCat(*i);
+    } else if (auto b = node.value<bool>(); node.is_boolean() && b) {
+      (*values)[name] = *b ? "true" : "false";
     } else if (auto d = node.value<double>(); node.is_floating_point() && d) {
       (*values)[name] = absl::StrCat(*d);
     } else {
       return absl::InvalidArgumentError(absl::StrCat(
-          "config file ", path, ": '", name, "' must be a string or a number"));
+          "config file ", path, ": '", name, "' must be a string, a number or a boolean"));
     }
   }
   return absl::OkStatus();
@@ -233,10 +245,52 @@ absl::StatusOr<DaemonConfig> Resolve(const std::map<std::string, std::string>& v
       ids->push_back(id);
     }
   }
+  if (const std::string* v = get("metrics_address")) config.metrics_address = *v;
+  if (const std::string* v = get("tls_cert")) config.tls_cert = *v;
+  if (const std::string* v = get("tls_key")) config.tls_key = *v;
+  if (const std::string* v = get("tls_client_ca")) config.tls_client_ca = *v;
+  if (const std::string* v = get("insecure")) {
+    if (*v != "true" && *v != "false") {
+      return absl::InvalidArgumentError(absl::StrCat("insecure: '", *v, "' is not true/false"));
+    }
+    config.insecure = *v == "true";
+  }
+  if (config.tls_cert.empty() != config.tls_key.empty()) {
+    return absl::InvalidArgumentError("tls_cert and tls_key go together");
+  }
+  if (!config.tls_client_ca.empty() && config.tls_cert.empty()) {
+    return absl::InvalidArgumentError("tls_client_ca needs tls_cert and tls_key");
+  }
+  if (const std::string* v = get("listen_tcp")) {
+    config.listen_tcp = *v;
+    const size_t colon = v->rfind(':');
+    uint32_t port = 0;
+    if (colon == std::string::npos || colon == 0 ||
+        !absl::SimpleAtoi(v->substr(colon + 1), &port) || port > 65535) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("listen_tcp: '", *v, "' is not HOST:PORT"));
+    }
+    if (!IsLoopbackHost(*v) && config.tls_cert.empty() && !config.insecure) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "listen_tcp: refusing to serve ", *v, " without TLS on a non-loopback address: give "
+          "--tls-cert and --tls-key (and --tls-client-ca for mTLS), or --insecure if the "
+          "network is trusted (session tokens would travel in clear)"));
+    }
+  } else if (!config.tls_cert.empty()) {
+    return absl::InvalidArgumentError("tls_cert is set but listen_tcp is not");
+  }
   return config;
 }
 
 }  // namespace
+
+bool IsLoopbackHost(const std::string& host_port) {
+  std::string host = host_port.substr(0, host_port.rfind(':'));
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  return host == "localhost" || host == "::1" || absl::StartsWith(host, "127.");
+}
 
 uint64_t DefaultPoolBytes() {
   constexpr uint64_t kCap = 32ull << 30;
@@ -257,7 +311,13 @@ CommandLine ParseCommandLine(int argc, const char* const* argv) {
       ->check(CLI::ExistingFile);
   std::map<std::string, std::string> flag_values;
   std::vector<std::pair<const char*, CLI::Option*>> options;
+  bool insecure_flag = false;
   for (const Setting& setting : kSettings) {
+    if (std::string(setting.key) == "insecure") {
+      options.emplace_back(setting.key,
+                           app.add_flag(FlagName(setting.key), insecure_flag, setting.help));
+      continue;
+    }
     options.emplace_back(setting.key,
                          app.add_option(FlagName(setting.key), flag_values[setting.key],
                                         setting.help));
@@ -280,6 +340,7 @@ CommandLine ParseCommandLine(int argc, const char* const* argv) {
   for (const auto& [key, option] : options) {
     if (option->count() > 0) values[key] = flag_values[key];
   }
+  if (insecure_flag) values["insecure"] = "true";
   absl::StatusOr<DaemonConfig> config = Resolve(values);
   if (!config.ok()) {
     std::cerr << "actstashd: " << config.status().message() << "\n";

@@ -30,7 +30,19 @@ struct DaemonConfig {
   // Who may attach (zero-copy); both empty: whoever can open the socket.
   std::vector<uint32_t> allow_uids;
   std::vector<uint32_t> allow_gids;
+  // Prometheus /metrics over HTTP ("127.0.0.1:9464"); empty: off.
+  std::string metrics_address;
+  // gRPC over TCP as well ("HOST:PORT"); empty: Unix socket only. A
+  // non-loopback address needs TLS (tls_cert + tls_key) or `insecure`.
+  std::string listen_tcp;
+  std::string tls_cert;       // PEM file
+  std::string tls_key;        // PEM file
+  std::string tls_client_ca;  // PEM file: require client certificates it signed (mTLS)
+  bool insecure = false;
 };
+
+// True for 127.0.0.0/8, ::1 and localhost.
+bool IsLoopbackHost(const std::string& host_port);
 
 // The outcome of parsing argv: either a configuration to run with, or an
 // exit code (after --help/--version, or after printing a usage error).

@@ -11,6 +11,8 @@
 
 #include <cerrno>
 #include <cstring>
+#include <fstream>
+#include <sstream>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -23,6 +25,45 @@
 #include "spdlog/spdlog.h"
 
 namespace actstash::server {
+
+namespace {
+
+absl::StatusOr<std::string> ReadPem(const std::string& path, const char* what) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  if (!in.good() && !in.eof()) {
+    return absl::FailedPreconditionError(absl::StrCat("cannot read ", what, " ", path));
+  }
+  if (text.str().find("-----BEGIN") == std::string::npos) {
+    return absl::FailedPreconditionError(absl::StrCat(what, " ", path, " is not PEM"));
+  }
+  return text.str();
+}
+
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> TcpCredentials(
+    const DaemonConfig& config) {
+  if (config.tls_cert.empty()) return grpc::InsecureServerCredentials();
+  grpc::SslServerCredentialsOptions options(GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
+  grpc::SslServerCredentialsOptions::PemKeyCertPair pair;
+  absl::StatusOr<std::string> cert = ReadPem(config.tls_cert, "tls_cert");
+  if (!cert.ok()) return cert.status();
+  absl::StatusOr<std::string> key = ReadPem(config.tls_key, "tls_key");
+  if (!key.ok()) return key.status();
+  pair.cert_chain = *cert;
+  pair.private_key = *key;
+  options.pem_key_cert_pairs.push_back(pair);
+  if (!config.tls_client_ca.empty()) {
+    absl::StatusOr<std::string> ca = ReadPem(config.tls_client_ca, "tls_client_ca");
+    if (!ca.ok()) return ca.status();
+    options.pem_root_certs = *ca;
+    options.client_certificate_request =
+        GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
+  }
+  return grpc::SslServerCredentials(options);
+}
+
+}  // namespace
 
 Daemon::Daemon(const DaemonConfig& config, std::unique_ptr<MemoryPool> pool)
     : config_(config),
@@ -85,6 +126,22 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config
   grpc::ServerBuilder builder;
   const std::string target = absl::StrCat("unix://", config.socket_path);
   builder.AddListeningPort(target, grpc::InsecureServerCredentials());
+  int tcp_port = 0;
+  if (!config.listen_tcp.empty()) {
+    absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
+        TcpCredentials(config);
+    if (!credentials.ok()) return credentials.status();
+    builder.AddListeningPort(config.listen_tcp, *credentials, &tcp_port);
+  }
+  if (!config.metrics_address.empty()) {
+    absl::StatusOr<std::unique_ptr<Metrics>> metrics =
+        Metrics::Start(config.metrics_address, &daemon->core_);
+    if (!metrics.ok()) return metrics.status();
+    daemon->metrics_ = *std::move(metrics);
+    std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> creators;
+    creators.push_back(daemon->metrics_->InterceptorFactory());
+    builder.experimental().SetInterceptorCreators(std::move(creators));
+  }
   builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
   builder.SetMaxSendMessageSize(kMaxMessageBytes);
   builder.RegisterService(&daemon->service_);
@@ -93,7 +150,21 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config
     return absl::FailedPreconditionError(
         absl::StrCat("gRPC could not listen on ", target, " (see the gRPC log above)"));
   }
+  if (!config.listen_tcp.empty() && tcp_port == 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("gRPC could not listen on TCP ", config.listen_tcp));
+  }
   daemon->server_->GetHealthCheckService()->SetServingStatus(kStashServiceName, true);
+  if (tcp_port != 0) {
+    spdlog::info("also listening on TCP {} (port {}), {}", config.listen_tcp, tcp_port,
+                 config.tls_cert.empty() ? "plaintext"
+                 : config.tls_client_ca.empty() ? "TLS"
+                                                : "mutual TLS (client certificates required)");
+  }
+  if (daemon->metrics_ != nullptr) {
+    spdlog::info("metrics on http://{}/metrics (port {})", config.metrics_address,
+                 daemon->metrics_->port());
+  }
   absl::StatusOr<ino_t> inode = SetSocketMode(config.socket_path, config.socket_mode);
   if (!inode.ok()) return inode.status();
   daemon->socket_inode_ = *inode;

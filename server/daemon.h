@@ -15,6 +15,7 @@
 #include "server/catalog.h"
 #include "server/config.h"
 #include "server/lease_manager.h"
+#include "server/metrics.h"
 #include "server/memory_pool.h"
 #include "server/session_manager.h"
 #include "server/stash_core.h"
@@ -56,6 +57,7 @@ class Daemon {
   StashService service_;
   std::unique_ptr<WorkQueue> work_;
   std::unique_ptr<AttachServer> attach_;
+  std::unique_ptr<Metrics> metrics_;
   std::unique_ptr<grpc::Server> server_;
   ino_t socket_inode_ = 0;
   bool stopped_ = false;

@@ -5,7 +5,10 @@
 #include <chrono>
 #include <cstdio>
 #include <iostream>
+#include <cstring>
 #include <string>
+#include <tuple>
+#include <vector>
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_format.h"
@@ -15,7 +18,37 @@
 namespace {
 
 constexpr int kExitUnavailable = 1;
+constexpr int kExitUsage = 2;
 constexpr int kExitNotServing = 3;
+
+// Global flags shared by the subcommands.
+struct Common {
+  std::string address;
+  std::chrono::milliseconds timeout{5000};
+  actstash::ClientOptions tls;  // only the tls_* fields
+};
+
+bool ReadFile(const std::string& path, std::string* out) {
+  FILE* f = std::fopen(path.c_str(), "rb");
+  if (f == nullptr) return false;
+  char buffer[4096];
+  size_t n = 0;
+  while ((n = std::fread(buffer, 1, sizeof(buffer), f)) > 0) out->append(buffer, n);
+  std::fclose(f);
+  return true;
+}
+
+absl::StatusOr<std::unique_ptr<actstash::Client>> ConnectCli(const Common& common,
+                                                            uint64_t quota, bool attach) {
+  actstash::ClientOptions options = common.tls;
+  options.attach = attach ? actstash::AttachMode::kAuto : actstash::AttachMode::kOff;
+  options.address = common.address;
+  options.client_name = "actstash-cli";
+  options.connect_timeout = common.timeout;
+  options.rpc_timeout = common.timeout;
+  options.quota_bytes = quota;
+  return actstash::Client::Connect(options);
+}
 
 std::string JsonEscape(const std::string& text) {
   std::string out;
@@ -49,8 +82,27 @@ void PrintSessionJson(const actstash::SessionStatsEntry& s) {
       static_cast<unsigned long long>(s.local_bytes));
 }
 
-int RunPing(const std::string& address, std::chrono::milliseconds timeout) {
-  absl::StatusOr<actstash::PingResult> ping = actstash::Ping(address, timeout);
+void PrintSessionTable(const actstash::StatsSnapshot& s) {
+  using actstash::FormatBytes;
+  using ull = unsigned long long;
+  std::printf("%8s  %-20s %8s %6s %12s %12s %12s %8s %12s %12s\n", "SESSION", "NAME", "PID",
+              "UID", "QUOTA", "USED", "LEASED", "OBJECTS", "STORED", "FETCHED");
+  for (const actstash::SessionStatsEntry& e : s.all_sessions) {
+    // Attached sessions show the kernel's view of the peer (SO_PEERCRED),
+    // the others what the client said; objects of both data paths count.
+    const std::string uid = e.attached ? std::to_string(e.peer_uid) : "-";
+    std::printf("%8llu  %-20s %8u %6s %12s %12s %12s %8llu %12s %12s\n", ull(e.session_id),
+                e.client_name.substr(0, 20).c_str(), e.attached ? e.peer_pid : e.client_pid,
+                uid.c_str(), FormatBytes(e.quota_bytes).c_str(),
+                FormatBytes(e.used_bytes).c_str(), FormatBytes(e.leased_bytes).c_str(),
+                ull(e.objects + e.local_objects), FormatBytes(e.bytes_stored).c_str(),
+                FormatBytes(e.bytes_fetched).c_str());
+  }
+}
+
+int RunPing(const Common& common) {
+  absl::StatusOr<actstash::PingResult> ping =
+      actstash::Ping(common.address, common.timeout, common.tls);
   if (!ping.ok()) {
     std::fprintf(stderr, "actstash ping: %s\n", std::string(ping.status().message()).c_str());
     return kExitUnavailable;
@@ -60,14 +112,8 @@ int RunPing(const std::string& address, std::chrono::milliseconds timeout) {
   return ping->serving ? 0 : kExitNotServing;
 }
 
-int RunStats(const std::string& address, std::chrono::milliseconds timeout, bool json) {
-  actstash::ClientOptions options;
-  options.address = address;
-  options.client_name = "actstash-cli";
-  options.connect_timeout = timeout;
-  options.rpc_timeout = timeout;
-  options.quota_bytes = 1;  // the CLI stores nothing
-  auto client = actstash::Client::Connect(options);
+int RunStats(const Common& common, bool json, bool sessions_only) {
+  auto client = ConnectCli(common, /*quota=*/1, /*attach=*/false);  // stats store nothing
   if (!client.ok()) {
     std::fprintf(stderr, "actstash stats: %s\n", std::string(client.status().message()).c_str());
     return kExitUnavailable;
@@ -79,6 +125,15 @@ int RunStats(const std::string& address, std::chrono::milliseconds timeout, bool
   }
   const actstash::StatsSnapshot& s = *stats;
   using ull = unsigned long long;
+  if (json && sessions_only) {
+    std::printf("[");
+    for (size_t i = 0; i < s.all_sessions.size(); ++i) {
+      if (i > 0) std::printf(", ");
+      PrintSessionJson(s.all_sessions[i]);
+    }
+    std::printf("]\n");
+    return 0;
+  }
   if (json) {
     std::printf(
         "{\"daemon_version\": \"%s\", \"daemon_pid\": %u, \"uptime_seconds\": %llu, "
@@ -101,6 +156,10 @@ int RunStats(const std::string& address, std::chrono::milliseconds timeout, bool
     return 0;
   }
   using actstash::FormatBytes;
+  if (sessions_only) {
+    PrintSessionTable(s);
+    return 0;
+  }
   std::printf("actstashd %s (pid %u, up %llus) at %s\n", s.daemon_version.c_str(), s.daemon_pid,
               ull(s.uptime_seconds), (*client)->address().c_str());
   std::printf("pool     %s total, %s used, %s free (largest free block %s), %s renewing\n",
@@ -114,18 +173,64 @@ int RunStats(const std::string& address, std::chrono::milliseconds timeout, bool
   std::printf("objects  %llu stored; %s stored and %s fetched since start\n", ull(s.objects),
               FormatBytes(s.bytes_stored).c_str(), FormatBytes(s.bytes_fetched).c_str());
   std::printf("sessions %llu open (this one included)\n\n", ull(s.sessions));
-  std::printf("%8s  %-20s %8s %6s %12s %12s %12s %8s %12s %12s\n", "SESSION", "NAME", "PID",
-              "UID", "QUOTA", "USED", "LEASED", "OBJECTS", "STORED", "FETCHED");
-  for (const actstash::SessionStatsEntry& e : s.all_sessions) {
-    // Attached sessions show the kernel's view of the peer (SO_PEERCRED),
-    // the others what the client said; objects of both data paths count.
-    const std::string uid = e.attached ? std::to_string(e.peer_uid) : "-";
-    std::printf("%8llu  %-20s %8u %6s %12s %12s %12s %8llu %12s %12s\n", ull(e.session_id),
-                e.client_name.substr(0, 20).c_str(), e.attached ? e.peer_pid : e.client_pid,
-                uid.c_str(), FormatBytes(e.quota_bytes).c_str(),
-                FormatBytes(e.used_bytes).c_str(), FormatBytes(e.leased_bytes).c_str(),
-                ull(e.objects + e.local_objects), FormatBytes(e.bytes_stored).c_str(),
-                FormatBytes(e.bytes_fetched).c_str());
+  PrintSessionTable(s);
+  return 0;
+}
+
+// Store → Fetch → Release rounds against the live daemon, next to memcpy of the
+// same bytes (into a staging buffer and back) measured in the same run.
+int RunBench(const Common& common, const std::vector<std::string>& sizes, double seconds) {
+  auto client = ConnectCli(common, /*quota=*/0, /*attach=*/true);
+  if (!client.ok()) {
+    std::fprintf(stderr, "actstash bench: %s\n", std::string(client.status().message()).c_str());
+    return kExitUnavailable;
+  }
+  std::printf("actstash bench against %s (%s path), %.1f s per size\n",
+              (*client)->address().c_str(), (*client)->attached() ? "zero-copy" : "inline gRPC",
+              seconds);
+  std::printf("%10s %10s %14s %14s %8s\n", "size", "rounds", "store+fetch", "memcpy x2",
+              "ratio");
+  using Clock = std::chrono::steady_clock;
+  for (const std::string& text : sizes) {
+    absl::StatusOr<uint64_t> n = actstash::ParseByteSize(text);
+    if (!n.ok() || *n == 0) {
+      std::fprintf(stderr, "actstash bench: bad size '%s'\n", text.c_str());
+      return kExitUsage;
+    }
+    std::vector<char> src(*n, 'a'), staging(*n, 'b'), dst(*n, 'c');
+    auto timed = [&](auto&& body) -> std::pair<long, double> {
+      long rounds = 0;
+      const auto start = Clock::now();
+      double elapsed = 0;
+      while (elapsed < seconds) {
+        if (!body()) return {-1, 0};
+        ++rounds;
+        elapsed = std::chrono::duration<double>(Clock::now() - start).count();
+      }
+      return {rounds, elapsed};
+    };
+    absl::Status failure;
+    auto [rounds, store_time] = timed([&] {
+      absl::StatusOr<actstash::Ticket> t = (*client)->Store(src.data(), src.size());
+      if (t.ok()) failure = (*client)->Fetch(*t, dst.data(), dst.size());
+      if (t.ok() && failure.ok()) failure = (*client)->Release(*t);
+      if (!t.ok()) failure = t.status();
+      return failure.ok();
+    });
+    if (!failure.ok()) {
+      std::fprintf(stderr, "actstash bench: %s\n", failure.ToString().c_str());
+      return kExitUnavailable;
+    }
+    auto [copies, copy_time] = timed([&] {
+      std::memcpy(staging.data(), src.data(), src.size());
+      std::memcpy(dst.data(), staging.data(), staging.size());
+      asm volatile("" : : "r"(dst.data()) : "memory");
+      return true;
+    });
+    const double ours = static_cast<double>(*n) * rounds / store_time / 1e9;
+    const double base = static_cast<double>(*n) * copies / copy_time / 1e9;
+    std::printf("%10s %10ld %11.2f GB/s %11.2f GB/s %8.3f\n", actstash::FormatBytes(*n).c_str(),
+                rounds, ours, base, ours / base);
   }
   return 0;
 }
@@ -133,26 +238,52 @@ int RunStats(const std::string& address, std::chrono::milliseconds timeout, bool
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"actstash: talk to a running actstashd", "actstash"};
+  CLI::App app{"actstash: talk to a running actstashd. Exit codes: 0 success, 1 the daemon "
+               "could not be reached or refused, 2 usage error, 3 not serving",
+               "actstash"};
   app.require_subcommand(1);
-  std::string address;
+  Common common;
   double timeout_seconds = 5;
-  app.add_option("-a,--address", address,
+  std::string tls_ca, tls_cert, tls_key;
+  app.add_option("-a,--address", common.address,
                  "Daemon address: socket path, unix:///path or host:port (default: "
                  "$ACTSTASH_ADDRESS, else the default socket)");
   app.add_option("-t,--timeout", timeout_seconds, "Deadline in seconds (default 5)")
       ->check(CLI::PositiveNumber);
+  app.add_option("--tls-ca", tls_ca, "PEM CA of the daemon's TCP certificate (enables TLS)");
+  app.add_option("--tls-cert", tls_cert, "PEM client certificate (mutual TLS)");
+  app.add_option("--tls-key", tls_key, "PEM client key (mutual TLS)");
   CLI::App* ping = app.add_subcommand("ping", "Check that the daemon is serving");
   CLI::App* stats = app.add_subcommand("stats", "Show pool and session statistics");
   bool json = false;
   stats->add_flag("--json", json, "Print JSON instead of a table");
+  CLI::App* sessions = app.add_subcommand("sessions", "Who holds what: one line per session");
+  sessions->add_flag("--json", json, "Print JSON instead of a table");
+  CLI::App* bench = app.add_subcommand(
+      "bench", "Store/Fetch/Release throughput against the daemon, next to memcpy");
+  std::vector<std::string> sizes = {"1MiB", "64MiB"};
+  double seconds = 1;
+  bench->add_option("--sizes", sizes, "Buffer sizes (default 1MiB 64MiB)");
+  bench->add_option("--seconds", seconds, "Time per size (default 1)")
+      ->check(CLI::PositiveNumber);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& error) {
-    return app.exit(error) == 0 ? 0 : 2;
+    return app.exit(error) == 0 ? 0 : kExitUsage;
   }
-  const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_seconds * 1000));
-  if (ping->parsed()) return RunPing(address, timeout);
-  if (stats->parsed()) return RunStats(address, timeout, json);
-  return 2;
+  common.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_seconds * 1000));
+  for (const auto& [path, out, what] :
+       {std::tuple{&tls_ca, &common.tls.tls_root_certs, "--tls-ca"},
+        std::tuple{&tls_cert, &common.tls.tls_cert_chain, "--tls-cert"},
+        std::tuple{&tls_key, &common.tls.tls_private_key, "--tls-key"}}) {
+    if (!path->empty() && !ReadFile(*path, out)) {
+      std::fprintf(stderr, "actstash: cannot read %s %s\n", what, path->c_str());
+      return kExitUsage;
+    }
+  }
+  if (ping->parsed()) return RunPing(common);
+  if (stats->parsed()) return RunStats(common, json, /*sessions_only=*/false);
+  if (sessions->parsed()) return RunStats(common, json, /*sessions_only=*/true);
+  if (bench->parsed()) return RunBench(common, sizes, seconds);
+  return kExitUsage;
 }

@@ -52,6 +52,12 @@ struct ClientOptions {
   uint32_t lease_batch = 4;
   // How often the client reports its zero-copy usage to the daemon (Stats).
   std::chrono::milliseconds usage_report_interval{1000};
+  // TCP with TLS (host:port addresses): PEM text of the CA that signed the
+  // daemon's certificate; for mutual TLS also this client's certificate chain
+  // and private key. Empty tls_root_certs: plaintext.
+  std::string tls_root_certs;
+  std::string tls_cert_chain;
+  std::string tls_private_key;
 };
 
 // A buffer given to Store: either placed by this client in memory leased from
@@ -193,6 +199,9 @@ struct PingResult {
 // Asks the daemon's gRPC health service about the Stash service (no session
 // needed). UNAVAILABLE when no daemon answers within `timeout`.
 absl::StatusOr<PingResult> Ping(const std::string& address, std::chrono::milliseconds timeout);
+// The same, with the TLS settings of `options` (address and timeout as given).
+absl::StatusOr<PingResult> Ping(const std::string& address, std::chrono::milliseconds timeout,
+                                const ClientOptions& tls);
 
 }  // namespace actstash
 

@@ -1,0 +1,238 @@
+// Operations against a real actstashd: Prometheus metrics scraped over HTTP,
+// the TCP listener (plaintext on loopback, refusal elsewhere, TLS, mutual
+// TLS), and the CLI's sessions/bench commands.
+#include <arpa/inet.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <regex>
+#include <sstream>
+
+#include "tests/integration/test_util.h"
+
+namespace actstash::testing {
+namespace {
+
+using ::testing::HasSubstr;
+
+// The first number the daemon logged after `marker`, e.g. "(port 43233)".
+int LoggedPort(const DaemonProcess& daemon, const std::string& marker) {
+  const std::string log = daemon.log();
+  std::smatch match;
+  const std::regex pattern(marker + R"([^\n]*\(port (\d+)\))");
+  return std::regex_search(log, match, pattern) ? std::stoi(match[1]) : 0;
+}
+
+std::string HttpGet(int port, const std::string& path) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    close(fd);
+    return "";
+  }
+  const std::string request = "GET " + path + " HTTP/1.0\r\nHost: localhost\r\n\r\n";
+  (void)!write(fd, request.data(), request.size());
+  std::string response;
+  char buffer[8192];
+  ssize_t n = 0;
+  while ((n = read(fd, buffer, sizeof(buffer))) > 0) response.append(buffer, n);
+  close(fd);
+  return response;
+}
+
+// Metric lines "name{labels} value" into a map.
+std::map<std::string, double> Scrape(int port) {
+  std::map<std::string, double> metrics;
+  std::istringstream body(HttpGet(port, "/metrics"));
+  std::string line;
+  while (std::getline(body, line)) {
+    if (line.empty() || line[0] == '#' || line.find("actstash_") != 0) continue;
+    const size_t space = line.rfind(' ');
+    metrics[line.substr(0, space)] = std::stod(line.substr(space + 1));
+  }
+  return metrics;
+}
+
+TEST(OperationsTest, MetricsAreScrapedAndMove) {
+  DaemonProcessOptions options;
+  options.extra_args = {"--metrics-address", "127.0.0.1:0"};
+  auto daemon = StartDaemonOrDie(options);
+  ASSERT_NE(daemon, nullptr);
+  const int port = LoggedPort(*daemon, "metrics on");
+  ASSERT_GT(port, 0) << daemon->log();
+  std::map<std::string, double> before = Scrape(port);
+  EXPECT_EQ(before["actstash_pool_bytes{state=\"total\"}"], 256.0 * (1 << 20));
+  EXPECT_EQ(before["actstash_stored_bytes_total"], 0);
+
+  auto client = ConnectOrDie(*daemon, 0, "metrics");
+  ASSERT_NE(client, nullptr);
+  const std::vector<std::byte> data = RandomBytes(3 << 20, 1);
+  absl::StatusOr<Handle> handle = client->Put(data.data(), data.size());
+  ASSERT_TRUE(handle.ok());
+  ASSERT_TRUE(client->Get(*handle).ok());
+  EXPECT_EQ(client->Get(Handle{424242}).status().code(), absl::StatusCode::kNotFound);
+  absl::StatusOr<Ticket> ticket = client->Store(data.data(), data.size());  // zero-copy
+  ASSERT_TRUE(ticket.ok());
+
+  std::map<std::string, double> after = Scrape(port);
+  EXPECT_EQ(after["actstash_stored_bytes_total"], 3.0 * (1 << 20));
+  EXPECT_EQ(after["actstash_fetched_bytes_total"], 3.0 * (1 << 20));
+  EXPECT_EQ(after["actstash_objects"], 1);
+  EXPECT_EQ(after["actstash_sessions{attached=\"true\"}"], 1);
+  EXPECT_GE(after["actstash_pool_bytes{state=\"leased\"}"], 16.0 * (1 << 20));
+  EXPECT_GE(after["actstash_leases_granted_total"], 1);
+  EXPECT_EQ(after["actstash_rpc_duration_seconds_count{method=\"actstash.v1.Stash/Put\"}"], 1);
+  EXPECT_EQ(after["actstash_rpc_errors_total{code=\"NOT_FOUND\",method=\"actstash.v1.Stash/Get\"}"],
+            1);
+  EXPECT_GT(after["actstash_pool_bytes{state=\"used\"}"], 0);
+}
+
+std::string Read(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+class TcpTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char dir[] = "/tmp/actstash-certs-XXXXXX";
+    ASSERT_NE(mkdtemp(dir), nullptr);
+    certs_ = dir;
+    ASSERT_EQ(std::system((std::string(ACTSTASH_CERT_SCRIPT) + " " + certs_).c_str()), 0);
+  }
+  void TearDown() override { std::system(("rm -rf " + certs_).c_str()); }
+
+  std::unique_ptr<DaemonProcess> Start(std::vector<std::string> args) {
+    DaemonProcessOptions options;
+    options.extra_args = std::move(args);
+    auto daemon = StartDaemonOrDie(options);
+    if (daemon != nullptr) port_ = LoggedPort(*daemon, "also listening on TCP");
+    return daemon;
+  }
+  absl::StatusOr<std::unique_ptr<Client>> Connect(const std::string& ca, const std::string& cert,
+                                                  const std::string& key) {
+    ClientOptions options;
+    options.address = "127.0.0.1:" + std::to_string(port_);
+    options.connect_timeout = std::chrono::seconds(3);
+    if (!ca.empty()) options.tls_root_certs = Read(certs_ + "/" + ca);
+    if (!cert.empty()) options.tls_cert_chain = Read(certs_ + "/" + cert);
+    if (!key.empty()) options.tls_private_key = Read(certs_ + "/" + key);
+    return Client::Connect(options);
+  }
+  static void RoundTrip(Client& client) {
+    const std::vector<std::byte> data = RandomBytes(2 << 20, 7);
+    absl::StatusOr<Ticket> ticket = client.Store(data.data(), data.size());
+    ASSERT_TRUE(ticket.ok()) << ticket.status();
+    std::vector<std::byte> back(data.size());
+    ASSERT_TRUE(client.Fetch(*ticket, back.data(), back.size()).ok());
+    EXPECT_TRUE(back == data);
+  }
+
+  std::string certs_;
+  int port_ = 0;
+};
+
+TEST_F(TcpTest, PlaintextOnLoopbackWorksWithoutZeroCopy) {
+  auto daemon = Start({"--listen-tcp", "127.0.0.1:0"});
+  ASSERT_NE(daemon, nullptr);
+  ASSERT_GT(port_, 0) << daemon->log();
+  auto client = Connect("", "", "");
+  ASSERT_TRUE(client.ok()) << client.status();
+  EXPECT_FALSE((*client)->attached()) << "a TCP client cannot map the daemon's memory";
+  RoundTrip(**client);
+}
+
+TEST_F(TcpTest, NonLoopbackWithoutTlsRefusesToStartUnlessInsecure) {
+  DaemonProcessOptions options;
+  options.extra_args = {"--listen-tcp", "0.0.0.0:0"};
+  absl::StatusOr<std::unique_ptr<DaemonProcess>> refused = DaemonProcess::Start(options);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_THAT(std::string(refused.status().message()), HasSubstr("refusing to serve"));
+  EXPECT_THAT(std::string(refused.status().message()), HasSubstr("--insecure"));
+  auto insecure = Start({"--listen-tcp", "0.0.0.0:0", "--insecure"});
+  ASSERT_NE(insecure, nullptr);
+  EXPECT_GT(port_, 0);
+}
+
+TEST_F(TcpTest, TlsWithTheTestCa) {
+  auto daemon = Start({"--listen-tcp", "127.0.0.1:0", "--tls-cert", certs_ + "/server.pem",
+                       "--tls-key", certs_ + "/server.key"});
+  ASSERT_NE(daemon, nullptr);
+  auto client = Connect("ca.pem", "", "");
+  ASSERT_TRUE(client.ok()) << client.status();
+  RoundTrip(**client);
+  auto plaintext = Connect("", "", "");
+  EXPECT_FALSE(plaintext.ok()) << "a plaintext client cannot talk to a TLS listener";
+  auto wrong_ca = Connect("rogue-ca.pem", "", "");
+  EXPECT_FALSE(wrong_ca.ok()) << "the daemon's certificate is not signed by that CA";
+}
+
+TEST_F(TcpTest, MutualTlsRejectsWrongAndMissingClientCertificates) {
+  auto daemon = Start({"--listen-tcp", "127.0.0.1:0", "--tls-cert", certs_ + "/server.pem",
+                       "--tls-key", certs_ + "/server.key", "--tls-client-ca",
+                       certs_ + "/ca.pem"});
+  ASSERT_NE(daemon, nullptr);
+  auto good = Connect("ca.pem", "client.pem", "client.key");
+  ASSERT_TRUE(good.ok()) << good.status();
+  RoundTrip(**good);
+  auto rogue = Connect("ca.pem", "rogue.pem", "rogue.key");
+  ASSERT_FALSE(rogue.ok());
+  EXPECT_EQ(rogue.status().code(), absl::StatusCode::kUnavailable) << rogue.status();
+  auto anonymous = Connect("ca.pem", "", "");
+  EXPECT_FALSE(anonymous.ok());
+  // The CLI speaks TLS too.
+  const std::string cli = std::string(ACTSTASH_CLI_BINARY) + " --address 127.0.0.1:" +
+                          std::to_string(port_) + " --tls-ca " + certs_ + "/ca.pem";
+  EXPECT_EQ(WEXITSTATUS(std::system((cli + " --tls-cert " + certs_ + "/client.pem --tls-key " +
+                                     certs_ + "/client.key ping > /dev/null").c_str())),
+            0);
+  EXPECT_EQ(WEXITSTATUS(std::system((cli + " --timeout 2 ping > /dev/null 2>&1").c_str())), 1);
+}
+
+TEST(OperationsTest, CliSessionsAndBench) {
+  DaemonProcessOptions options;
+  options.segment_size = "16MiB";  // room for the holder's batch and the bench's
+  auto daemon = StartDaemonOrDie(options);
+  ASSERT_NE(daemon, nullptr);
+  auto holder = ConnectOrDie(*daemon, 0, "holder");
+  ASSERT_NE(holder, nullptr);
+  const std::vector<std::byte> data = RandomBytes(1 << 20, 3);
+  ASSERT_TRUE(holder->Store(data.data(), data.size()).ok());
+  const std::string cli = std::string(ACTSTASH_CLI_BINARY) + " --address " + daemon->address();
+  auto run = [](const std::string& command, std::string* output) {
+    FILE* pipe = popen((command + " 2>&1").c_str(), "r");
+    char buffer[4096];
+    size_t n = 0;
+    while ((n = fread(buffer, 1, sizeof(buffer), pipe)) > 0) output->append(buffer, n);
+    return WEXITSTATUS(pclose(pipe));
+  };
+  std::string table, json, bench, usage, dead;
+  EXPECT_EQ(run(cli + " sessions", &table), 0);
+  EXPECT_THAT(table, HasSubstr("holder"));
+  EXPECT_THAT(table, HasSubstr(std::to_string(getpid())));
+  EXPECT_EQ(run(cli + " sessions --json", &json), 0);
+  EXPECT_THAT(json, HasSubstr("\"client_name\": \"holder\""));
+  EXPECT_THAT(json, HasSubstr("\"attached\": true"));
+  EXPECT_EQ(run(cli + " bench --sizes 1MiB --seconds 0.2", &bench), 0) << bench;
+  EXPECT_THAT(bench, HasSubstr("zero-copy"));
+  EXPECT_THAT(bench, HasSubstr("1.0 MiB"));
+  EXPECT_EQ(run(cli + " bench --sizes 0", &usage), 2) << usage;
+  ASSERT_TRUE(daemon->Stop().ok());
+  EXPECT_EQ(run(cli + " --timeout 1 sessions", &dead), 1);
+  EXPECT_THAT(dead, HasSubstr("not reachable"));
+}
+
+}  // namespace
+}  // namespace actstash::testing
