@@ -381,6 +381,37 @@ TEST_F(ConfigTest, SocketPathsTooLongForTheAttachSocketAreUsageErrors) {
   EXPECT_FALSE(fits.command_line.exit_code.has_value()) << fits.err;
 }
 
+TEST_F(ConfigTest, TcpAndTlsSettings) {
+  // Loopback plaintext is fine; elsewhere it needs TLS or an explicit insecure.
+  EXPECT_FALSE(ParseArgs({"--listen-tcp", "127.0.0.1:7000"}).command_line.exit_code.has_value());
+  EXPECT_FALSE(ParseArgs({"--listen-tcp", "[::1]:7000"}).command_line.exit_code.has_value());
+  const Parsed open = ParseArgs({"--listen-tcp", "0.0.0.0:7000"});
+  ASSERT_TRUE(open.command_line.exit_code.has_value());
+  EXPECT_EQ(*open.command_line.exit_code, 2);
+  EXPECT_NE(open.err.find("refusing"), std::string::npos) << open.err;
+  const Parsed insecure = ParseArgs({"--listen-tcp", "0.0.0.0:7000", "--insecure"});
+  ASSERT_FALSE(insecure.command_line.exit_code.has_value()) << insecure.err;
+  EXPECT_TRUE(insecure.command_line.config.insecure);
+  const Parsed tls = ParseArgs({"--listen-tcp", "10.0.0.1:7000", "--tls-cert", "c.pem",
+                                "--tls-key", "k.pem", "--tls-client-ca", "ca.pem"});
+  ASSERT_FALSE(tls.command_line.exit_code.has_value()) << tls.err;
+  EXPECT_EQ(tls.command_line.config.tls_client_ca, "ca.pem");
+  for (const std::vector<std::string>& bad :
+       {std::vector<std::string>{"--listen-tcp", "nocolon"},
+        std::vector<std::string>{"--listen-tcp", "127.0.0.1:99999"},
+        std::vector<std::string>{"--listen-tcp", "127.0.0.1:1", "--tls-cert", "c.pem"},
+        std::vector<std::string>{"--tls-cert", "c.pem", "--tls-key", "k.pem"}}) {
+    const Parsed parsed = ParseArgs(bad);
+    ASSERT_TRUE(parsed.command_line.exit_code.has_value()) << bad[1];
+    EXPECT_EQ(*parsed.command_line.exit_code, 2);
+  }
+  const Parsed toml = ParseWithToml(
+      "listen_tcp = \"0.0.0.0:7000\"\ninsecure = true\nmetrics_address = \"127.0.0.1:9464\"\n");
+  ASSERT_FALSE(toml.command_line.exit_code.has_value()) << toml.err;
+  EXPECT_TRUE(toml.command_line.config.insecure);
+  EXPECT_EQ(toml.command_line.config.metrics_address, "127.0.0.1:9464");
+}
+
 TEST_F(ConfigTest, SizesThatCannotWorkAreUsageErrors) {
   for (const std::vector<std::string>& args :
        {std::vector<std::string>{"--pool-size", "10MiB"},
