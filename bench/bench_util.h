@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -64,6 +65,46 @@ inline std::string SizeName(size_t n) {
   if (n >= (1u << 20) && n % (1u << 20) == 0) return std::to_string(n >> 20) + " MiB";
   if (n >= 1024 && n % 1024 == 0) return std::to_string(n >> 10) + " KiB";
   return std::to_string(n) + " B";
+}
+
+// Source, staging and destination buffers of n bytes; the source is filled
+// with a size-dependent pattern, every page is touched before timing.
+struct Buffers {
+  explicit Buffers(size_t n) : src(n), staging(n), dst(n) {
+    uint64_t x = 0x9E3779B97F4A7C15ull ^ n;  // xorshift64: not constant, differs per size
+    for (size_t i = 0; i < n; ++i) {
+      x ^= x << 13;
+      x ^= x >> 7;
+      x ^= x << 17;
+      src[i] = static_cast<unsigned char>(x);
+    }
+    std::memset(staging.data(), 0, n);
+    std::memset(dst.data(), 0, n);
+  }
+  std::vector<unsigned char> src, staging, dst;
+};
+
+// The memcpy baseline: n bytes into the staging buffer and back out.
+inline void CopyTwice(Buffers& b, size_t n) {
+  std::memcpy(b.staging.data(), b.src.data(), n);
+  Clobber(b.staging.data());
+  std::memcpy(b.dst.data(), b.staging.data(), n);
+  Clobber(b.dst.data());
+}
+
+// Runs `body` until a tenth of `min_time` has passed (at least twice); returns
+// how many runs fill `min_time`.
+template <typename Body>
+long Calibrate(double min_time, Body body) {
+  const Clock::time_point start = Clock::now();
+  long runs = 0;
+  double elapsed = 0;
+  while (runs < 2 || elapsed < min_time / 10) {
+    body();
+    ++runs;
+    elapsed = Since(start);
+  }
+  return std::max(1L, std::lround(min_time * static_cast<double>(runs) / elapsed));
 }
 
 }  // namespace actstash::bench

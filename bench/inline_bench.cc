@@ -35,22 +35,6 @@ namespace {
 
 using namespace actstash::bench;  // NOLINT: the shared helpers
 
-
-struct Buffers {
-  explicit Buffers(size_t n) : src(n), staging(n), dst(n) {
-    uint64_t x = 0x9E3779B97F4A7C15ull ^ n;  // xorshift64: not constant, differs per size
-    for (size_t i = 0; i < n; ++i) {
-      x ^= x << 13;
-      x ^= x >> 7;
-      x ^= x << 17;
-      src[i] = static_cast<unsigned char>(x);
-    }
-    std::memset(staging.data(), 0, n);  // touch every page before timing
-    std::memset(dst.data(), 0, n);
-  }
-  std::vector<unsigned char> src, staging, dst;
-};
-
 struct RoundTime {
   double put = 0, get = 0, del = 0;
 };
@@ -72,33 +56,11 @@ RoundTime Round(actstash::Client& client, Buffers& b, size_t n) {
   return t;
 }
 
-void CopyTwice(Buffers& b, size_t n) {
-  std::memcpy(b.staging.data(), b.src.data(), n);
-  Clobber(b.staging.data());
-  std::memcpy(b.dst.data(), b.staging.data(), n);
-  Clobber(b.dst.data());
-}
-
 struct ThroughputRow {
   size_t size = 0;
   long iters = 0, copy_iters = 0;
   double put = 0, get = 0, put_get = 0, memcpy2 = 0, ratio = 0;  // medians over repetitions
 };
-
-// Runs `body` until a tenth of `min_time` has passed (at least twice); returns
-// how many runs fill `min_time`.
-template <typename Body>
-long Calibrate(double min_time, Body body) {
-  const Clock::time_point start = Clock::now();
-  long runs = 0;
-  double elapsed = 0;
-  while (runs < 2 || elapsed < min_time / 10) {
-    body();
-    ++runs;
-    elapsed = Since(start);
-  }
-  return std::max(1L, std::lround(min_time * static_cast<double>(runs) / elapsed));
-}
 
 ThroughputRow Throughput(actstash::Client& client, size_t n, double min_time, int reps) {
   Buffers b(n);

@@ -44,29 +44,6 @@ using namespace actstash::bench;  // NOLINT: the shared helpers
 using actstash::AttachMode;
 using actstash::Client;
 
-
-struct Buffers {
-  explicit Buffers(size_t n) : src(n), staging(n), dst(n) {
-    uint64_t x = 0x9E3779B97F4A7C15ull ^ n;  // xorshift64: not constant, differs per size
-    for (size_t i = 0; i < n; ++i) {
-      x ^= x << 13;
-      x ^= x >> 7;
-      x ^= x << 17;
-      src[i] = static_cast<unsigned char>(x);
-    }
-    std::memset(staging.data(), 0, n);  // touch every page before timing
-    std::memset(dst.data(), 0, n);
-  }
-  std::vector<unsigned char> src, staging, dst;
-};
-
-void CopyTwice(Buffers& b, size_t n) {
-  std::memcpy(b.staging.data(), b.src.data(), n);
-  Clobber(b.staging.data());
-  std::memcpy(b.dst.data(), b.staging.data(), n);
-  Clobber(b.dst.data());
-}
-
 std::unique_ptr<Client> Connect(const std::string& address, AttachMode mode, uint32_t lease_batch) {
   actstash::ClientOptions options;
   options.address = address;
@@ -155,21 +132,6 @@ void LeasePhase(const std::string& address, uint64_t segment, int clients, bool 
   PrintStat(("  memcpy of " + big_name + " right after").c_str(), copy);
   PrintStat("  difference: dedicated lease of 2 segments", lease);
   if (renewed) PrintStat("Release of it (Return RPC + munmap)", release);
-}
-
-// Runs `body` until a tenth of `min_time` has passed (at least twice); returns
-// how many runs fill `min_time`.
-template <typename Body>
-long Calibrate(double min_time, Body body) {
-  const Clock::time_point start = Clock::now();
-  long runs = 0;
-  double elapsed = 0;
-  while (runs < 2 || elapsed < min_time / 10) {
-    body();
-    ++runs;
-    elapsed = Since(start);
-  }
-  return std::max(1L, std::lround(min_time * static_cast<double>(runs) / elapsed));
 }
 
 // Measures and prints one row of the throughput table.
