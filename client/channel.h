@@ -1,0 +1,30 @@
+// The client's gRPC channel and the wording of its RPC errors. Private.
+#ifndef ACTSTASH_CLIENT_CHANNEL_H_
+#define ACTSTASH_CLIENT_CHANNEL_H_
+
+#include <grpcpp/channel.h>
+#include <grpcpp/support/status.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "actstash/client.h"
+
+namespace actstash::client_internal {
+
+// A channel to `target` with the project's message limits, quick reconnect
+// backoff, and TLS when `options.tls_root_certs` is set. Thread-safe.
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target,
+                                           const ClientOptions& options);
+
+// The Status of a failed call `what`, with what a user needs to act on it:
+// where the daemon was expected and how to start it (UNAVAILABLE), or which
+// deadline passed (DEADLINE_EXCEEDED).
+absl::Status AnnotateRpcError(const grpc::Status& status, const std::string& target,
+                              const char* what, std::chrono::milliseconds deadline);
+
+}  // namespace actstash::client_internal
+
+#endif  // ACTSTASH_CLIENT_CHANNEL_H_

@@ -1,0 +1,207 @@
+// Client::Impl: the state behind actstash::Client, and its zero-copy side
+// (the LeaseBackend of its LocalStore, the attach channel, the usage
+// reporter). Private to the client library.
+//
+// Thread-safety: the members set by Connect/Attach are read-only afterwards;
+// `closed` is atomic; the reporter's flag is guarded by report_mu.
+#ifndef ACTSTASH_CLIENT_CLIENT_IMPL_H_
+#define ACTSTASH_CLIENT_CLIENT_IMPL_H_
+
+#include <grpcpp/client_context.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "actstash/client.h"
+#include "actstash/v1/stash.grpc.pb.h"
+#include "client/attach_channel.h"
+#include "client/channel.h"
+#include "client/local_store.h"
+#include "common/address.h"
+#include "common/protocol.h"
+
+namespace actstash {
+
+struct Client::Impl final : public client_internal::LeaseBackend {
+  ClientOptions options;
+  std::string target;
+  std::shared_ptr<grpc::Channel> channel;
+  std::unique_ptr<v1::Stash::Stub> stub;
+  uint64_t session_id = 0;
+  std::string token;
+  uint64_t quota_bytes = 0;
+  uint64_t max_chunk_bytes = kMaxChunkBytes;
+  uint64_t segment_bytes = 0;
+  std::atomic<bool> closed{false};
+  // Zero-copy data plane; both null when not attached.
+  std::unique_ptr<client_internal::AttachChannel> attach;
+  std::unique_ptr<client_internal::LocalStore> local;
+  absl::Status attach_status = absl::FailedPreconditionError("not attached");
+  // Usage reporter (only when attached).
+  absl::Mutex report_mu;
+  bool report_stop ABSL_GUARDED_BY(report_mu) = false;
+  std::thread reporter;
+
+  ~Impl() override { StopReporter(); }
+
+  // LeaseBackend: the Lease RPC, then the fds from the attach channel.
+  absl::StatusOr<std::vector<client_internal::GrantedLease>> Lease(
+      uint32_t count, uint32_t segments_per_lease) override {
+    grpc::ClientContext ctx;
+    Prepare(&ctx);
+    v1::LeaseRequest request;
+    request.set_count(count);
+    request.set_segments_per_lease(segments_per_lease);
+    v1::LeaseReply reply;
+    grpc::Status status = stub->Lease(&ctx, request, &reply);
+    if (!status.ok()) return Fail(status, "Lease");
+    std::vector<client_internal::GrantedLease> granted;
+    std::vector<uint64_t> stale;  // leases of earlier calls that timed out here
+    absl::Status error;
+    for (const v1::LeaseGrant& grant : reply.leases()) {
+      client_internal::GrantedLease lease{grant.lease_id(), grant.segments(), {}};
+      if (error.ok()) {
+        absl::StatusOr<std::vector<int>> fds = attach->ReceiveLease(
+            grant.lease_id(), grant.segments(), options.rpc_timeout, &stale);
+        if (fds.ok()) {
+          lease.fds = *std::move(fds);
+        } else {
+          error = fds.status();
+        }
+      }
+      granted.push_back(std::move(lease));
+    }
+    if (!error.ok()) {
+      for (client_internal::GrantedLease& lease : granted) {
+        for (int fd : lease.fds) close(fd);
+        stale.push_back(lease.lease_id);
+      }
+    }
+    // Best effort: the daemon frees what it still has of these; the rest
+    // goes when the session closes.
+    if (!stale.empty()) (void)Return(stale);
+    if (!error.ok()) return error;
+    return granted;
+  }
+
+  absl::Status Return(absl::Span<const uint64_t> lease_ids) override {
+    grpc::ClientContext ctx;
+    Prepare(&ctx);
+    v1::ReturnRequest request;
+    for (uint64_t id : lease_ids) request.add_lease_ids(id);
+    v1::ReturnReply reply;
+    grpc::Status status = stub->Return(&ctx, request, &reply);
+    return status.ok() ? absl::OkStatus() : Fail(status, "Return");
+  }
+
+  bool Lost() const override { return attach != nullptr && attach->lost(); }
+
+  absl::Status ReportUsage() {
+    const client_internal::LocalUsage usage = local->usage();
+    grpc::ClientContext ctx;
+    Prepare(&ctx);
+    v1::ReportUsageRequest request;
+    request.set_objects(usage.objects);
+    request.set_bytes(usage.bytes);
+    request.set_bytes_stored(usage.bytes_stored);
+    request.set_bytes_fetched(usage.bytes_fetched);
+    request.set_stores(usage.stores);
+    request.set_fetches(usage.fetches);
+    v1::ReportUsageReply reply;
+    grpc::Status status = stub->ReportUsage(&ctx, request, &reply);
+    return status.ok() ? absl::OkStatus() : Fail(status, "ReportUsage");
+  }
+
+  void StartReporter() {
+    reporter = std::thread([this] {
+      uint64_t last_stores = 0, last_fetches = 0, last_objects = 0;
+      absl::MutexLock lock(&report_mu);
+      while (!report_mu.AwaitWithTimeout(absl::Condition(&report_stop),
+                                         absl::FromChrono(options.usage_report_interval))) {
+        const client_internal::LocalUsage usage = local->usage();
+        if (usage.stores == last_stores && usage.fetches == last_fetches &&
+            usage.objects == last_objects) {
+          continue;
+        }
+        last_stores = usage.stores;
+        last_fetches = usage.fetches;
+        last_objects = usage.objects;
+        report_mu.Unlock();
+        if (!Lost()) (void)ReportUsage();
+        report_mu.Lock();
+      }
+    });
+  }
+
+  void StopReporter() {
+    if (!reporter.joinable()) return;
+    {
+      absl::MutexLock lock(&report_mu);
+      report_stop = true;
+    }
+    reporter.join();
+  }
+
+  absl::Status CheckOpen() const {
+    if (closed.load(std::memory_order_acquire)) {
+      return absl::FailedPreconditionError("the actstash session was closed");
+    }
+    return absl::OkStatus();
+  }
+  void Prepare(grpc::ClientContext* ctx) const {
+    ctx->set_deadline(std::chrono::system_clock::now() + options.rpc_timeout);
+    ctx->AddMetadata(kTokenMetadataKey, token);
+  }
+  absl::Status Fail(const grpc::Status& status, const char* what) const {
+    return client_internal::AnnotateRpcError(status, target, what, options.rpc_timeout);
+  }
+
+  // Connects the attach channel (the attach socket sits beside the gRPC
+  // socket, under the name the daemon gave) and starts the zero-copy path.
+  absl::Status Attach(const std::string& socket_name) {
+    const std::string grpc_socket = UnixSocketPath(target);
+    // The segment size comes from the daemon: it must make sense before the
+    // arenas are built on it.
+    if (segment_bytes % 4096 != 0 || segment_bytes > (uint64_t{1} << 40)) {
+      attach_status = absl::InternalError(
+          absl::StrCat("not attached: the daemon announced a segment size of ", segment_bytes));
+      return attach_status;
+    }
+    if (grpc_socket.empty() || socket_name.empty() || segment_bytes == 0) {
+      attach_status = absl::FailedPreconditionError(
+          "not attached: the daemon is not on a local Unix socket (zero-copy needs one)");
+      return attach_status;
+    }
+    const std::string path =
+        grpc_socket.substr(0, grpc_socket.find_last_of('/') + 1) + socket_name;
+    absl::StatusOr<std::unique_ptr<client_internal::AttachChannel>> channel =
+        client_internal::AttachChannel::Connect(path, token, options.connect_timeout);
+    if (!channel.ok()) {
+      attach_status = channel.status();
+      return attach_status;
+    }
+    attach = *std::move(channel);
+    local = std::make_unique<client_internal::LocalStore>(this, segment_bytes,
+                                                          options.lease_batch);
+    attach_status = absl::OkStatus();
+    StartReporter();
+    return attach_status;
+  }
+
+  // Streams an object: the header goes to `on_header`, which returns where
+  // the payload goes (or an error, which cancels the stream).
+  absl::StatusOr<ObjectInfo> Fetch(
+      Handle handle, const std::function<absl::StatusOr<std::byte*>(const ObjectInfo&)>& on_header);
+};
+
+}  // namespace actstash
+
+#endif  // ACTSTASH_CLIENT_CLIENT_IMPL_H_
