@@ -49,7 +49,8 @@ RoundTime Round(actstash::Client& client, Buffers& b, size_t n) {
   absl::StatusOr<actstash::ObjectInfo> info = client.Get(*handle, b.dst.data(), n);
   t.get = Since(start);
   Check(info.status(), "Get of " + SizeName(n));
-  if (info->nbytes != n) Die("Get of " + SizeName(n) + " returned " + std::to_string(info->nbytes) + " bytes");
+  if (info->nbytes != n)
+    Die("Get of " + SizeName(n) + " returned " + std::to_string(info->nbytes) + " bytes");
   start = Clock::now();
   Check(client.Delete(*handle), "Delete");
   t.del = Since(start);
@@ -66,7 +67,8 @@ ThroughputRow Throughput(actstash::Client& client, size_t n, double min_time, in
   Buffers b(n);
   // Verify once: the bytes that come back are the bytes that went in.
   Round(client, b, n);
-  if (std::memcmp(b.src.data(), b.dst.data(), n) != 0) Die("Get of " + SizeName(n) + ": bytes differ from the Put");
+  if (std::memcmp(b.src.data(), b.dst.data(), n) != 0)
+    Die("Get of " + SizeName(n) + ": bytes differ from the Put");
   CopyTwice(b, n);
   if (std::memcmp(b.src.data(), b.dst.data(), n) != 0) Die("memcpy baseline: bytes differ");
 
@@ -134,8 +136,8 @@ void Latency(actstash::Client& client, size_t n, int iters) {
     for (int k = 0; k < kBatch; ++k) CopyTwice(b, n);
     two.push_back(Since(start) * 1e6 / kBatch);
   }
-  std::printf("\nLatency, %s objects, %d rounds after warm-up (microseconds)\n", SizeName(n).c_str(),
-              iters);
+  std::printf("\nLatency, %s objects, %d rounds after warm-up (microseconds)\n",
+              SizeName(n).c_str(), iters);
   std::printf("  %-24s %10s %10s %10s\n", "operation", "p50", "p90", "p99");
   PrintPercentiles("Put", put);
   PrintPercentiles("Get", get);
@@ -179,7 +181,8 @@ int main(int argc, char** argv) {
     size_t end = sizes_text.find(',', start);
     if (end == std::string::npos) end = sizes_text.size();
     size_t n = 0;
-    if (!ParseSize(sizes_text.substr(start, end - start), &n)) Die("bad size in --sizes: " + sizes_text);
+    if (!ParseSize(sizes_text.substr(start, end - start), &n))
+      Die("bad size in --sizes: " + sizes_text);
     sizes.push_back(n);
     start = end + 1;
   }
@@ -217,17 +220,17 @@ int main(int argc, char** argv) {
 
   std::printf("%-9s %8s %8s %9s %9s %12s %9s\n", "size", "rounds", "Put", "Get", "Put+Get",
               "memcpy x2", "ratio");
-  std::printf("%-9s %8s %8s %9s %9s %12s %9s\n", "", "", "GB/s", "GB/s", "GB/s", "GB/s",
-              "inl/mcp");
+  std::printf("%-9s %8s %8s %9s %9s %12s %9s\n", "", "", "GB/s", "GB/s", "GB/s", "GB/s", "inl/mcp");
   for (size_t n : sizes) {
     const ThroughputRow row = Throughput(client, n, min_time, reps);
     std::printf("%-9s %8ld %8.3f %9.3f %9.3f %12.3f %9.4f\n", SizeName(n).c_str(), row.iters,
                 row.put, row.get, row.put_get, row.memcpy2, row.ratio);
     std::fflush(stdout);
   }
-  std::printf("(Put+Get: payload bytes / (Put time + Get time); memcpy x2: payload bytes /\n"
-              " time of memcpy into a staging buffer and back out; ratio: median over repetitions\n"
-              " of Put+Get / memcpy x2, each pair measured back to back)\n");
+  std::printf(
+      "(Put+Get: payload bytes / (Put time + Get time); memcpy x2: payload bytes /\n"
+      " time of memcpy into a staging buffer and back out; ratio: median over repetitions\n"
+      " of Put+Get / memcpy x2, each pair measured back to back)\n");
 
   Latency(client, lat_size, lat_iters);
 

@@ -15,8 +15,7 @@
 namespace actstash::client_internal {
 
 absl::StatusOr<std::unique_ptr<AttachChannel>> AttachChannel::Connect(
-    const std::string& socket_path, const std::string& token,
-    std::chrono::milliseconds timeout) {
+    const std::string& socket_path, const std::string& token, std::chrono::milliseconds timeout) {
   sockaddr_un addr{};
   if (socket_path.size() >= sizeof(addr.sun_path)) {
     return absl::InvalidArgumentError(absl::StrCat("attach socket path too long: ", socket_path));
@@ -28,8 +27,8 @@ absl::StatusOr<std::unique_ptr<AttachChannel>> AttachChannel::Connect(
   if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
     const int error = errno;
     close(fd);
-    return absl::UnavailableError(absl::StrCat("cannot connect to the attach socket ",
-                                               socket_path, ": ", std::strerror(error)));
+    return absl::UnavailableError(absl::StrCat("cannot connect to the attach socket ", socket_path,
+                                               ": ", std::strerror(error)));
   }
   // Even if the hello cannot be written, a refusal may be waiting to be read.
   const absl::Status sent = attach::SendMessage(fd, attach::MessageType::kHello, token);
@@ -50,9 +49,9 @@ absl::StatusOr<std::unique_ptr<AttachChannel>> AttachChannel::Connect(
   std::memcpy(&payload, welcome->payload.data(), sizeof(payload));
   if (payload.status_code != 0) {
     close(fd);
-    return absl::Status(static_cast<absl::StatusCode>(payload.status_code),
-                        absl::StrCat("actstashd refused the attach: ",
-                                     welcome->payload.substr(sizeof(payload))));
+    return absl::Status(
+        static_cast<absl::StatusCode>(payload.status_code),
+        absl::StrCat("actstashd refused the attach: ", welcome->payload.substr(sizeof(payload))));
   }
   const int wake_fd = eventfd(0, EFD_CLOEXEC);
   if (wake_fd < 0) {
@@ -89,8 +88,7 @@ void AttachChannel::Watch() {
   }
 }
 
-absl::StatusOr<std::vector<int>> AttachChannel::ReceiveLease(uint64_t lease_id,
-                                                             uint32_t segments,
+absl::StatusOr<std::vector<int>> AttachChannel::ReceiveLease(uint64_t lease_id, uint32_t segments,
                                                              std::chrono::milliseconds timeout,
                                                              std::vector<uint64_t>* stale) {
   std::vector<int> fds;
@@ -113,8 +111,8 @@ absl::StatusOr<std::vector<int>> AttachChannel::ReceiveLease(uint64_t lease_id,
     fds.insert(fds.end(), message->fds.begin(), message->fds.end());
     if (!well_formed || payload.first != fds.size() - message->fds.size() ||
         payload.count != message->fds.size() || payload.lease_segments != segments) {
-      return fail(absl::InternalError(absl::StrCat(
-          "attach channel: malformed segment message for lease ", lease_id)));
+      return fail(absl::InternalError(
+          absl::StrCat("attach channel: malformed segment message for lease ", lease_id)));
     }
   }
   return fds;

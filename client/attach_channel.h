@@ -25,8 +25,9 @@ class AttachChannel {
   // Connects to `socket_path` and attaches the session of `token`.
   // UNAVAILABLE when nothing listens there; the daemon's refusal (wrong
   // token, uid not allowed, already attached) with its code and message.
-  static absl::StatusOr<std::unique_ptr<AttachChannel>> Connect(
-      const std::string& socket_path, const std::string& token, std::chrono::milliseconds timeout);
+  static absl::StatusOr<std::unique_ptr<AttachChannel>> Connect(const std::string& socket_path,
+                                                                const std::string& token,
+                                                                std::chrono::milliseconds timeout);
   ~AttachChannel();
   AttachChannel(const AttachChannel&) = delete;
   AttachChannel& operator=(const AttachChannel&) = delete;

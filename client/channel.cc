@@ -38,8 +38,8 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target,
 
 // Adds what a user needs to act on an error: where the daemon was expected
 // and how to start it, or which deadline passed.
-absl::Status AnnotateRpcError(const grpc::Status& status, const std::string& target, const char* what,
-                      std::chrono::milliseconds deadline) {
+absl::Status AnnotateRpcError(const grpc::Status& status, const std::string& target,
+                              const char* what, std::chrono::milliseconds deadline) {
   absl::Status s = FromGrpcStatus(status);
   switch (s.code()) {
     case absl::StatusCode::kOk:
@@ -54,8 +54,8 @@ absl::Status AnnotateRpcError(const grpc::Status& status, const std::string& tar
     }
     case absl::StatusCode::kDeadlineExceeded:
       return absl::DeadlineExceededError(absl::StrCat(what, ": no answer from actstashd at ",
-                                                      target, " within ", deadline.count(),
-                                                      " ms (", s.message(), ")"));
+                                                      target, " within ", deadline.count(), " ms (",
+                                                      s.message(), ")"));
     default:
       return absl::Status(s.code(), absl::StrCat(what, ": ", s.message()));
   }

@@ -16,8 +16,7 @@ namespace actstash::client_internal {
 
 // A channel to `target` with the project's message limits, quick reconnect
 // backoff, and TLS when `options.tls_root_certs` is set. Thread-safe.
-std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target,
-                                           const ClientOptions& options);
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target, const ClientOptions& options);
 
 // The Status of a failed call `what`, with what a user needs to act on it:
 // where the daemon was expected and how to start it (UNAVAILABLE), or which

@@ -64,7 +64,6 @@ constexpr uint64_t kInlineTicket = uint64_t{1} << 63;
 
 }  // namespace
 
-
 Client::Client(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 Client::~Client() {
@@ -93,7 +92,8 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   ctx.set_deadline(std::chrono::system_clock::now() + options.connect_timeout);
   grpc::Status status = impl->stub->OpenSession(&ctx, request, &reply);
   if (!status.ok()) {
-    return client_internal::AnnotateRpcError(status, impl->target, "OpenSession", options.connect_timeout);
+    return client_internal::AnnotateRpcError(status, impl->target, "OpenSession",
+                                             options.connect_timeout);
   }
   impl->session_id = reply.session_id();
   impl->token = reply.token();
@@ -144,8 +144,7 @@ absl::StatusOr<Handle> Client::Put(const void* data, size_t nbytes, const PutOpt
 }
 
 absl::StatusOr<ObjectInfo> Client::Impl::Fetch(
-    Handle handle,
-    const std::function<absl::StatusOr<std::byte*>(const ObjectInfo&)>& on_header) {
+    Handle handle, const std::function<absl::StatusOr<std::byte*>(const ObjectInfo&)>& on_header) {
   if (absl::Status s = CheckOpen(); !s.ok()) return s;
   grpc::ClientContext ctx;
   Prepare(&ctx);
@@ -351,7 +350,8 @@ absl::StatusOr<PingResult> Ping(const std::string& address, std::chrono::millise
   grpc::Status status = stub->Check(&ctx, request, &response);
   result.round_trip = std::chrono::duration_cast<std::chrono::microseconds>(
       std::chrono::steady_clock::now() - start);
-  if (!status.ok()) return client_internal::AnnotateRpcError(status, result.address, "Ping", timeout);
+  if (!status.ok())
+    return client_internal::AnnotateRpcError(status, result.address, "Ping", timeout);
   result.serving = response.status() == grpc::health::v1::HealthCheckResponse::SERVING;
   return result;
 }

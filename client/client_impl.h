@@ -69,8 +69,8 @@ struct Client::Impl final : public client_internal::LeaseBackend {
     for (const v1::LeaseGrant& grant : reply.leases()) {
       client_internal::GrantedLease lease{grant.lease_id(), grant.segments(), {}};
       if (error.ok()) {
-        absl::StatusOr<std::vector<int>> fds = attach->ReceiveLease(
-            grant.lease_id(), grant.segments(), options.rpc_timeout, &stale);
+        absl::StatusOr<std::vector<int>> fds =
+            attach->ReceiveLease(grant.lease_id(), grant.segments(), options.rpc_timeout, &stale);
         if (fds.ok()) {
           lease.fds = *std::move(fds);
         } else {
@@ -180,8 +180,7 @@ struct Client::Impl final : public client_internal::LeaseBackend {
           "not attached: the daemon is not on a local Unix socket (zero-copy needs one)");
       return attach_status;
     }
-    const std::string path =
-        grpc_socket.substr(0, grpc_socket.find_last_of('/') + 1) + socket_name;
+    const std::string path = grpc_socket.substr(0, grpc_socket.find_last_of('/') + 1) + socket_name;
     absl::StatusOr<std::unique_ptr<client_internal::AttachChannel>> channel =
         client_internal::AttachChannel::Connect(path, token, options.connect_timeout);
     if (!channel.ok()) {
@@ -189,8 +188,7 @@ struct Client::Impl final : public client_internal::LeaseBackend {
       return attach_status;
     }
     attach = *std::move(channel);
-    local = std::make_unique<client_internal::LocalStore>(this, segment_bytes,
-                                                          options.lease_batch);
+    local = std::make_unique<client_internal::LocalStore>(this, segment_bytes, options.lease_batch);
     attach_status = absl::OkStatus();
     StartReporter();
     return attach_status;

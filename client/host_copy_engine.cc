@@ -68,9 +68,8 @@ class Stream {
       {
         absl::MutexLock lock(&mu_);
         mu_.Await(absl::Condition(
-            +[](Stream* s) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-              return s->stopping_ || !s->queue_.empty();
-            },
+            +[](Stream* s)
+                 ABSL_NO_THREAD_SAFETY_ANALYSIS { return s->stopping_ || !s->queue_.empty(); },
             this));
         if (queue_.empty()) return;
         item = std::move(queue_.front());

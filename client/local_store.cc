@@ -22,8 +22,8 @@ absl::Status Lost() {
 // Maps one lease's segment fds back to back; closes the fds either way.
 absl::StatusOr<std::byte*> MapLease(const GrantedLease& lease, uint64_t segment_bytes) {
   const uint64_t bytes = uint64_t{lease.segments} * segment_bytes;
-  void* reserved = mmap(nullptr, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
-                        -1, 0);
+  void* reserved =
+      mmap(nullptr, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   absl::Status status;
   if (reserved == MAP_FAILED) {
     status = absl::ResourceExhaustedError(
@@ -34,9 +34,8 @@ absl::StatusOr<std::byte*> MapLease(const GrantedLease& lease, uint64_t segment_
     void* at = static_cast<std::byte*>(reserved) + i * segment_bytes;
     if (mmap(at, segment_bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED | MAP_POPULATE,
              lease.fds[i], 0) == MAP_FAILED) {
-      status = absl::InternalError(
-          absl::StrCat("mapping segment ", i, " of lease ", lease.lease_id, ": ",
-                       std::strerror(errno)));
+      status = absl::InternalError(absl::StrCat("mapping segment ", i, " of lease ", lease.lease_id,
+                                                ": ", std::strerror(errno)));
     }
   }
   for (int fd : lease.fds) close(fd);

@@ -47,7 +47,7 @@ struct LocalUsage {
   uint64_t bytes_fetched = 0;  // cumulative
   uint64_t stores = 0;
   uint64_t fetches = 0;
-  uint64_t leases = 0;         // leases mapped now
+  uint64_t leases = 0;  // leases mapped now
   uint64_t leased_bytes = 0;
 };
 
@@ -96,8 +96,7 @@ class LocalStore {
   // Places `nbytes` in a mapped shared arena; false when none has room.
   bool TryPlace(uint64_t nbytes, Placement* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Leases and maps `count` leases of `segments` segments each.
-  absl::StatusOr<std::vector<std::unique_ptr<Arena>>> LeaseArenas(uint32_t count,
-                                                                  uint32_t segments,
+  absl::StatusOr<std::vector<std::unique_ptr<Arena>>> LeaseArenas(uint32_t count, uint32_t segments,
                                                                   bool dedicated);
   uint64_t NewTicket(const Placement& placement, uint64_t nbytes)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -128,8 +128,7 @@ absl::StatusOr<Message> ReceiveMessage(int fd, std::chrono::milliseconds timeout
   if (status.ok()) {
     message.type = static_cast<MessageType>(header.type);
     message.payload.resize(header.payload_bytes);
-    status = ReadExactly(fd, message.payload.data(), message.payload.size(), timeout,
-                         &message.fds);
+    status = ReadExactly(fd, message.payload.data(), message.payload.size(), timeout, &message.fds);
   }
   if (!status.ok()) {
     CloseAll(&message.fds);

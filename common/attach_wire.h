@@ -51,8 +51,8 @@ struct WelcomePayload {
 struct SegmentsPayload {
   uint64_t lease_id = 0;
   uint64_t segment_bytes = 0;
-  uint32_t first = 0;  // index of the first fd of this message within the lease
-  uint32_t count = 0;  // fds in this message
+  uint32_t first = 0;           // index of the first fd of this message within the lease
+  uint32_t count = 0;           // fds in this message
   uint32_t lease_segments = 0;  // segments of the whole lease
   uint32_t reserved = 0;
 };

@@ -17,9 +17,9 @@ inline absl::Status CudaErrorToStatus(cudaError_t error, const char* expr, const
   const absl::StatusCode code = error == cudaErrorMemoryAllocation
                                     ? absl::StatusCode::kResourceExhausted
                                     : absl::StatusCode::kInternal;
-  return absl::Status(code, absl::StrCat(file, ":", line, ": ", expr, " failed: ",
-                                         cudaGetErrorName(error), " (",
-                                         cudaGetErrorString(error), ")"));
+  return absl::Status(
+      code, absl::StrCat(file, ":", line, ": ", expr, " failed: ", cudaGetErrorName(error), " (",
+                         cudaGetErrorString(error), ")"));
 }
 
 }  // namespace actstash::internal
@@ -29,10 +29,10 @@ inline absl::Status CudaErrorToStatus(cudaError_t error, const char* expr, const
   ::actstash::internal::CudaErrorToStatus((expr), #expr, __FILE__, __LINE__)
 
 // Returns the Status of a failed CUDA runtime call from the enclosing function.
-#define ACTSTASH_CUDA_RETURN_IF_ERROR(expr)                        \
-  do {                                                             \
+#define ACTSTASH_CUDA_RETURN_IF_ERROR(expr)                            \
+  do {                                                                 \
     ::absl::Status actstash_cuda_status_ = ACTSTASH_CUDA_STATUS(expr); \
-    if (!actstash_cuda_status_.ok()) return actstash_cuda_status_; \
+    if (!actstash_cuda_status_.ok()) return actstash_cuda_status_;     \
   } while (false)
 
 #endif  // ACTSTASH_COMMON_CUDA_STATUS_H_

@@ -9,12 +9,12 @@
 #define ACTSTASH_STATUS_CONCAT(a, b) ACTSTASH_STATUS_CONCAT_INNER(a, b)
 
 // Returns the status of `expr` from the enclosing function when it is not OK.
-#define ACTSTASH_RETURN_IF_ERROR(expr)         \
-  do {                                         \
-    ::absl::Status actstash_status_ = (expr);  \
-    if (!actstash_status_.ok()) {              \
-      return actstash_status_;                 \
-    }                                          \
+#define ACTSTASH_RETURN_IF_ERROR(expr)        \
+  do {                                        \
+    ::absl::Status actstash_status_ = (expr); \
+    if (!actstash_status_.ok()) {             \
+      return actstash_status_;                \
+    }                                         \
   } while (false)
 
 // `lhs = value of expr`, or returns its status from the enclosing function.

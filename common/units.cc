@@ -52,8 +52,8 @@ absl::StatusOr<uint64_t> ParseByteSize(absl::string_view text, uint64_t percent_
       break;
     }
     if (!found) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "unknown size unit in '", original, "' (use B, KiB, MiB, GiB, TiB or %)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("unknown size unit in '", original, "' (use B, KiB, MiB, GiB, TiB or %)"));
     }
   }
   // Whole numbers with a binary unit are computed exactly in integers (a

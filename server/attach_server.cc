@@ -11,8 +11,8 @@
 #include <thread>
 
 #include "absl/container/flat_hash_map.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "common/attach_wire.h"
 #include "server/socket_path.h"
 #include "spdlog/spdlog.h"
@@ -30,7 +30,9 @@ struct Outgoing {
   Outgoing() = default;
   Outgoing(std::string b, std::vector<int> f) : bytes(std::move(b)), fds(std::move(f)) {}
   Outgoing(Outgoing&& other) noexcept
-      : bytes(std::move(other.bytes)), fds(std::move(other.fds)), sent(other.sent),
+      : bytes(std::move(other.bytes)),
+        fds(std::move(other.fds)),
+        sent(other.sent),
         done(std::move(other.done)) {
     other.fds.clear();
   }
@@ -122,10 +124,9 @@ class AttachServer::Impl::Connection : public std::enable_shared_from_this<Conne
     hello_timer_.async_wait([self](const boost::system::error_code& error) {
       if (!error && self->session_ == nullptr) self->Close("no hello before the timeout");
     });
-    asio::async_read(socket_, asio::buffer(&header_, sizeof(header_)),
-                     [self](const boost::system::error_code& error, size_t) {
-                       self->OnHeader(error);
-                     });
+    asio::async_read(
+        socket_, asio::buffer(&header_, sizeof(header_)),
+        [self](const boost::system::error_code& error, size_t) { self->OnHeader(error); });
   }
 
   // Queues a message; `done` (if any) learns whether it went out.
@@ -182,10 +183,9 @@ class AttachServer::Impl::Connection : public std::enable_shared_from_this<Conne
     }
     payload_.resize(header_.payload_bytes);
     auto self = shared_from_this();
-    asio::async_read(socket_, asio::buffer(payload_),
-                     [self](const boost::system::error_code& error, size_t) {
-                       self->OnHello(error);
-                     });
+    asio::async_read(
+        socket_, asio::buffer(payload_),
+        [self](const boost::system::error_code& error, size_t) { self->OnHello(error); });
   }
 
   void OnHello(const boost::system::error_code& error) {
@@ -207,8 +207,8 @@ class AttachServer::Impl::Connection : public std::enable_shared_from_this<Conne
     session_->SetAttached(peer_);
     session_->Touch();
     server_.by_session_[session_->id()] = weak_from_this();
-    spdlog::info("session {} attached: pid {} uid {} gid {}", session_->id(), peer_.pid,
-                 peer_.uid, peer_.gid);
+    spdlog::info("session {} attached: pid {} uid {} gid {}", session_->id(), peer_.pid, peer_.uid,
+                 peer_.gid);
     attach::WelcomePayload welcome;
     welcome.session_id = session_->id();
     Send(Outgoing(Encode(attach::MessageType::kWelcome, &welcome, sizeof(welcome)), {}));
@@ -219,11 +219,10 @@ class AttachServer::Impl::Connection : public std::enable_shared_from_this<Conne
   // end of stream, ends the session.
   void WatchForClose() {
     auto self = shared_from_this();
-    socket_.async_read_some(asio::buffer(&watch_byte_, 1),
-                            [self](const boost::system::error_code& error, size_t) {
-                              self->Close(error ? error.message()
-                                                : "unexpected data from the client");
-                            });
+    socket_.async_read_some(
+        asio::buffer(&watch_byte_, 1), [self](const boost::system::error_code& error, size_t) {
+          self->Close(error ? error.message() : "unexpected data from the client");
+        });
   }
 
   void Refuse(const absl::Status& status) {
@@ -300,9 +299,8 @@ absl::Status AttachServer::Impl::Listen() {
   if (!error) acceptor_.bind(endpoint, error);
   if (!error) acceptor_.listen(asio::socket_base::max_listen_connections, error);
   if (error) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("cannot listen on attach socket ", options_.socket_path, ": ",
-                     error.message()));
+    return absl::FailedPreconditionError(absl::StrCat("cannot listen on attach socket ",
+                                                      options_.socket_path, ": ", error.message()));
   }
   absl::StatusOr<ino_t> inode = SetSocketMode(options_.socket_path, options_.socket_mode);
   if (!inode.ok()) return inode.status();
@@ -330,8 +328,8 @@ void AttachServer::Impl::Accept() {
       });
       return;
     }
-    const size_t pending = static_cast<size_t>(std::count_if(
-        all_.begin(), all_.end(), [](const std::weak_ptr<Connection>& c) {
+    const size_t pending = static_cast<size_t>(
+        std::count_if(all_.begin(), all_.end(), [](const std::weak_ptr<Connection>& c) {
           std::shared_ptr<Connection> connection = c.lock();
           return connection != nullptr && !connection->attached();
         }));
@@ -347,8 +345,7 @@ void AttachServer::Impl::Accept() {
   });
 }
 
-void AttachServer::Impl::SendLeases(uint64_t session_id,
-                                    std::vector<std::shared_ptr<Lease>> leases,
+void AttachServer::Impl::SendLeases(uint64_t session_id, std::vector<std::shared_ptr<Lease>> leases,
                                     SendCallback done) {
   absl::MutexLock lock(&stop_mu_);
   if (stopped_) {
@@ -357,12 +354,11 @@ void AttachServer::Impl::SendLeases(uint64_t session_id,
   }
   asio::post(io_, [this, session_id, leases = std::move(leases), done = std::move(done)] {
     auto it = by_session_.find(session_id);
-    std::shared_ptr<Connection> connection =
-        it == by_session_.end() ? nullptr : it->second.lock();
+    std::shared_ptr<Connection> connection = it == by_session_.end() ? nullptr : it->second.lock();
     if (connection == nullptr) {
-      done(absl::FailedPreconditionError(
-          absl::StrCat("session ", session_id, " has no attach connection (connect to ",
-                       options_.socket_path, " first)")));
+      done(absl::FailedPreconditionError(absl::StrCat("session ", session_id,
+                                                      " has no attach connection (connect to ",
+                                                      options_.socket_path, " first)")));
       return;
     }
     // The leases are held here, so their segments' fds are theirs: duplicate

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "CLI/CLI.hpp"
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -17,7 +18,6 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
-#include "absl/strings/ascii.h"
 #include "common/address.h"
 #include "common/attach_wire.h"
 #include "common/protocol.h"
@@ -36,36 +36,47 @@ struct Setting {
 };
 
 constexpr Setting kSettings[] = {
-    {"socket", "Unix socket path of the gRPC service (default: /run/actstash/actstash.sock "
-               "as root, else $XDG_RUNTIME_DIR/actstash/actstash.sock)"},
+    {"socket",
+     "Unix socket path of the gRPC service (default: /run/actstash/actstash.sock "
+     "as root, else $XDG_RUNTIME_DIR/actstash/actstash.sock)"},
     {"socket_mode", "Permissions of the socket, octal (default 0660)"},
-    {"pool_size", "Host pool size: bytes with a unit (16GiB) or a percentage of physical "
-                  "memory (25%); default 25% of memory, at most 32 GiB"},
+    {"pool_size",
+     "Host pool size: bytes with a unit (16GiB) or a percentage of physical "
+     "memory (25%); default 25% of memory, at most 32 GiB"},
     {"segment_size", "Size of one memfd segment of the pool (default 64MiB)"},
-    {"max_session_quota", "Largest quota one session may hold: bytes or a percentage of the "
-                          "pool (default 100%)"},
-    {"default_session_quota", "Quota of a session that asks for none: bytes or a percentage "
-                              "of the pool (default: max_session_quota)"},
+    {"max_session_quota",
+     "Largest quota one session may hold: bytes or a percentage of the "
+     "pool (default 100%)"},
+    {"default_session_quota",
+     "Quota of a session that asks for none: bytes or a percentage "
+     "of the pool (default: max_session_quota)"},
     {"max_sessions", "Largest number of open sessions (default 1024)"},
-    {"mlock", "Pin the pool with mlock: auto (try, warn and continue unpinned), on (fail "
-              "without it), off (default auto)"},
+    {"mlock",
+     "Pin the pool with mlock: auto (try, warn and continue unpinned), on (fail "
+     "without it), off (default auto)"},
     {"log_level", "trace, debug, info, warn, error or off (default info)"},
-    {"shutdown_grace_seconds", "On SIGTERM/SIGINT, how long in-flight calls may run before "
-                               "they are cancelled (default 5)"},
-    {"session_idle_ttl_seconds", "Close sessions that have no attach connection after this "
-                                 "many seconds without a call; 0 never (default 600)"},
-    {"allow_uid", "Comma-separated uids allowed to attach (zero-copy); with allow_gid empty "
-                  "too, anyone who can open the socket (default)"},
+    {"shutdown_grace_seconds",
+     "On SIGTERM/SIGINT, how long in-flight calls may run before "
+     "they are cancelled (default 5)"},
+    {"session_idle_ttl_seconds",
+     "Close sessions that have no attach connection after this "
+     "many seconds without a call; 0 never (default 600)"},
+    {"allow_uid",
+     "Comma-separated uids allowed to attach (zero-copy); with allow_gid empty "
+     "too, anyone who can open the socket (default)"},
     {"allow_gid", "Comma-separated gids allowed to attach (zero-copy)"},
-    {"metrics_address", "Serve Prometheus metrics at http://HOST:PORT/metrics (e.g. "
-                        "127.0.0.1:9464); off by default"},
-    {"listen_tcp", "Also serve gRPC on HOST:PORT (TCP); off by default. A non-loopback "
-                   "address needs --tls-cert and --tls-key, or --insecure"},
+    {"metrics_address",
+     "Serve Prometheus metrics at http://HOST:PORT/metrics (e.g. "
+     "127.0.0.1:9464); off by default"},
+    {"listen_tcp",
+     "Also serve gRPC on HOST:PORT (TCP); off by default. A non-loopback "
+     "address needs --tls-cert and --tls-key, or --insecure"},
     {"tls_cert", "PEM certificate chain for the TCP listener"},
     {"tls_key", "PEM private key for the TCP listener"},
     {"tls_client_ca", "PEM CA: TCP clients must present a certificate it signed (mTLS)"},
-    {"insecure", "Allow plaintext TCP on a non-loopback address (true/false; the flag "
-                 "alone means true)"},
+    {"insecure",
+     "Allow plaintext TCP on a non-loopback address (true/false; the flag "
+     "alone means true)"},
 };
 
 std::string FlagName(const char* key) {
@@ -81,16 +92,16 @@ absl::Status ReadToml(const std::string& path, std::map<std::string, std::string
   } catch (const toml::parse_error& error) {
     std::ostringstream where;
     where << error.source().begin;
-    return absl::InvalidArgumentError(
-        absl::StrCat("config file ", path, ": ", std::string(error.description()), " at ", where.str()));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "config file ", path, ": ", std::string(error.description()), " at ", where.str()));
   }
   for (const auto& [key, node] : table) {
     const std::string name(key.str());
     const bool known = std::any_of(std::begin(kSettings), std::end(kSettings),
                                    [&](const Setting& s) { return name == s.key; });
     if (!known) {
-      return absl::InvalidArgumentError(absl::StrCat("config file ", path, ": unknown key '",
-                                                     name, "'"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("config file ", path, ": unknown key '", name, "'"));
     }
     if (auto s = node.value<std::string>(); node.is_string() && s) {
       (*values)[name] = *s;
@@ -103,8 +114,8 @@ absl::Status ReadToml(const std::string& path, std::map<std::string, std::string
     } else if (auto d = node.value<double>(); node.is_floating_point() && d) {
       (*values)[name] = absl::StrCat(*d);
     } else {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "config file ", path, ": '", name, "' must be a string, a number or a boolean"));
+      return absl::InvalidArgumentError(absl::StrCat("config file ", path, ": '", name,
+                                                     "' must be a string, a number or a boolean"));
     }
   }
   return absl::OkStatus();
@@ -135,17 +146,17 @@ absl::StatusOr<DaemonConfig> Resolve(const std::map<std::string, std::string>& v
   // name is longer than the gRPC socket's.
   constexpr size_t kMaxSocketPath = 107;
   if (attach::AttachSocketPath(config.socket_path).size() > kMaxSocketPath) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "socket: '", config.socket_path, "' is too long: its attach socket '",
-        attach::AttachSocketPath(config.socket_path), "' exceeds ", kMaxSocketPath,
-        " bytes, the limit of a Unix socket path"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("socket: '", config.socket_path, "' is too long: its attach socket '",
+                     attach::AttachSocketPath(config.socket_path), "' exceeds ", kMaxSocketPath,
+                     " bytes, the limit of a Unix socket path"));
   }
   if (const std::string* mode = get("socket_mode")) {
     char* end = nullptr;
     const unsigned long parsed = std::strtoul(mode->c_str(), &end, 8);
     if (mode->empty() || *end != '\0' || parsed > 0777) {
-      return absl::InvalidArgumentError(absl::StrCat("socket_mode: '", *mode,
-                                                     "' is not an octal mode like 0660"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("socket_mode: '", *mode, "' is not an octal mode like 0660"));
     }
     config.socket_mode = static_cast<uint32_t>(parsed);
   }
@@ -165,12 +176,13 @@ absl::StatusOr<DaemonConfig> Resolve(const std::map<std::string, std::string>& v
   if (config.segment_bytes == 0 || config.segment_bytes % page != 0) {
     return absl::InvalidArgumentError(absl::StrCat("segment_size: ", config.segment_bytes,
                                                    " bytes is not a positive multiple of the "
-                                                   "page size (", page, ")"));
+                                                   "page size (",
+                                                   page, ")"));
   }
   if (config.pool_bytes < config.segment_bytes) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("pool_size: ", FormatBytes(config.pool_bytes),
-                     " is smaller than one segment (", FormatBytes(config.segment_bytes), ")"));
+    return absl::InvalidArgumentError(absl::StrCat("pool_size: ", FormatBytes(config.pool_bytes),
+                                                   " is smaller than one segment (",
+                                                   FormatBytes(config.segment_bytes), ")"));
   }
   // The pool holds whole segments only; quotas (and their percentages) are
   // of what it really holds.
@@ -211,36 +223,35 @@ absl::StatusOr<DaemonConfig> Resolve(const std::map<std::string, std::string>& v
     static const char* const kLevels[] = {"trace", "debug", "info", "warn", "error", "off"};
     if (std::none_of(std::begin(kLevels), std::end(kLevels),
                      [&](const char* l) { return *level == l; })) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "log_level: '", *level, "' is not one of ", absl::StrJoin(kLevels, ", ")));
+      return absl::InvalidArgumentError(
+          absl::StrCat("log_level: '", *level, "' is not one of ", absl::StrJoin(kLevels, ", ")));
     }
     config.log_level = *level;
   }
   if (const std::string* grace = get("shutdown_grace_seconds")) {
     double parsed = 0;
     if (!absl::SimpleAtod(*grace, &parsed) || !(parsed >= 0 && parsed <= 3600)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "shutdown_grace_seconds: '", *grace, "' is not a number of seconds in [0, 3600]"));
+      return absl::InvalidArgumentError(absl::StrCat("shutdown_grace_seconds: '", *grace,
+                                                     "' is not a number of seconds in [0, 3600]"));
     }
     config.shutdown_grace_seconds = parsed;
   }
   if (const std::string* ttl = get("session_idle_ttl_seconds")) {
     double parsed = 0;
     if (!absl::SimpleAtod(*ttl, &parsed) || !(parsed >= 0 && parsed <= 1e7)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "session_idle_ttl_seconds: '", *ttl, "' is not a number of seconds >= 0"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("session_idle_ttl_seconds: '", *ttl, "' is not a number of seconds >= 0"));
     }
     config.session_idle_ttl_seconds = parsed;
   }
-  for (const auto& [key, ids] : {std::pair{"allow_uid", &config.allow_uids},
-                                 std::pair{"allow_gid", &config.allow_gids}}) {
+  for (const auto& [key, ids] :
+       {std::pair{"allow_uid", &config.allow_uids}, std::pair{"allow_gid", &config.allow_gids}}) {
     const std::string* text = get(key);
     if (text == nullptr) continue;
     for (absl::string_view part : absl::StrSplit(*text, ',', absl::SkipWhitespace())) {
       uint32_t id = 0;
       if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(part), &id)) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(key, ": '", part, "' is not a numeric id"));
+        return absl::InvalidArgumentError(absl::StrCat(key, ": '", part, "' is not a numeric id"));
       }
       ids->push_back(id);
     }
@@ -267,12 +278,12 @@ absl::StatusOr<DaemonConfig> Resolve(const std::map<std::string, std::string>& v
     uint32_t port = 0;
     if (colon == std::string::npos || colon == 0 ||
         !absl::SimpleAtoi(v->substr(colon + 1), &port) || port > 65535) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("listen_tcp: '", *v, "' is not HOST:PORT"));
+      return absl::InvalidArgumentError(absl::StrCat("listen_tcp: '", *v, "' is not HOST:PORT"));
     }
     if (!IsLoopbackHost(*v) && config.tls_cert.empty() && !config.insecure) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "listen_tcp: refusing to serve ", *v, " without TLS on a non-loopback address: give "
+          "listen_tcp: refusing to serve ", *v,
+          " without TLS on a non-loopback address: give "
           "--tls-cert and --tls-key (and --tls-client-ca for mTLS), or --insecure if the "
           "network is trusted (session tokens would travel in clear)"));
     }
@@ -299,16 +310,15 @@ uint64_t DefaultPoolBytes() {
 
 CommandLine ParseCommandLine(int argc, const char* const* argv) {
   CommandLine result;
-  CLI::App app{absl::StrCat(
-                   "actstashd ", kVersion,
+  CLI::App app{
+      absl::StrCat("actstashd ", kVersion,
                    ": node-local activation offload daemon. Settings come from flags, then the "
                    "TOML file given by --config (keys are the flag names with '_' for '-'), "
                    "then defaults."),
-               "actstashd"};
+      "actstashd"};
   app.set_version_flag("--version", std::string(kVersion));
   std::string config_file;
-  app.add_option("-c,--config", config_file, "TOML configuration file")
-      ->check(CLI::ExistingFile);
+  app.add_option("-c,--config", config_file, "TOML configuration file")->check(CLI::ExistingFile);
   std::map<std::string, std::string> flag_values;
   std::vector<std::pair<const char*, CLI::Option*>> options;
   bool insecure_flag = false;
@@ -318,9 +328,8 @@ CommandLine ParseCommandLine(int argc, const char* const* argv) {
                            app.add_flag(FlagName(setting.key), insecure_flag, setting.help));
       continue;
     }
-    options.emplace_back(setting.key,
-                         app.add_option(FlagName(setting.key), flag_values[setting.key],
-                                        setting.help));
+    options.emplace_back(
+        setting.key, app.add_option(FlagName(setting.key), flag_values[setting.key], setting.help));
   }
   try {
     app.parse(argc, argv);

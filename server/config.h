@@ -14,7 +14,7 @@
 namespace actstash::server {
 
 struct DaemonConfig {
-  std::string socket_path;   // gRPC Unix socket
+  std::string socket_path;  // gRPC Unix socket
   uint32_t socket_mode = 0660;
   uint64_t pool_bytes = 0;
   uint64_t segment_bytes = 64ull << 20;

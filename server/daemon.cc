@@ -16,12 +16,12 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "common/attach_wire.h"
 #include "common/protocol.h"
 #include "common/units.h"
 #include "server/cuda_probe.h"
 #include "server/host_pool.h"
 #include "server/socket_path.h"
-#include "common/attach_wire.h"
 #include "spdlog/spdlog.h"
 
 namespace actstash::server {
@@ -57,8 +57,7 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> TcpCredentials(
     absl::StatusOr<std::string> ca = ReadPem(config.tls_client_ca, "tls_client_ca");
     if (!ca.ok()) return ca.status();
     options.pem_root_certs = *ca;
-    options.client_certificate_request =
-        GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
+    options.client_certificate_request = GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
   }
   return grpc::SslServerCredentials(options);
 }
@@ -119,8 +118,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config
   daemon->core_.work = daemon->work_.get();
   daemon->core_.pool_segments = stats.segments;
   daemon->leases_.SetWorkQueue(daemon->work_.get());
-  daemon->core_.attach_socket_name = attach_options.socket_path.substr(
-      attach_options.socket_path.find_last_of('/') + 1);
+  daemon->core_.attach_socket_name =
+      attach_options.socket_path.substr(attach_options.socket_path.find_last_of('/') + 1);
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
@@ -128,8 +127,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config
   builder.AddListeningPort(target, grpc::InsecureServerCredentials());
   int tcp_port = 0;
   if (!config.listen_tcp.empty()) {
-    absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
-        TcpCredentials(config);
+    absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials = TcpCredentials(config);
     if (!credentials.ok()) return credentials.status();
     builder.AddListeningPort(config.listen_tcp, *credentials, &tcp_port);
   }
@@ -157,7 +155,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config
   daemon->server_->GetHealthCheckService()->SetServingStatus(kStashServiceName, true);
   if (tcp_port != 0) {
     spdlog::info("also listening on TCP {} (port {}), {}", config.listen_tcp, tcp_port,
-                 config.tls_cert.empty() ? "plaintext"
+                 config.tls_cert.empty()        ? "plaintext"
                  : config.tls_client_ca.empty() ? "TLS"
                                                 : "mutual TLS (client certificates required)");
   }
@@ -190,10 +188,11 @@ void Daemon::ReapIdleSessions() {
     for (const std::shared_ptr<Session>& session : sessions_.IdleSessions(now_ms, ttl_ms)) {
       if (std::optional<SessionTotals> freed = CloseSessionAndFree(core_, session->id())) {
         core_.sessions_reclaimed.fetch_add(1, std::memory_order_relaxed);
-        spdlog::info("session {} ('{}') idle for {} s without an attach connection: closed, "
-                     "freed {} objects ({} bytes)",
-                     session->id(), session->name(), (now_ms - session->last_active_ms()) / 1000,
-                     freed->objects.objects, freed->objects.bytes);
+        spdlog::info(
+            "session {} ('{}') idle for {} s without an attach connection: closed, "
+            "freed {} objects ({} bytes)",
+            session->id(), session->name(), (now_ms - session->last_active_ms()) / 1000,
+            freed->objects.objects, freed->objects.bytes);
       }
     }
     reaper_mu_.Lock();
@@ -223,7 +222,8 @@ void Daemon::Shutdown(std::chrono::milliseconds grace) {
       std::this_thread::sleep_for(std::chrono::milliseconds(2));
     }
     const int64_t cancelled = core_.streams_in_flight.load(std::memory_order_acquire);
-    if (cancelled > 0) spdlog::warn("cancelling {} calls still running after the grace period", cancelled);
+    if (cancelled > 0)
+      spdlog::warn("cancelling {} calls still running after the grace period", cancelled);
     // The attach server goes first: it fails the sends of pending Lease
     // calls (and refuses new ones), so that those calls finish and Wait
     // returns even when a client stopped reading its attach socket.

@@ -80,8 +80,7 @@ class GetReactor final : public grpc::ServerWriteReactor<v1::GetChunk> {
 
 }  // namespace
 
-grpc::ServerWriteReactor<v1::GetChunk>* StartGet(StashCore* core,
-                                                 grpc::CallbackServerContext* ctx,
+grpc::ServerWriteReactor<v1::GetChunk>* StartGet(StashCore* core, grpc::CallbackServerContext* ctx,
                                                  const v1::GetRequest* request) {
   return new GetReactor(core, ctx, *request);
 }

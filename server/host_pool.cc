@@ -41,8 +41,8 @@ absl::StatusOr<int> MapFreshSegment(std::byte* at, uint64_t index, uint64_t byte
     close(fd);
     return ErrnoStatus("ftruncate of a pool segment", error);
   }
-  void* mapped = mmap(at, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED | MAP_POPULATE,
-                      fd, 0);
+  void* mapped =
+      mmap(at, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED | MAP_POPULATE, fd, 0);
   if (mapped == MAP_FAILED) {
     const int error = errno;
     close(fd);
@@ -86,18 +86,18 @@ class HostPool final : public MemoryPool {
     absl::MutexLock lock(&mu_);
     std::optional<uint64_t> offset = allocator_.Allocate(nbytes);
     if (!offset.has_value()) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "host pool exhausted: requested ", nbytes, " bytes (", FormatBytes(nbytes),
-          "), available ", allocator_.free_bytes(), " bytes free of ", total_bytes_,
-          ", largest free block ", allocator_.largest_free_block(), " bytes"));
+      return absl::ResourceExhaustedError(
+          absl::StrCat("host pool exhausted: requested ", nbytes, " bytes (", FormatBytes(nbytes),
+                       "), available ", allocator_.free_bytes(), " bytes free of ", total_bytes_,
+                       ", largest free block ", allocator_.largest_free_block(), " bytes"));
     }
     return MakeAllocation(this, base_ + *offset, *offset, nbytes);
   }
 
   absl::StatusOr<SegmentRun> AllocateSegments(uint32_t count) override {
     if (count == 0 || count > segment_count_) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "requested ", count, " segments; the pool has ", segment_count_));
+      return absl::ResourceExhaustedError(
+          absl::StrCat("requested ", count, " segments; the pool has ", segment_count_));
     }
     const uint64_t bytes = uint64_t{count} * segment_bytes_;
     absl::MutexLock lock(&mu_);
@@ -185,8 +185,7 @@ class HostPool final : public MemoryPool {
     // touched are renewed before they are leased. (Leases are renewed by
     // their owner before they come back here.)
     if (segment_runs_.erase(offset) == 0) {
-      for (uint64_t i = offset / segment_bytes_; i <= (offset + *size - 1) / segment_bytes_;
-           ++i) {
+      for (uint64_t i = offset / segment_bytes_; i <= (offset + *size - 1) / segment_bytes_; ++i) {
         held_inline_[i] = true;
       }
     }
@@ -218,9 +217,9 @@ std::string MemlockLimitText() {
 absl::StatusOr<std::unique_ptr<MemoryPool>> CreateHostPool(const HostPoolOptions& options) {
   const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
   if (options.segment_bytes == 0 || options.segment_bytes % page != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "segment size ", options.segment_bytes, " is not a positive multiple of the page size ",
-        page));
+    return absl::InvalidArgumentError(absl::StrCat("segment size ", options.segment_bytes,
+                                                   " is not a positive multiple of the page size ",
+                                                   page));
   }
   if (!IsPowerOfTwo(options.alignment) || options.alignment > page) {
     return absl::InvalidArgumentError(
@@ -234,8 +233,8 @@ absl::StatusOr<std::unique_ptr<MemoryPool>> CreateHostPool(const HostPoolOptions
   }
   const uint64_t total = segments * options.segment_bytes;
 
-  void* reserved = mmap(nullptr, total, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
-                        -1, 0);
+  void* reserved =
+      mmap(nullptr, total, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (reserved == MAP_FAILED) return ErrnoStatus("reserving the pool's address range", errno);
   auto* base = static_cast<std::byte*>(reserved);
 
@@ -266,9 +265,10 @@ absl::StatusOr<std::unique_ptr<MemoryPool>> CreateHostPool(const HostPoolOptions
       if (options.mlock == MlockMode::kOn) {
         return fail(absl::ResourceExhaustedError(why));
       }
-      spdlog::warn("{}; continuing with unpinned memory (pages may be swapped out, and GPU "
-                   "copies from it will not run at full speed)",
-                   why);
+      spdlog::warn(
+          "{}; continuing with unpinned memory (pages may be swapped out, and GPU "
+          "copies from it will not run at full speed)",
+          why);
     }
   }
   return std::unique_ptr<MemoryPool>(new HostPool(base, std::move(fds), options, locked));

@@ -17,7 +17,7 @@ enum class MlockMode {
 };
 
 struct HostPoolOptions {
-  uint64_t pool_bytes = 0;              // rounded down to whole segments; >= 1 segment
+  uint64_t pool_bytes = 0;               // rounded down to whole segments; >= 1 segment
   uint64_t segment_bytes = 64ull << 20;  // a multiple of the page size
   MlockMode mlock = MlockMode::kAuto;
   uint64_t alignment = 256;  // every allocation starts at a multiple (power of two)

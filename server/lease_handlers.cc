@@ -26,8 +26,13 @@ struct LeaseCall : std::enable_shared_from_this<LeaseCall> {
   LeaseCall(StashCore* core, grpc::ServerUnaryReactor* reactor, grpc::CallbackServerContext* ctx,
             v1::LeaseReply* reply, std::shared_ptr<Session> session, uint32_t count,
             uint32_t per_lease)
-      : core(core), reactor(reactor), ctx(ctx), reply(reply), session(std::move(session)),
-        count(count), per_lease(per_lease) {}
+      : core(core),
+        reactor(reactor),
+        ctx(ctx),
+        reply(reply),
+        session(std::move(session)),
+        count(count),
+        per_lease(per_lease) {}
 
   StashCore* core;
   grpc::ServerUnaryReactor* reactor;
@@ -94,14 +99,14 @@ grpc::ServerUnaryReactor* StashService::Lease(grpc::CallbackServerContext* ctx,
   const uint32_t per_lease = std::max<uint32_t>(1, request->segments_per_lease());
   const uint64_t segments = core_->pool_segments;
   if (request->count() == 0 || request->count() > kMaxLeasesPerCall) {
-    return FinishUnary(ctx, absl::InvalidArgumentError(absl::StrCat(
-                                "Lease count ", request->count(), " is not in [1, ",
-                                kMaxLeasesPerCall, "]")));
+    return FinishUnary(
+        ctx, absl::InvalidArgumentError(absl::StrCat("Lease count ", request->count(),
+                                                     " is not in [1, ", kMaxLeasesPerCall, "]")));
   }
   if (per_lease > segments) {
-    return FinishUnary(ctx, absl::ResourceExhaustedError(absl::StrCat(
-                                "requested a lease of ", per_lease,
-                                " segments; the pool has ", segments)));
+    return FinishUnary(
+        ctx, absl::ResourceExhaustedError(absl::StrCat("requested a lease of ", per_lease,
+                                                       " segments; the pool has ", segments)));
   }
   if (core_->attach == nullptr || !(*session)->attached()) {
     return FinishUnary(ctx, absl::FailedPreconditionError(

@@ -69,8 +69,8 @@ absl::StatusOr<std::vector<std::shared_ptr<Lease>>> LeaseManager::Grant(
     if (!reservation.ok()) return reservation.status();  // raced with another grant
     absl::StatusOr<SegmentRun> run = pool_.AllocateSegments(segments_per_lease);
     if (!run.ok()) {
-      return absl::Status(run.status().code(),
-                          absl::StrCat("lease ", i + 1, " of ", count, ": ", run.status().message()));
+      return absl::Status(run.status().code(), absl::StrCat("lease ", i + 1, " of ", count, ": ",
+                                                            run.status().message()));
     }
     parts.emplace_back(*std::move(run), *std::move(reservation));
   }
@@ -81,8 +81,8 @@ absl::StatusOr<std::vector<std::shared_ptr<Lease>>> LeaseManager::Grant(
     return absl::FailedPreconditionError(absl::StrCat("session ", session->id(), " is closed"));
   }
   for (auto& [run, reservation] : parts) {
-    auto lease = std::make_shared<Lease>(next_id_++, session, std::move(run),
-                                         std::move(reservation), this);
+    auto lease =
+        std::make_shared<Lease>(next_id_++, session, std::move(run), std::move(reservation), this);
     leases_.emplace(lease->id(), lease);
     leased_bytes_ += lease->bytes();
     granted.push_back(std::move(lease));

@@ -27,8 +27,8 @@ class LeaseManager;
 // which renews it first. Immutable; any thread.
 class Lease {
  public:
-  Lease(uint64_t id, std::shared_ptr<Session> session, SegmentRun run,
-        QuotaReservation reservation, LeaseManager* manager);
+  Lease(uint64_t id, std::shared_ptr<Session> session, SegmentRun run, QuotaReservation reservation,
+        LeaseManager* manager);
   ~Lease();
   Lease(const Lease&) = delete;
   Lease& operator=(const Lease&) = delete;
@@ -70,8 +70,9 @@ class LeaseManager {
   // all or none: RESOURCE_EXHAUSTED (quota or pool, with the numbers),
   // FAILED_PRECONDITION when the session is closed. The grants still need
   // scrubbing (needs_scrub) before their fds leave the daemon.
-  absl::StatusOr<std::vector<std::shared_ptr<Lease>>> Grant(
-      const std::shared_ptr<Session>& session, uint32_t count, uint32_t segments_per_lease);
+  absl::StatusOr<std::vector<std::shared_ptr<Lease>>> Grant(const std::shared_ptr<Session>& session,
+                                                            uint32_t count,
+                                                            uint32_t segments_per_lease);
   // Takes leases back, all or none: NOT_FOUND for one that is not the
   // session's, INVALID_ARGUMENT for a repeat.
   absl::StatusOr<RemovedTotals> Return(uint64_t session_id, absl::Span<const uint64_t> ids);

@@ -39,10 +39,10 @@ int main(int argc, char** argv) {
   spdlog::info("ready");
   int received = 0;
   sigwait(&signals, &received);
-  spdlog::info("received {}, shutting down (grace {} s)", received == SIGTERM ? "SIGTERM" : "SIGINT",
-               config.shutdown_grace_seconds);
-  (*daemon)->Shutdown(std::chrono::milliseconds(
-      static_cast<int64_t>(config.shutdown_grace_seconds * 1000)));
+  spdlog::info("received {}, shutting down (grace {} s)",
+               received == SIGTERM ? "SIGTERM" : "SIGINT", config.shutdown_grace_seconds);
+  (*daemon)->Shutdown(
+      std::chrono::milliseconds(static_cast<int64_t>(config.shutdown_grace_seconds * 1000)));
   // Everything that matters is done: calls finished or cancelled, sockets
   // removed, sessions dropped. Exit without running destructors: with
   // clients still connected, gRPC 1.51's grpc_shutdown (run by

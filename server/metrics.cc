@@ -29,8 +29,7 @@ MetricFamily Family(const char* name, const char* help, MetricType type) {
   return family;
 }
 
-void AddValue(MetricFamily* family, double value,
-              std::vector<ClientMetric::Label> labels = {}) {
+void AddValue(MetricFamily* family, double value, std::vector<ClientMetric::Label> labels = {}) {
   ClientMetric metric;
   metric.label = std::move(labels);
   if (family->type == MetricType::Counter) {
@@ -50,13 +49,15 @@ class StashCollector final : public prometheus::Collectable {
     const PoolStats pool = core_.pool.Stats();
     const uint64_t renewing = std::min(core_.leases.renewing_bytes(), pool.used_bytes);
     std::vector<MetricFamily> out;
-    MetricFamily bytes = Family("actstash_pool_bytes",
-                                "Host pool bytes by state (used = held by sessions)",
-                                MetricType::Gauge);
-    const std::pair<const char*, uint64_t> states[] = {
-        {"total", pool.total_bytes},      {"used", pool.used_bytes - renewing},
-        {"free", pool.free_bytes},        {"renewing", renewing},
-        {"leased", core_.leases.leased_bytes()}, {"locked", pool.locked_bytes}};
+    MetricFamily bytes =
+        Family("actstash_pool_bytes", "Host pool bytes by state (used = held by sessions)",
+               MetricType::Gauge);
+    const std::pair<const char*, uint64_t> states[] = {{"total", pool.total_bytes},
+                                                       {"used", pool.used_bytes - renewing},
+                                                       {"free", pool.free_bytes},
+                                                       {"renewing", renewing},
+                                                       {"leased", core_.leases.leased_bytes()},
+                                                       {"locked", pool.locked_bytes}};
     for (const auto& [state, value] : states) {
       AddValue(&bytes, static_cast<double>(value), {{"state", state}});
     }
@@ -64,8 +65,7 @@ class StashCollector final : public prometheus::Collectable {
     const auto sessions = core_.sessions.List();
     size_t attached = 0;
     for (const auto& s : sessions) attached += s->attached();
-    MetricFamily session_gauge =
-        Family("actstash_sessions", "Open sessions", MetricType::Gauge);
+    MetricFamily session_gauge = Family("actstash_sessions", "Open sessions", MetricType::Gauge);
     AddValue(&session_gauge, static_cast<double>(sessions.size() - attached),
              {{"attached", "false"}});
     AddValue(&session_gauge, static_cast<double>(attached), {{"attached", "true"}});
@@ -116,16 +116,14 @@ class StashCollector final : public prometheus::Collectable {
 class RpcInterceptor final : public grpc::experimental::Interceptor {
  public:
   RpcInterceptor(Metrics* metrics, std::string method)
-      : metrics_(*metrics), method_(std::move(method)),
-        start_(std::chrono::steady_clock::now()) {}
+      : metrics_(*metrics), method_(std::move(method)), start_(std::chrono::steady_clock::now()) {}
 
   void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
     if (methods->QueryInterceptionHookPoint(
             grpc::experimental::InterceptionHookPoints::PRE_SEND_STATUS)) {
-      metrics_.ObserveRpc(method_, methods->GetSendStatus().error_code(),
-                          std::chrono::duration<double>(std::chrono::steady_clock::now() -
-                                                        start_)
-                              .count());
+      metrics_.ObserveRpc(
+          method_, methods->GetSendStatus().error_code(),
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count());
     }
     methods->Proceed();
   }
@@ -136,8 +134,7 @@ class RpcInterceptor final : public grpc::experimental::Interceptor {
   const std::chrono::steady_clock::time_point start_;
 };
 
-class RpcInterceptorFactory final
-    : public grpc::experimental::ServerInterceptorFactoryInterface {
+class RpcInterceptorFactory final : public grpc::experimental::ServerInterceptorFactoryInterface {
  public:
   explicit RpcInterceptorFactory(Metrics* metrics) : metrics_(metrics) {}
   grpc::experimental::Interceptor* CreateServerInterceptor(
@@ -150,12 +147,23 @@ class RpcInterceptorFactory final
 };
 
 const char* CodeName(grpc::StatusCode code) {
-  static constexpr const char* kNames[] = {
-      "OK",          "CANCELLED",         "UNKNOWN",           "INVALID_ARGUMENT",
-      "DEADLINE_EXCEEDED", "NOT_FOUND",   "ALREADY_EXISTS",    "PERMISSION_DENIED",
-      "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "ABORTED",  "OUT_OF_RANGE",
-      "UNIMPLEMENTED", "INTERNAL",        "UNAVAILABLE",       "DATA_LOSS",
-      "UNAUTHENTICATED"};
+  static constexpr const char* kNames[] = {"OK",
+                                           "CANCELLED",
+                                           "UNKNOWN",
+                                           "INVALID_ARGUMENT",
+                                           "DEADLINE_EXCEEDED",
+                                           "NOT_FOUND",
+                                           "ALREADY_EXISTS",
+                                           "PERMISSION_DENIED",
+                                           "RESOURCE_EXHAUSTED",
+                                           "FAILED_PRECONDITION",
+                                           "ABORTED",
+                                           "OUT_OF_RANGE",
+                                           "UNIMPLEMENTED",
+                                           "INTERNAL",
+                                           "UNAVAILABLE",
+                                           "DATA_LOSS",
+                                           "UNAUTHENTICATED"};
   const int i = static_cast<int>(code);
   return i >= 0 && i < 17 ? kNames[i] : "UNKNOWN";
 }

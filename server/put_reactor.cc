@@ -90,14 +90,13 @@ class PutReactor final : public grpc::ServerReadReactor<v1::PutChunk> {
     }
     const std::string& data = chunk_.data();
     if (data.size() > kMaxChunkBytes) {
-      return absl::InvalidArgumentError(absl::StrCat("Put chunk of ", data.size(),
-                                                     " bytes exceeds the limit of ",
-                                                     kMaxChunkBytes, " bytes"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "Put chunk of ", data.size(), " bytes exceeds the limit of ", kMaxChunkBytes, " bytes"));
     }
     if (data.size() > meta_.nbytes - received_) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("Put sent more than the header's nbytes (", meta_.nbytes, "): ",
-                       received_ + data.size(), " bytes so far"));
+      return absl::InvalidArgumentError(absl::StrCat("Put sent more than the header's nbytes (",
+                                                     meta_.nbytes, "): ", received_ + data.size(),
+                                                     " bytes so far"));
     }
     std::memcpy(memory_.data() + received_, data.data(), data.size());
     if (hash_) hasher_.Update(data.data(), data.size());
@@ -120,8 +119,8 @@ class PutReactor final : public grpc::ServerReadReactor<v1::PutChunk> {
     reservation_ = *std::move(reservation);
     absl::StatusOr<Allocation> memory = core_.pool.Allocate(meta_.nbytes);
     if (!memory.ok()) {
-      if (memory.status().code() == absl::StatusCode::kResourceExhausted &&
-          core_.work != nullptr && core_.leases.renewals_pending() > 0) {
+      if (memory.status().code() == absl::StatusCode::kResourceExhausted && core_.work != nullptr &&
+          core_.leases.renewals_pending() > 0) {
         waiting_for_memory_ = true;
         return absl::OkStatus();
       }
@@ -136,9 +135,8 @@ class PutReactor final : public grpc::ServerReadReactor<v1::PutChunk> {
       return absl::InvalidArgumentError("Put stream ended without a header chunk");
     }
     if (received_ != meta_.nbytes) {
-      return absl::InvalidArgumentError(absl::StrCat("Put stream ended after ", received_,
-                                                     " bytes; the header announced ",
-                                                     meta_.nbytes));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "Put stream ended after ", received_, " bytes; the header announced ", meta_.nbytes));
     }
     if (hash_ && hasher_.Digest() != meta_.checksum) {
       return absl::InvalidArgumentError(absl::StrCat(

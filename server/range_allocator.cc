@@ -41,7 +41,7 @@ std::optional<uint64_t> RangeAllocator::Allocate(uint64_t size, uint64_t alignme
   ACTSTASH_CHECK(size > 0, "Allocate size must be > 0");
   if (alignment == 0) alignment = granule_;
   ACTSTASH_CHECK(IsPowerOfTwo(alignment) && alignment >= granule_,
-                    "alignment must be a power of two >= granule");
+                 "alignment must be a power of two >= granule");
   if (size > capacity_) return std::nullopt;
   // size <= capacity_ and capacity_ is a multiple of granule_: cannot overflow.
   const uint64_t rounded = (size + granule_ - 1) & ~(granule_ - 1);
@@ -78,7 +78,7 @@ std::optional<uint64_t> RangeAllocator::Allocate(uint64_t size, uint64_t alignme
 void RangeAllocator::Free(uint64_t offset) {
   auto alloc = allocations_.find(offset);
   ACTSTASH_CHECK(alloc != allocations_.end(),
-                    "Free of an offset that is not the start of a live allocation");
+                 "Free of an offset that is not the start of a live allocation");
   const uint64_t end = offset + alloc->second;
   used_bytes_ -= alloc->second;
   allocations_.erase(alloc);

@@ -41,9 +41,9 @@ absl::StatusOr<QuotaReservation> Session::Reserve(uint64_t bytes) {
     absl::MutexLock lock(&mu_);
     const uint64_t available = quota_bytes_ - used_bytes_;
     if (bytes > available) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "session quota exceeded: requested ", bytes, " bytes, available ", available,
-          " bytes (quota ", quota_bytes_, ", in use ", used_bytes_, ")"));
+      return absl::ResourceExhaustedError(
+          absl::StrCat("session quota exceeded: requested ", bytes, " bytes, available ", available,
+                       " bytes (quota ", quota_bytes_, ", in use ", used_bytes_, ")"));
     }
     used_bytes_ += bytes;
   }

@@ -62,9 +62,9 @@ absl::StatusOr<std::shared_ptr<Session>> SessionManager::Open(absl::string_view 
 absl::StatusOr<std::shared_ptr<Session>> SessionManager::Authenticate(
     absl::string_view token) const {
   if (token.empty()) {
-    return absl::UnauthenticatedError(absl::StrCat(
-        "missing session token: call OpenSession and send its token in the '",
-        kTokenMetadataKey, "' metadata"));
+    return absl::UnauthenticatedError(
+        absl::StrCat("missing session token: call OpenSession and send its token in the '",
+                     kTokenMetadataKey, "' metadata"));
   }
   absl::MutexLock lock(&mu_);
   auto it = id_by_token_.find(token);

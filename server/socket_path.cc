@@ -21,8 +21,8 @@ absl::Status MakeParentDirectory(const std::string& socket_path) {
     if (pos != dir.size() && dir[pos] != '/') continue;
     prefix = dir.substr(0, pos);
     if (mkdir(prefix.c_str(), 0755) != 0 && errno != EEXIST) {
-      return absl::FailedPreconditionError(absl::StrCat("cannot create socket directory ",
-                                                        prefix, ": ", std::strerror(errno)));
+      return absl::FailedPreconditionError(
+          absl::StrCat("cannot create socket directory ", prefix, ": ", std::strerror(errno)));
     }
   }
   return absl::OkStatus();

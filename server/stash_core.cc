@@ -12,8 +12,8 @@ absl::Status CheckNotDraining(const StashCore& core) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::shared_ptr<Session>> AuthenticateCall(
-    const StashCore& core, const grpc::CallbackServerContext& ctx) {
+absl::StatusOr<std::shared_ptr<Session>> AuthenticateCall(const StashCore& core,
+                                                          const grpc::CallbackServerContext& ctx) {
   if (absl::Status s = CheckNotDraining(core); !s.ok()) return s;
   const auto& metadata = ctx.client_metadata();
   auto it = metadata.find(kTokenMetadataKey);

@@ -13,8 +13,7 @@ namespace actstash::server {
 
 grpc::ServerReadReactor<v1::PutChunk>* StartPut(StashCore* core, grpc::CallbackServerContext* ctx,
                                                 v1::PutReply* reply);
-grpc::ServerWriteReactor<v1::GetChunk>* StartGet(StashCore* core,
-                                                 grpc::CallbackServerContext* ctx,
+grpc::ServerWriteReactor<v1::GetChunk>* StartGet(StashCore* core, grpc::CallbackServerContext* ctx,
                                                  const v1::GetRequest* request);
 
 }  // namespace actstash::server

@@ -49,8 +49,8 @@ grpc::ServerUnaryReactor* StashService::OpenSession(grpc::CallbackServerContext*
                                                     const v1::OpenSessionRequest* request,
                                                     v1::OpenSessionReply* reply) {
   if (absl::Status s = CheckNotDraining(*core_); !s.ok()) return FinishUnary(ctx, s);
-  absl::StatusOr<std::shared_ptr<Session>> session = core_->sessions.Open(
-      request->client_name(), request->quota_bytes(), request->client_pid());
+  absl::StatusOr<std::shared_ptr<Session>> session =
+      core_->sessions.Open(request->client_name(), request->quota_bytes(), request->client_pid());
   if (!session.ok()) return FinishUnary(ctx, session.status());
   const Session& s = **session;
   reply->set_session_id(s.id());

@@ -33,12 +33,10 @@ class StashService final : public v1::Stash::CallbackService {
   grpc::ServerUnaryReactor* Delete(grpc::CallbackServerContext* ctx,
                                    const v1::DeleteRequest* request,
                                    v1::DeleteReply* reply) override;
-  grpc::ServerUnaryReactor* Stats(grpc::CallbackServerContext* ctx,
-                                  const v1::StatsRequest* request,
+  grpc::ServerUnaryReactor* Stats(grpc::CallbackServerContext* ctx, const v1::StatsRequest* request,
                                   v1::StatsReply* reply) override;
   // Zero-copy data plane; in lease_handlers.cc.
-  grpc::ServerUnaryReactor* Lease(grpc::CallbackServerContext* ctx,
-                                  const v1::LeaseRequest* request,
+  grpc::ServerUnaryReactor* Lease(grpc::CallbackServerContext* ctx, const v1::LeaseRequest* request,
                                   v1::LeaseReply* reply) override;
   grpc::ServerUnaryReactor* Return(grpc::CallbackServerContext* ctx,
                                    const v1::ReturnRequest* request,

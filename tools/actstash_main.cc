@@ -4,8 +4,8 @@
 // request; 2 usage error; 3 the daemon answered but is not serving.
 #include <chrono>
 #include <cstdio>
-#include <iostream>
 #include <cstring>
+#include <iostream>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -38,8 +38,8 @@ bool ReadFile(const std::string& path, std::string* out) {
   return true;
 }
 
-absl::StatusOr<std::unique_ptr<actstash::Client>> ConnectCli(const Common& common,
-                                                            uint64_t quota, bool attach) {
+absl::StatusOr<std::unique_ptr<actstash::Client>> ConnectCli(const Common& common, uint64_t quota,
+                                                             bool attach) {
   actstash::ClientOptions options = common.tls;
   options.attach = attach ? actstash::AttachMode::kAuto : actstash::AttachMode::kOff;
   options.address = common.address;
@@ -75,8 +75,8 @@ void PrintSessionJson(const actstash::SessionStatsEntry& s) {
       s.client_pid, static_cast<unsigned long long>(s.quota_bytes),
       static_cast<unsigned long long>(s.used_bytes), static_cast<unsigned long long>(s.objects),
       static_cast<unsigned long long>(s.bytes_stored),
-      static_cast<unsigned long long>(s.bytes_fetched), s.attached ? "true" : "false",
-      s.peer_uid, s.peer_pid, static_cast<unsigned long long>(s.leases),
+      static_cast<unsigned long long>(s.bytes_fetched), s.attached ? "true" : "false", s.peer_uid,
+      s.peer_pid, static_cast<unsigned long long>(s.leases),
       static_cast<unsigned long long>(s.leased_bytes),
       static_cast<unsigned long long>(s.local_objects),
       static_cast<unsigned long long>(s.local_bytes));
@@ -85,18 +85,17 @@ void PrintSessionJson(const actstash::SessionStatsEntry& s) {
 void PrintSessionTable(const actstash::StatsSnapshot& s) {
   using actstash::FormatBytes;
   using ull = unsigned long long;
-  std::printf("%8s  %-20s %8s %6s %12s %12s %12s %8s %12s %12s\n", "SESSION", "NAME", "PID",
-              "UID", "QUOTA", "USED", "LEASED", "OBJECTS", "STORED", "FETCHED");
+  std::printf("%8s  %-20s %8s %6s %12s %12s %12s %8s %12s %12s\n", "SESSION", "NAME", "PID", "UID",
+              "QUOTA", "USED", "LEASED", "OBJECTS", "STORED", "FETCHED");
   for (const actstash::SessionStatsEntry& e : s.all_sessions) {
     // Attached sessions show the kernel's view of the peer (SO_PEERCRED),
     // the others what the client said; objects of both data paths count.
     const std::string uid = e.attached ? std::to_string(e.peer_uid) : "-";
     std::printf("%8llu  %-20s %8u %6s %12s %12s %12s %8llu %12s %12s\n", ull(e.session_id),
                 e.client_name.substr(0, 20).c_str(), e.attached ? e.peer_pid : e.client_pid,
-                uid.c_str(), FormatBytes(e.quota_bytes).c_str(),
-                FormatBytes(e.used_bytes).c_str(), FormatBytes(e.leased_bytes).c_str(),
-                ull(e.objects + e.local_objects), FormatBytes(e.bytes_stored).c_str(),
-                FormatBytes(e.bytes_fetched).c_str());
+                uid.c_str(), FormatBytes(e.quota_bytes).c_str(), FormatBytes(e.used_bytes).c_str(),
+                FormatBytes(e.leased_bytes).c_str(), ull(e.objects + e.local_objects),
+                FormatBytes(e.bytes_stored).c_str(), FormatBytes(e.bytes_fetched).c_str());
   }
 }
 
@@ -139,15 +138,14 @@ int RunStats(const Common& common, bool json, bool sessions_only) {
         "{\"daemon_version\": \"%s\", \"daemon_pid\": %u, \"uptime_seconds\": %llu, "
         "\"pool\": {\"total_bytes\": %llu, \"used_bytes\": %llu, \"free_bytes\": %llu, "
         "\"largest_free_bytes\": %llu, \"locked_bytes\": %llu, \"segment_bytes\": %llu, "
-        "\"segments\": %llu, \"leased_bytes\": %llu, \"leases\": %llu, \"renewing_bytes\": %llu}, \"sessions\": %llu, \"objects\": %llu, \"bytes_stored\": %llu, "
+        "\"segments\": %llu, \"leased_bytes\": %llu, \"leases\": %llu, \"renewing_bytes\": %llu}, "
+        "\"sessions\": %llu, \"objects\": %llu, \"bytes_stored\": %llu, "
         "\"bytes_fetched\": %llu, \"session_list\": [",
         JsonEscape(s.daemon_version).c_str(), s.daemon_pid, ull(s.uptime_seconds),
         ull(s.pool_total_bytes), ull(s.pool_used_bytes), ull(s.pool_free_bytes),
         ull(s.pool_largest_free_bytes), ull(s.pool_locked_bytes), ull(s.segment_bytes),
-        ull(s.segments), ull(s.pool_leased_bytes), ull(s.pool_leases),
-        ull(s.pool_renewing_bytes), ull(s.sessions),
-        ull(s.objects), ull(s.bytes_stored),
-        ull(s.bytes_fetched));
+        ull(s.segments), ull(s.pool_leased_bytes), ull(s.pool_leases), ull(s.pool_renewing_bytes),
+        ull(s.sessions), ull(s.objects), ull(s.bytes_stored), ull(s.bytes_fetched));
     for (size_t i = 0; i < s.all_sessions.size(); ++i) {
       if (i > 0) std::printf(", ");
       PrintSessionJson(s.all_sessions[i]);
@@ -188,8 +186,7 @@ int RunBench(const Common& common, const std::vector<std::string>& sizes, double
   std::printf("actstash bench against %s (%s path), %.1f s per size\n",
               (*client)->address().c_str(), (*client)->attached() ? "zero-copy" : "inline gRPC",
               seconds);
-  std::printf("%10s %10s %14s %14s %8s\n", "size", "rounds", "store+fetch", "memcpy x2",
-              "ratio");
+  std::printf("%10s %10s %14s %14s %8s\n", "size", "rounds", "store+fetch", "memcpy x2", "ratio");
   using Clock = std::chrono::steady_clock;
   for (const std::string& text : sizes) {
     absl::StatusOr<uint64_t> n = actstash::ParseByteSize(text);
@@ -238,9 +235,10 @@ int RunBench(const Common& common, const std::vector<std::string>& sizes, double
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"actstash: talk to a running actstashd. Exit codes: 0 success, 1 the daemon "
-               "could not be reached or refused, 2 usage error, 3 not serving",
-               "actstash"};
+  CLI::App app{
+      "actstash: talk to a running actstashd. Exit codes: 0 success, 1 the daemon "
+      "could not be reached or refused, 2 usage error, 3 not serving",
+      "actstash"};
   app.require_subcommand(1);
   Common common;
   double timeout_seconds = 5;
@@ -264,8 +262,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> sizes = {"1MiB", "64MiB"};
   double seconds = 1;
   bench->add_option("--sizes", sizes, "Buffer sizes (default 1MiB 64MiB)");
-  bench->add_option("--seconds", seconds, "Time per size (default 1)")
-      ->check(CLI::PositiveNumber);
+  bench->add_option("--seconds", seconds, "Time per size (default 1)")->check(CLI::PositiveNumber);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& error) {

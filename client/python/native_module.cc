@@ -159,9 +159,8 @@ py::dict StatsDict(actstash::Client& client, bool all_sessions) {
 PYBIND11_MODULE(_native, m) {
   m.doc() = "actstash native client (no torch dependency)";
   py::object base = py::reinterpret_borrow<py::object>(PyExc_RuntimeError);
-  py::object stash_error =
-      py::reinterpret_steal<py::object>(PyErr_NewException("actstash._native.StashError",
-                                                           base.ptr(), nullptr));
+  py::object stash_error = py::reinterpret_steal<py::object>(
+      PyErr_NewException("actstash._native.StashError", base.ptr(), nullptr));
   m.attr("StashError") = stash_error;
   m.attr("StashUnavailable") = py::reinterpret_steal<py::object>(
       PyErr_NewException("actstash._native.StashUnavailable", stash_error.ptr(), nullptr));
@@ -171,14 +170,13 @@ PYBIND11_MODULE(_native, m) {
       PyErr_NewException("actstash._native.StashNotFound", stash_error.ptr(), nullptr));
 
   py::class_<actstash::Client, std::shared_ptr<actstash::Client>>(m, "Client")
-      .def(py::init(&Connect), py::arg("address") = "", py::arg("quota") = 0,
-           py::arg("name") = "", py::arg("attach") = "auto", py::arg("rpc_timeout_ms") = 30000,
+      .def(py::init(&Connect), py::arg("address") = "", py::arg("quota") = 0, py::arg("name") = "",
+           py::arg("attach") = "auto", py::arg("rpc_timeout_ms") = 30000,
            py::arg("connect_timeout_ms") = 5000, py::arg("lease_batch") = 4)
       .def_property_readonly("attached", &actstash::Client::attached)
-      .def_property_readonly("attach_error",
-                             [](const actstash::Client& c) {
-                               return std::string(c.attach_status().message());
-                             })
+      .def_property_readonly(
+          "attach_error",
+          [](const actstash::Client& c) { return std::string(c.attach_status().message()); })
       .def_property_readonly("session_id", &actstash::Client::session_id)
       .def_property_readonly("quota", &actstash::Client::quota_bytes)
       .def_property_readonly("address", &actstash::Client::address)
@@ -246,8 +244,8 @@ PYBIND11_MODULE(_native, m) {
            py::arg("max_delay_us") = 0, py::arg("seed") = 0)
       .def(
           "store_async",
-          [](actstash::CopyEngine& engine, std::shared_ptr<actstash::Client> client,
-             uintptr_t ptr, uint64_t nbytes) {
+          [](actstash::CopyEngine& engine, std::shared_ptr<actstash::Client> client, uintptr_t ptr,
+             uint64_t nbytes) {
             // The caller keeps the source alive until the returned store is done.
             auto pending = std::make_shared<PendingStore>(client);
             pending->SetEvent(engine.SubmitAsync(
@@ -274,15 +272,14 @@ PYBIND11_MODULE(_native, m) {
                 });
           },
           "Fetches a store's bytes into dst asynchronously on the fetch stream.")
-      .def(
-          "release_async",
-          [](actstash::CopyEngine& engine, std::shared_ptr<PendingStore> stored) {
-            // On the fetch stream: after every fetch of it submitted before.
-            return engine.SubmitAsync(actstash::CopyStream::kFetch, [stored]() -> absl::Status {
-              if (!stored->WaitStatus().ok()) return absl::OkStatus();  // nothing was stored
-              return stored->client()->Release(stored->ticket());
-            });
-          })
+      .def("release_async",
+           [](actstash::CopyEngine& engine, std::shared_ptr<PendingStore> stored) {
+             // On the fetch stream: after every fetch of it submitted before.
+             return engine.SubmitAsync(actstash::CopyStream::kFetch, [stored]() -> absl::Status {
+               if (!stored->WaitStatus().ok()) return absl::OkStatus();  // nothing was stored
+               return stored->client()->Release(stored->ticket());
+             });
+           })
       .def("synchronize", [](actstash::CopyEngine& engine) {
         py::gil_scoped_release release;
         engine.Synchronize();

@@ -1,12 +1,12 @@
 // HostCopyEngine: order within a stream, events, and a producer/consumer
 // chain across the two streams under random delays that never sees stale data.
+#include "actstash/copy_engine.h"
+
 #include <gtest/gtest.h>
 
 #include <atomic>
 #include <cstring>
 #include <vector>
-
-#include "actstash/copy_engine.h"
 
 namespace actstash {
 namespace {
@@ -31,8 +31,8 @@ TEST(HostCopyEngineTest, WorkOnOneStreamRunsInSubmissionOrder) {
 
 TEST(HostCopyEngineTest, EventsCarryTheWorksStatus) {
   auto engine = CreateHostCopyEngine();
-  auto failed = engine->SubmitAsync(CopyStream::kFetch,
-                                    [] { return absl::DataLossError("bad bytes"); });
+  auto failed =
+      engine->SubmitAsync(CopyStream::kFetch, [] { return absl::DataLossError("bad bytes"); });
   EXPECT_EQ(failed->Wait().code(), absl::StatusCode::kDataLoss);
   engine->Synchronize();
 }

@@ -118,8 +118,7 @@ TEST(LocalStoreTest, LargeBuffersGetDedicatedLeasesReturnedOnRelease) {
   std::vector<char> back(big.size());
   ASSERT_TRUE(store.Fetch(*t, back.data(), back.size()).ok());
   EXPECT_EQ(back, big);
-  EXPECT_EQ(store.Fetch(*t, back.data(), back.size() - 1).code(),
-            absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(store.Fetch(*t, back.data(), back.size() - 1).code(), absl::StatusCode::kOutOfRange);
   ASSERT_TRUE(store.Release(*t).ok());
   EXPECT_EQ(store.usage().leases, 1u) << "the last dedicated lease is kept as a spare";
   const int calls = backend.lease_calls();
@@ -170,8 +169,7 @@ TEST(LocalStoreTest, AfterTheDaemonIsLostStoredBuffersStayReadable) {
   absl::StatusOr<uint64_t> t = store.Store(data.data(), data.size());
   ASSERT_TRUE(t.ok());
   backend.lost_ = true;
-  EXPECT_EQ(store.Store(data.data(), data.size()).status().code(),
-            absl::StatusCode::kUnavailable);
+  EXPECT_EQ(store.Store(data.data(), data.size()).status().code(), absl::StatusCode::kUnavailable);
   std::vector<char> back(1000);
   ASSERT_TRUE(store.Fetch(*t, back.data(), back.size()).ok());
   EXPECT_EQ(back, data);

@@ -28,11 +28,11 @@ TEST_F(AttachWireTest, MessageWithFdsArrivesIntact) {
   SegmentsPayload payload;
   payload.lease_id = 42;
   payload.count = 2;
-  ASSERT_TRUE(SendMessage(fds_[0], MessageType::kSegments,
-                          absl::string_view(reinterpret_cast<const char*>(&payload),
-                                            sizeof(payload)),
-                          {pipe_fds[0], pipe_fds[1]})
-                  .ok());
+  ASSERT_TRUE(
+      SendMessage(fds_[0], MessageType::kSegments,
+                  absl::string_view(reinterpret_cast<const char*>(&payload), sizeof(payload)),
+                  {pipe_fds[0], pipe_fds[1]})
+          .ok());
   absl::StatusOr<Message> message = ReceiveMessage(fds_[1], std::chrono::seconds(1));
   ASSERT_TRUE(message.ok()) << message.status();
   EXPECT_EQ(message->type, MessageType::kSegments);
@@ -41,7 +41,8 @@ TEST_F(AttachWireTest, MessageWithFdsArrivesIntact) {
   std::memcpy(&back, message->payload.data(), sizeof(back));
   EXPECT_EQ(back.lease_id, 42u);
   ASSERT_EQ(message->fds.size(), 2u);
-  struct stat a {}, b {};
+  struct stat a {
+  }, b{};
   ASSERT_EQ(fstat(message->fds[0], &a), 0);
   ASSERT_EQ(fstat(pipe_fds[0], &b), 0);
   EXPECT_EQ(a.st_ino, b.st_ino) << "the received fd is the same pipe";

@@ -218,8 +218,7 @@ TEST_F(InlineRoundTripTest, UnknownAndForeignHandlesAreNotFound) {
   const Handle batch[] = {*handle, Handle{987654321}};
   EXPECT_EQ(owner->Delete(absl::MakeConstSpan(batch)).code(), absl::StatusCode::kNotFound);
   const Handle twice[] = {*handle, *handle};
-  EXPECT_EQ(owner->Delete(absl::MakeConstSpan(twice)).code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(owner->Delete(absl::MakeConstSpan(twice)).code(), absl::StatusCode::kInvalidArgument);
   absl::StatusOr<Object> still = owner->Get(*handle);
   ASSERT_TRUE(still.ok()) << still.status();
   EXPECT_TRUE(still->data == secret);

@@ -277,10 +277,9 @@ TEST(LifecycleTest, TomlConfigFileAndFlagsOverIt) {
 TEST(LifecycleTest, HelpDocumentsEveryFlagAndBadFlagsAreUsageErrors) {
   CommandResult help = RunCommand(DaemonBinaryPath() + " --help");
   EXPECT_EQ(help.exit_code, 0);
-  for (const char* flag :
-       {"--config", "--socket", "--socket-mode", "--pool-size", "--segment-size",
-        "--max-session-quota", "--default-session-quota", "--max-sessions", "--mlock",
-        "--log-level", "--shutdown-grace-seconds", "--version"}) {
+  for (const char* flag : {"--config", "--socket", "--socket-mode", "--pool-size", "--segment-size",
+                           "--max-session-quota", "--default-session-quota", "--max-sessions",
+                           "--mlock", "--log-level", "--shutdown-grace-seconds", "--version"}) {
     EXPECT_THAT(help.output, HasSubstr(flag));
   }
   CommandResult unknown = RunCommand(DaemonBinaryPath() + " --no-such-flag");

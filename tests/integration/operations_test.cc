@@ -181,8 +181,7 @@ TEST_F(TcpTest, TlsWithTheTestCa) {
 
 TEST_F(TcpTest, MutualTlsRejectsWrongAndMissingClientCertificates) {
   auto daemon = Start({"--listen-tcp", "127.0.0.1:0", "--tls-cert", certs_ + "/server.pem",
-                       "--tls-key", certs_ + "/server.key", "--tls-client-ca",
-                       certs_ + "/ca.pem"});
+                       "--tls-key", certs_ + "/server.key", "--tls-client-ca", certs_ + "/ca.pem"});
   ASSERT_NE(daemon, nullptr);
   auto good = Connect("ca.pem", "client.pem", "client.key");
   ASSERT_TRUE(good.ok()) << good.status();
@@ -193,10 +192,12 @@ TEST_F(TcpTest, MutualTlsRejectsWrongAndMissingClientCertificates) {
   auto anonymous = Connect("ca.pem", "", "");
   EXPECT_FALSE(anonymous.ok());
   // The CLI speaks TLS too.
-  const std::string cli = std::string(ACTSTASH_CLI_BINARY) + " --address 127.0.0.1:" +
-                          std::to_string(port_) + " --tls-ca " + certs_ + "/ca.pem";
+  const std::string cli = std::string(ACTSTASH_CLI_BINARY) +
+                          " --address 127.0.0.1:" + std::to_string(port_) + " --tls-ca " + certs_ +
+                          "/ca.pem";
   EXPECT_EQ(WEXITSTATUS(std::system((cli + " --tls-cert " + certs_ + "/client.pem --tls-key " +
-                                     certs_ + "/client.key ping > /dev/null").c_str())),
+                                     certs_ + "/client.key ping > /dev/null")
+                                        .c_str())),
             0);
   EXPECT_EQ(WEXITSTATUS(std::system((cli + " --timeout 2 ping > /dev/null 2>&1").c_str())), 1);
 }

@@ -104,8 +104,8 @@ class ProtocolTest : public ::testing::Test {
 DaemonProcess* ProtocolTest::daemon_ = nullptr;
 
 TEST_F(ProtocolTest, EveryCallButOpenSessionNeedsAValidToken) {
-  for (const std::string& token : {std::string(), std::string("0123456789abcdef0123456789abcdef"),
-                                  token_ + "x"}) {
+  for (const std::string& token :
+       {std::string(), std::string("0123456789abcdef0123456789abcdef"), token_ + "x"}) {
     SCOPED_TRACE("token '" + token + "'");
     auto prepare = [&](grpc::ClientContext* ctx) {
       ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
@@ -165,8 +165,8 @@ TEST_F(ProtocolTest, WellFormedPutWithChecksumIsStored) {
   header.mutable_header()->mutable_checksum()->set_algorithm(pb::CHECKSUM_ALGORITHM_XXH3_64);
   header.mutable_header()->mutable_checksum()->set_value(Xxh3(payload.data(), payload.size()));
   pb::PutReply reply;
-  grpc::Status s = SendPut({header, Data(1 << 20, 'q'), Data(1 << 20, 'q'), Data(1 << 20, 'q')},
-                           &reply);
+  grpc::Status s =
+      SendPut({header, Data(1 << 20, 'q'), Data(1 << 20, 'q'), Data(1 << 20, 'q')}, &reply);
   ASSERT_TRUE(s.ok()) << s.error_message();
   EXPECT_NE(reply.handle(), 0u);
   EXPECT_EQ(Stats().self().used_bytes(), 3u << 20);
@@ -181,8 +181,7 @@ TEST_F(ProtocolTest, WellFormedPutWithChecksumIsStored) {
 
 TEST_F(ProtocolTest, MalformedPutStreamsAreInvalidArgumentAndStoreNothing) {
   pb::PutChunk bad_checksum = Header(100);
-  bad_checksum.mutable_header()->mutable_checksum()->set_algorithm(
-      pb::CHECKSUM_ALGORITHM_XXH3_64);
+  bad_checksum.mutable_header()->mutable_checksum()->set_algorithm(pb::CHECKSUM_ALGORITHM_XXH3_64);
   bad_checksum.mutable_header()->mutable_checksum()->set_value(12345);
   pb::PutChunk unknown_algorithm = Header(1);
   unknown_algorithm.mutable_header()->mutable_checksum()->set_algorithm(

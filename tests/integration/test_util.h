@@ -34,8 +34,7 @@ inline std::unique_ptr<DaemonProcess> StartDaemonOrDie(DaemonProcessOptions opti
   return daemon.ok() ? *std::move(daemon) : nullptr;
 }
 
-inline std::unique_ptr<Client> ConnectOrDie(const DaemonProcess& daemon,
-                                            uint64_t quota_bytes = 0,
+inline std::unique_ptr<Client> ConnectOrDie(const DaemonProcess& daemon, uint64_t quota_bytes = 0,
                                             const std::string& name = "test") {
   ClientOptions options;
   options.address = daemon.address();

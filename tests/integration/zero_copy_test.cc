@@ -9,8 +9,8 @@
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
-#include <sys/un.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -118,8 +118,8 @@ TEST_F(ZeroCopyTest, StoreFetchOneByteTo256MiBBytesIdentical) {
   auto client = Attached();
   ASSERT_NE(client, nullptr);
   ASSERT_TRUE(client->attached()) << client->attach_status();
-  for (size_t size : {size_t{0}, size_t{1}, size_t{100}, size_t{4096}, size_t{1} << 20,
-                      kSegment, kSegment + 1, size_t{64} << 20, size_t{256} << 20}) {
+  for (size_t size : {size_t{0}, size_t{1}, size_t{100}, size_t{4096}, size_t{1} << 20, kSegment,
+                      kSegment + 1, size_t{64} << 20, size_t{256} << 20}) {
     SCOPED_TRACE(size);
     const std::vector<std::byte> data = RandomBytes(size, size + 3);
     absl::StatusOr<Ticket> ticket = client->Store(data.data(), data.size());
@@ -132,14 +132,13 @@ TEST_F(ZeroCopyTest, StoreFetchOneByteTo256MiBBytesIdentical) {
     EXPECT_EQ(client->Fetch(*ticket, back.data(), size == 0 ? 0 : size - 1).code(),
               size == 0 ? absl::StatusCode::kOk : absl::StatusCode::kOutOfRange);
     ASSERT_TRUE(client->Release(*ticket).ok());
-    EXPECT_EQ(client->Fetch(*ticket, back.data(), back.size()).code(),
-              absl::StatusCode::kNotFound);
+    EXPECT_EQ(client->Fetch(*ticket, back.data(), back.size()).code(), absl::StatusCode::kNotFound);
     EXPECT_EQ(client->Release(*ticket).code(), absl::StatusCode::kNotFound);
   }
   // Dedicated leases went back on Release but the last (kept as a spare for
   // the next buffer of its size); of the shared segments, at most the batch.
-  StatsSnapshot stats = SettledStats(
-      [](const StatsSnapshot& s) { return s.pool_used_bytes == s.pool_leased_bytes; });
+  StatsSnapshot stats =
+      SettledStats([](const StatsSnapshot& s) { return s.pool_used_bytes == s.pool_leased_bytes; });
   EXPECT_LE(stats.pool_leased_bytes, 2 * kSegment + (size_t{256} << 20));
   EXPECT_EQ(stats.pool_used_bytes, stats.pool_leased_bytes);
 }
@@ -254,8 +253,8 @@ struct RawSession {
 
 RawSession OpenRaw(const DaemonProcess& daemon, bool attach) {
   RawSession raw;
-  raw.stub = pb::Stash::NewStub(
-      grpc::CreateChannel(daemon.address(), grpc::InsecureChannelCredentials()));
+  raw.stub =
+      pb::Stash::NewStub(grpc::CreateChannel(daemon.address(), grpc::InsecureChannelCredentials()));
   grpc::ClientContext ctx;
   pb::OpenSessionReply reply;
   EXPECT_TRUE(raw.stub->OpenSession(&ctx, pb::OpenSessionRequest(), &reply).ok());
@@ -302,7 +301,8 @@ TEST_F(ZeroCopyTest, SegmentsAreIsolatedBetweenSessions) {
   absl::StatusOr<std::vector<int>> fds_b =
       b.attach->ReceiveLease(lease_b.leases(0).lease_id(), 1, std::chrono::seconds(5), &stale);
   ASSERT_TRUE(fds_b.ok()) << fds_b.status();
-  struct stat st_a {}, st_b {};
+  struct stat st_a {
+  }, st_b{};
   ASSERT_EQ(fstat((*fds_a)[0], &st_a), 0);
   ASSERT_EQ(fstat((*fds_b)[0], &st_b), 0);
   EXPECT_NE(st_a.st_ino, st_b.st_ino) << "B got the memfd A still holds";
@@ -333,8 +333,8 @@ TEST_F(ZeroCopyTest, ReturnedLeaseMemoryIsUnreachableForInlineObjects) {
   absl::StatusOr<std::vector<int>> fds =
       a.attach->ReceiveLease(lease.leases(0).lease_id(), 1, std::chrono::seconds(5), &stale);
   ASSERT_TRUE(fds.ok());
-  auto* mem = static_cast<char*>(
-      mmap(nullptr, kSegment, PROT_READ | PROT_WRITE, MAP_SHARED, (*fds)[0], 0));
+  auto* mem =
+      static_cast<char*>(mmap(nullptr, kSegment, PROT_READ | PROT_WRITE, MAP_SHARED, (*fds)[0], 0));
   ASSERT_NE(mem, MAP_FAILED);
   ASSERT_TRUE(a.Return(lease.leases(0).lease_id()).ok());
 
@@ -448,7 +448,8 @@ TEST_F(ZeroCopyTest, KilledClientHolding500MiBIsReclaimedWithinOneSecond) {
   EXPECT_GE(before->pool_leased_bytes, 500u << 20);
   bool listed = false;
   for (const SessionStatsEntry& s : before->all_sessions) {
-    if (s.peer_pid == static_cast<uint32_t>(child.pid)) listed = s.attached && s.leased_bytes >= (500u << 20);
+    if (s.peer_pid == static_cast<uint32_t>(child.pid))
+      listed = s.attached && s.leased_bytes >= (500u << 20);
   }
   EXPECT_TRUE(listed) << "the worker's session shows its pid and leases";
 

@@ -33,8 +33,8 @@ int main(int argc, char** argv) {
   const std::string address = Arg(argc, argv, "--address", "");
   const long iterations = std::atol(Arg(argc, argv, "--iterations", "200").c_str());
   const uint64_t seed = std::strtoull(Arg(argc, argv, "--seed", "1").c_str(), nullptr, 10);
-  const uint64_t max_bytes = std::strtoull(Arg(argc, argv, "--max-bytes", "3000000").c_str(),
-                                           nullptr, 10);
+  const uint64_t max_bytes =
+      std::strtoull(Arg(argc, argv, "--max-bytes", "3000000").c_str(), nullptr, 10);
   const uint64_t hold = std::strtoull(Arg(argc, argv, "--hold-bytes", "0").c_str(), nullptr, 10);
   const long uid = std::atol(Arg(argc, argv, "--setuid", "-1").c_str());
   if (uid >= 0 && setuid(static_cast<uid_t>(uid)) != 0) {

@@ -392,8 +392,8 @@ TEST_F(ConfigTest, TcpAndTlsSettings) {
   const Parsed insecure = ParseArgs({"--listen-tcp", "0.0.0.0:7000", "--insecure"});
   ASSERT_FALSE(insecure.command_line.exit_code.has_value()) << insecure.err;
   EXPECT_TRUE(insecure.command_line.config.insecure);
-  const Parsed tls = ParseArgs({"--listen-tcp", "10.0.0.1:7000", "--tls-cert", "c.pem",
-                                "--tls-key", "k.pem", "--tls-client-ca", "ca.pem"});
+  const Parsed tls = ParseArgs({"--listen-tcp", "10.0.0.1:7000", "--tls-cert", "c.pem", "--tls-key",
+                                "k.pem", "--tls-client-ca", "ca.pem"});
   ASSERT_FALSE(tls.command_line.exit_code.has_value()) << tls.err;
   EXPECT_EQ(tls.command_line.config.tls_client_ca, "ca.pem");
   for (const std::vector<std::string>& bad :

@@ -24,28 +24,24 @@ std::string DaemonBinaryPath() {
   return ACTSTASH_DAEMON_BINARY;
 }
 
-absl::StatusOr<std::unique_ptr<DaemonProcess>> DaemonProcess::Start(
-    DaemonProcessOptions options) {
+absl::StatusOr<std::unique_ptr<DaemonProcess>> DaemonProcess::Start(DaemonProcessOptions options) {
   std::unique_ptr<DaemonProcess> daemon(new DaemonProcess(std::move(options)));
   char dir_template[] = "/tmp/actstash-test-XXXXXX";
   if (mkdtemp(dir_template) == nullptr) {
     return absl::InternalError(absl::StrCat("mkdtemp: ", std::strerror(errno)));
   }
   daemon->temp_dir_ = dir_template;
-  daemon->socket_path_ = daemon->options_.socket_path.empty()
-                             ? daemon->temp_dir_ + "/actstash.sock"
-                             : daemon->options_.socket_path;
+  daemon->socket_path_ = daemon->options_.socket_path.empty() ? daemon->temp_dir_ + "/actstash.sock"
+                                                              : daemon->options_.socket_path;
   daemon->log_path_ = daemon->temp_dir_ + "/actstashd.log";
   if (absl::Status s = daemon->Launch(); !s.ok()) return s;
   return daemon;
 }
 
 absl::Status DaemonProcess::Launch() {
-  std::vector<std::string> args = {DaemonBinaryPath(),
-                                   "--socket",       socket_path_,
-                                   "--pool-size",    options_.pool_size,
-                                   "--segment-size", options_.segment_size,
-                                   "--log-level",    "debug"};
+  std::vector<std::string> args = {DaemonBinaryPath(),    "--socket",         socket_path_,
+                                   "--pool-size",         options_.pool_size, "--segment-size",
+                                   options_.segment_size, "--log-level",      "debug"};
   if (options_.bare) args.resize(1);
   args.insert(args.end(), options_.extra_args.begin(), options_.extra_args.end());
   std::vector<char*> argv;

@@ -40,7 +40,7 @@ struct ClientOptions {
   // else the default socket (/run/actstash/actstash.sock as root, else
   // $XDG_RUNTIME_DIR/actstash/actstash.sock).
   std::string address;
-  std::string client_name;  // shown in the daemon's stats; empty: the program name
+  std::string client_name;   // shown in the daemon's stats; empty: the program name
   uint64_t quota_bytes = 0;  // 0: the daemon's default quota
   // Deadline of every call, a whole Put or Get stream included.
   std::chrono::milliseconds rpc_timeout{30000};
