@@ -182,9 +182,7 @@ void Daemon::ReapIdleSessions() {
   while (!reaper_mu_.AwaitWithTimeout(absl::Condition(&reaper_stop_), absl::Seconds(1))) {
     if (ttl_ms <= 0) continue;
     reaper_mu_.Unlock();
-    const int64_t now_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
-                               std::chrono::system_clock::now().time_since_epoch())
-                               .count();
+    const int64_t now_ms = SteadyNowMs();
     for (const std::shared_ptr<Session>& session : sessions_.IdleSessions(now_ms, ttl_ms)) {
       if (std::optional<SessionTotals> freed = CloseSessionAndFree(core_, session->id())) {
         core_.sessions_reclaimed.fetch_add(1, std::memory_order_relaxed);

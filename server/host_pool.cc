@@ -5,6 +5,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <vector>
@@ -32,7 +33,8 @@ bool IsPowerOfTwo(uint64_t x) { return x != 0 && (x & (x - 1)) == 0; }
 
 // Creates a zeroed memfd for segment `index` and maps it at `at`
 // (MAP_FIXED over whatever was there), populated, and mlocked if `lock`.
-absl::StatusOr<int> MapFreshSegment(std::byte* at, uint64_t index, uint64_t bytes, bool lock) {
+absl::StatusOr<int> MapFreshSegment(std::byte* at, uint64_t index, uint64_t bytes, bool lock,
+                                    bool* locked) {
   const std::string name = absl::StrCat("actstash-segment-", index);
   const int fd = memfd_create(name.c_str(), MFD_CLOEXEC);
   if (fd < 0) return ErrnoStatus("memfd_create", errno);
@@ -48,8 +50,9 @@ absl::StatusOr<int> MapFreshSegment(std::byte* at, uint64_t index, uint64_t byte
     close(fd);
     return ErrnoStatus("mapping a pool segment", error);
   }
-  if (lock && mlock(at, bytes) != 0) {
-    spdlog::warn("mlock of a renewed segment failed: {}", std::strerror(errno));
+  *locked = lock && mlock(at, bytes) == 0;
+  if (lock && !*locked) {
+    spdlog::warn("mlock of a renewed segment failed: {}; it stays unpinned", std::strerror(errno));
   }
   return fd;
 }
@@ -65,10 +68,11 @@ class HostPool final : public MemoryPool {
         segment_count_(fds.size()),
         segment_bytes_(options.segment_bytes),
         total_bytes_(segment_bytes_ * segment_count_),
-        locked_bytes_(locked_bytes),
+        pinned_(locked_bytes != 0),
         allocator_(total_bytes_, options.alignment),
         segment_fds_(std::move(fds)),
-        held_inline_(segment_count_, false) {}
+        held_inline_(segment_count_, false),
+        unpinned_(segment_count_, false) {}
 
   ~HostPool() override {
     {
@@ -132,7 +136,8 @@ class HostPool final : public MemoryPool {
   absl::Status RenewSegments(const SegmentRun& run) override {
     for (uint32_t i = run.first_segment; i < run.first_segment + run.count; ++i) {
       std::byte* at = base_ + uint64_t{i} * segment_bytes_;
-      absl::StatusOr<int> fd = MapFreshSegment(at, i, segment_bytes_, locked_bytes_ != 0);
+      bool locked = false;
+      absl::StatusOr<int> fd = MapFreshSegment(at, i, segment_bytes_, pinned_, &locked);
       if (!fd.ok()) {
         // A failed MAP_FIXED may have unmapped the range: put the old memfd
         // back, or the pool has a hole the allocator does not know about.
@@ -151,6 +156,7 @@ class HostPool final : public MemoryPool {
         absl::MutexLock lock(&mu_);
         std::swap(segment_fds_[i], old_fd);
         held_inline_[i] = false;
+        unpinned_[i] = pinned_ && !locked;  // stats say what is really pinned
       }
       // Empties the old memfd for whoever still maps it.
       fallocate(old_fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0,
@@ -171,7 +177,10 @@ class HostPool final : public MemoryPool {
     stats.largest_free_bytes = allocator_.largest_free_block();
     stats.segment_bytes = segment_bytes_;
     stats.segments = segment_count_;
-    stats.locked_bytes = locked_bytes_;
+    stats.locked_bytes =
+        pinned_ ? total_bytes_ - segment_bytes_ * static_cast<uint64_t>(std::count(
+                                                      unpinned_.begin(), unpinned_.end(), true))
+                : 0;
     stats.allocations = allocator_.allocation_count();
     return stats;
   }
@@ -196,12 +205,14 @@ class HostPool final : public MemoryPool {
   const uint64_t segment_count_;
   const uint64_t segment_bytes_;
   const uint64_t total_bytes_;
-  const uint64_t locked_bytes_;
+  const bool pinned_;  // the pool was mlocked at creation: renewals mlock too
   mutable absl::Mutex mu_;
   RangeAllocator allocator_ ABSL_GUARDED_BY(mu_);
   std::vector<int> segment_fds_ ABSL_GUARDED_BY(mu_);
   // Segments that held inline objects since they were last renewed.
   std::vector<bool> held_inline_ ABSL_GUARDED_BY(mu_);
+  // Segments a renewal could not mlock again (only when pinned_).
+  std::vector<bool> unpinned_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_set<uint64_t> segment_runs_ ABSL_GUARDED_BY(mu_);  // offsets of leases
 };
 
@@ -245,8 +256,9 @@ absl::StatusOr<std::unique_ptr<MemoryPool>> CreateHostPool(const HostPoolOptions
     return status;
   };
   for (uint64_t i = 0; i < segments; ++i) {
+    bool unused = false;
     absl::StatusOr<int> fd =
-        MapFreshSegment(base + i * options.segment_bytes, i, options.segment_bytes, false);
+        MapFreshSegment(base + i * options.segment_bytes, i, options.segment_bytes, false, &unused);
     if (!fd.ok()) return fail(fd.status());
     fds.push_back(*fd);
   }

@@ -31,7 +31,7 @@ Session::Session(uint64_t id, std::string token, std::string name, uint32_t pid,
       pid_(pid),
       quota_bytes_(quota_bytes),
       opened_unix_ms_(opened_unix_ms),
-      last_active_ms_(opened_unix_ms) {}
+      last_active_ms_(SteadyNowMs()) {}
 
 absl::StatusOr<QuotaReservation> Session::Reserve(uint64_t bytes) {
   if (closed()) {
@@ -98,12 +98,13 @@ bool Session::attached() const {
   return attached_;
 }
 
-void Session::Touch() {
-  last_active_ms_.store(std::chrono::duration_cast<std::chrono::milliseconds>(
-                            std::chrono::system_clock::now().time_since_epoch())
-                            .count(),
-                        std::memory_order_relaxed);
+int64_t SteadyNowMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
 }
+
+void Session::Touch() { last_active_ms_.store(SteadyNowMs(), std::memory_order_relaxed); }
 
 SessionSnapshot Session::Snapshot() const {
   SessionSnapshot s;

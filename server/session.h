@@ -38,6 +38,9 @@ class QuotaReservation {
 };
 
 // Identity of the process on the other end of the attach connection.
+// The steady clock in milliseconds: the time base of idle tracking.
+int64_t SteadyNowMs();
+
 struct PeerCredentials {
   uint32_t uid = 0;
   uint32_t gid = 0;
@@ -105,6 +108,8 @@ class Session : public std::enable_shared_from_this<Session> {
   bool attached() const ABSL_LOCKS_EXCLUDED(mu_);
   // Marks activity now (every authenticated call), for the idle TTL.
   void Touch();
+  // Milliseconds of the steady clock (SteadyNowMs) at the last Touch or at
+  // creation: immune to wall-clock steps.
   int64_t last_active_ms() const { return last_active_ms_.load(std::memory_order_relaxed); }
   SessionSnapshot Snapshot() const;
 

@@ -97,11 +97,11 @@ std::vector<std::shared_ptr<Session>> SessionManager::List() const {
   return sessions;
 }
 
-std::vector<std::shared_ptr<Session>> SessionManager::IdleSessions(int64_t now_unix_ms,
+std::vector<std::shared_ptr<Session>> SessionManager::IdleSessions(int64_t now_ms,
                                                                    int64_t ttl_ms) const {
   std::vector<std::shared_ptr<Session>> idle;
   for (std::shared_ptr<Session>& session : List()) {
-    if (!session->attached() && now_unix_ms - session->last_active_ms() > ttl_ms) {
+    if (!session->attached() && now_ms - session->last_active_ms() > ttl_ms) {
       idle.push_back(std::move(session));
     }
   }

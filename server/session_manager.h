@@ -43,8 +43,8 @@ class SessionManager {
   std::shared_ptr<Session> Close(uint64_t session_id);
   std::vector<std::shared_ptr<Session>> List() const;
   // Open sessions without an attach connection whose last call is older than
-  // `ttl_ms` at `now_unix_ms`.
-  std::vector<std::shared_ptr<Session>> IdleSessions(int64_t now_unix_ms, int64_t ttl_ms) const;
+  // `ttl_ms` at `now_ms` (steady clock, SteadyNowMs).
+  std::vector<std::shared_ptr<Session>> IdleSessions(int64_t now_ms, int64_t ttl_ms) const;
   size_t size() const;
 
  private:
