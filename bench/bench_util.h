@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -105,6 +106,30 @@ long Calibrate(double min_time, Body body) {
     elapsed = Since(start);
   }
   return std::max(1L, std::lround(min_time * static_cast<double>(runs) / elapsed));
+}
+
+// When *address is empty: starts a daemon with a `pool_size` pool, makes it
+// the one whose log Die prints, and sets *address to it. Else returns null.
+inline std::unique_ptr<actstash::testing::DaemonProcess> StartDaemonUnless(
+    std::string* address, const std::string& pool_size) {
+  if (!address->empty()) return nullptr;
+  actstash::testing::DaemonProcessOptions options;
+  options.pool_size = pool_size;
+  absl::StatusOr<std::unique_ptr<actstash::testing::DaemonProcess>> started =
+      actstash::testing::DaemonProcess::Start(options);
+  Check(started.status(), "starting actstashd");
+  g_daemon = started->get();
+  *address = (*started)->address();
+  return *std::move(started);
+}
+
+// Stops a daemon StartDaemonUnless started (null: nothing); dies unless it
+// exits with 0.
+inline void StopDaemon(actstash::testing::DaemonProcess* daemon) {
+  if (daemon == nullptr) return;
+  absl::StatusOr<int> code = daemon->Stop();
+  Check(code.status(), "stopping actstashd");
+  if (*code != 0) Die("actstashd exited with code " + std::to_string(*code));
 }
 
 }  // namespace actstash::bench

@@ -189,17 +189,7 @@ int main(int argc, char** argv) {
   size_t lat_size = 0;
   if (!ParseSize(lat_size_text, &lat_size)) Die("bad --latency-size: " + lat_size_text);
 
-  std::unique_ptr<actstash::testing::DaemonProcess> daemon;
-  if (address.empty()) {
-    actstash::testing::DaemonProcessOptions options;
-    options.pool_size = pool;
-    absl::StatusOr<std::unique_ptr<actstash::testing::DaemonProcess>> started =
-        actstash::testing::DaemonProcess::Start(options);
-    Check(started.status(), "starting actstashd");
-    daemon = *std::move(started);
-    g_daemon = daemon.get();
-    address = daemon->address();
-  }
+  std::unique_ptr<actstash::testing::DaemonProcess> daemon = StartDaemonUnless(&address, pool);
   actstash::ClientOptions options;
   options.address = address;
   options.client_name = "inline_bench";
@@ -235,10 +225,6 @@ int main(int argc, char** argv) {
   Latency(client, lat_size, lat_iters);
 
   Check(client.Close(), "Close");
-  if (daemon) {
-    absl::StatusOr<int> code = daemon->Stop();
-    Check(code.status(), "stopping actstashd");
-    if (*code != 0) Die("actstashd exited with code " + std::to_string(*code));
-  }
+  StopDaemon(daemon.get());
   return 0;
 }

@@ -256,17 +256,7 @@ int main(int argc, char** argv) {
   }
   if (pool.empty()) pool = quick ? "1GiB" : "2GiB";
 
-  std::unique_ptr<actstash::testing::DaemonProcess> daemon;
-  if (address.empty()) {
-    actstash::testing::DaemonProcessOptions options;
-    options.pool_size = pool;
-    absl::StatusOr<std::unique_ptr<actstash::testing::DaemonProcess>> started =
-        actstash::testing::DaemonProcess::Start(options);
-    Check(started.status(), "starting actstashd");
-    daemon = *std::move(started);
-    g_daemon = daemon.get();
-    address = daemon->address();
-  }
+  std::unique_ptr<actstash::testing::DaemonProcess> daemon = StartDaemonUnless(&address, pool);
   uint64_t segment = 0;
   {
     std::unique_ptr<Client> probe = Connect(address, AttachMode::kRequired, 1);
@@ -307,10 +297,6 @@ int main(int argc, char** argv) {
 
   Check(inline_client->Close(), "Close");
   Check(client->Close(), "Close");
-  if (daemon) {
-    absl::StatusOr<int> code = daemon->Stop();
-    Check(code.status(), "stopping actstashd");
-    if (*code != 0) Die("actstashd exited with code " + std::to_string(*code));
-  }
+  StopDaemon(daemon.get());
   return 0;
 }
