@@ -91,72 +91,54 @@ absl::StatusOr<std::vector<std::shared_ptr<Lease>>> LeaseManager::Grant(
   return granted;
 }
 
+RemovedTotals LeaseManager::TakeLocked(uint64_t session_id, absl::Span<const uint64_t> ids,
+                                       std::vector<std::shared_ptr<Lease>>* removed) {
+  RemovedTotals totals;
+  for (uint64_t id : ids) {
+    auto it = leases_.find(id);
+    if (it == leases_.end() || it->second->session_id() != session_id) continue;
+    totals.bytes += it->second->bytes();
+    leased_bytes_ -= it->second->bytes();
+    removed->push_back(std::move(it->second));
+    leases_.erase(it);
+    ++totals.objects;
+  }
+  return totals;
+}
+
 absl::StatusOr<RemovedTotals> LeaseManager::Return(uint64_t session_id,
                                                    absl::Span<const uint64_t> ids) {
-  std::vector<std::shared_ptr<Lease>> removed;
-  RemovedTotals totals;
-  {
-    absl::MutexLock lock(&mu_);
-    absl::flat_hash_set<uint64_t> seen;
-    for (uint64_t id : ids) {
-      auto it = leases_.find(id);
-      if (it == leases_.end() || it->second->session_id() != session_id) {
-        return absl::NotFoundError(
-            absl::StrCat("no lease ", id, " in this session; nothing returned"));
-      }
-      if (!seen.insert(id).second) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("lease ", id, " appears twice; nothing returned"));
-      }
+  std::vector<std::shared_ptr<Lease>> removed;  // freed outside mu_
+  absl::MutexLock lock(&mu_);
+  absl::flat_hash_set<uint64_t> seen;
+  for (uint64_t id : ids) {
+    auto it = leases_.find(id);
+    if (it == leases_.end() || it->second->session_id() != session_id) {
+      return absl::NotFoundError(
+          absl::StrCat("no lease ", id, " in this session; nothing returned"));
     }
-    for (uint64_t id : ids) {
-      auto it = leases_.find(id);
-      totals.bytes += it->second->bytes();
-      leased_bytes_ -= it->second->bytes();
-      removed.push_back(std::move(it->second));
-      leases_.erase(it);
+    if (!seen.insert(id).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("lease ", id, " appears twice; nothing returned"));
     }
   }
-  totals.objects = removed.size();
-  return totals;  // memory and quota go back here, outside mu_
+  return TakeLocked(session_id, ids, &removed);
 }
 
 RemovedTotals LeaseManager::ReturnAny(uint64_t session_id, absl::Span<const uint64_t> ids) {
-  std::vector<std::shared_ptr<Lease>> removed;
-  RemovedTotals totals;
-  {
-    absl::MutexLock lock(&mu_);
-    for (uint64_t id : ids) {
-      auto it = leases_.find(id);
-      if (it == leases_.end() || it->second->session_id() != session_id) continue;
-      totals.bytes += it->second->bytes();
-      leased_bytes_ -= it->second->bytes();
-      removed.push_back(std::move(it->second));
-      leases_.erase(it);
-    }
-  }
-  totals.objects = removed.size();
-  return totals;
+  std::vector<std::shared_ptr<Lease>> removed;  // freed outside mu_
+  absl::MutexLock lock(&mu_);
+  return TakeLocked(session_id, ids, &removed);
 }
 
 RemovedTotals LeaseManager::ReleaseSession(uint64_t session_id) {
-  std::vector<std::shared_ptr<Lease>> removed;
-  RemovedTotals totals;
-  {
-    absl::MutexLock lock(&mu_);
-    for (auto it = leases_.begin(); it != leases_.end();) {
-      if (it->second->session_id() == session_id) {
-        totals.bytes += it->second->bytes();
-        leased_bytes_ -= it->second->bytes();
-        removed.push_back(std::move(it->second));
-        leases_.erase(it++);
-      } else {
-        ++it;
-      }
-    }
+  std::vector<std::shared_ptr<Lease>> removed;  // freed outside mu_
+  absl::MutexLock lock(&mu_);
+  std::vector<uint64_t> ids;
+  for (const auto& [id, lease] : leases_) {
+    if (lease->session_id() == session_id) ids.push_back(id);
   }
-  totals.objects = removed.size();
-  return totals;
+  return TakeLocked(session_id, ids, &removed);
 }
 
 uint64_t LeaseManager::leased_bytes() const {

@@ -89,6 +89,12 @@ class LeaseManager {
   uint64_t granted_total() const;
 
  private:
+  // Removes those of `ids` that are the session's into `removed` (whose
+  // owner destroys them after releasing mu_).
+  RemovedTotals TakeLocked(uint64_t session_id, absl::Span<const uint64_t> ids,
+                           std::vector<std::shared_ptr<Lease>>* removed)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   MemoryPool& pool_;
   std::atomic<WorkQueue*> work_{nullptr};
   std::atomic<bool> renew_{true};

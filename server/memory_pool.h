@@ -20,6 +20,9 @@ struct PoolStats {
   uint64_t segments = 0;
   uint64_t locked_bytes = 0;
   uint64_t allocations = 0;
+  // Set by SessionPoolStats (stash_core.h): part of the pool's used bytes
+  // that no session holds any more (returned leases being renewed).
+  uint64_t renewing_bytes = 0;
 };
 
 class Allocation;

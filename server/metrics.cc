@@ -46,16 +46,15 @@ class StashCollector final : public prometheus::Collectable {
   explicit StashCollector(StashCore* core) : core_(*core) {}
 
   std::vector<MetricFamily> Collect() const override {
-    const PoolStats pool = core_.pool.Stats();
-    const uint64_t renewing = std::min(core_.leases.renewing_bytes(), pool.used_bytes);
+    const PoolStats pool = SessionPoolStats(core_);
     std::vector<MetricFamily> out;
     MetricFamily bytes =
         Family("actstash_pool_bytes", "Host pool bytes by state (used = held by sessions)",
                MetricType::Gauge);
     const std::pair<const char*, uint64_t> states[] = {{"total", pool.total_bytes},
-                                                       {"used", pool.used_bytes - renewing},
+                                                       {"used", pool.used_bytes},
                                                        {"free", pool.free_bytes},
-                                                       {"renewing", renewing},
+                                                       {"renewing", pool.renewing_bytes},
                                                        {"leased", core_.leases.leased_bytes()},
                                                        {"locked", pool.locked_bytes}};
     for (const auto& [state, value] : states) {

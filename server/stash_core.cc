@@ -1,5 +1,7 @@
 #include "server/stash_core.h"
 
+#include <algorithm>
+
 #include "common/protocol.h"
 #include "server/attach_server.h"
 
@@ -22,6 +24,13 @@ absl::StatusOr<std::shared_ptr<Session>> AuthenticateCall(const StashCore& core,
       core.sessions.Authenticate(absl::string_view(it->second.data(), it->second.size()));
   if (session.ok()) (*session)->Touch();
   return session;
+}
+
+PoolStats SessionPoolStats(const StashCore& core) {
+  PoolStats stats = core.pool.Stats();
+  stats.renewing_bytes = std::min(core.leases.renewing_bytes(), stats.used_bytes);
+  stats.used_bytes -= stats.renewing_bytes;
+  return stats;
 }
 
 std::optional<SessionTotals> CloseSessionAndFree(StashCore& core, uint64_t session_id) {

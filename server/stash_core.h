@@ -54,6 +54,10 @@ struct SessionTotals {
   RemovedTotals leases;
 };
 
+// The pool's stats as sessions see them: memory being renewed moves from
+// used_bytes to renewing_bytes. Any thread.
+PoolStats SessionPoolStats(const StashCore& core);
+
 // Closes a session and frees everything it holds (objects, leases). Returns
 // nullopt when it was not open. Any thread.
 std::optional<SessionTotals> CloseSessionAndFree(StashCore& core, uint64_t session_id);

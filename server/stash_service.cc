@@ -116,13 +116,11 @@ grpc::ServerUnaryReactor* StashService::Stats(grpc::CallbackServerContext* ctx,
                                               v1::StatsReply* reply) {
   absl::StatusOr<std::shared_ptr<Session>> session = AuthenticateCall(*core_, *ctx);
   if (!session.ok()) return FinishUnary(ctx, session.status());
-  const PoolStats pool = core_->pool.Stats();
+  const PoolStats pool = SessionPoolStats(*core_);
   v1::PoolStats* out = reply->mutable_pool();
   out->set_total_bytes(pool.total_bytes);
-  // Memory under renewal is allocated in the pool but no session's any more.
-  const uint64_t renewing = std::min(core_->leases.renewing_bytes(), pool.used_bytes);
-  out->set_used_bytes(pool.used_bytes - renewing);
-  out->set_renewing_bytes(renewing);
+  out->set_used_bytes(pool.used_bytes);
+  out->set_renewing_bytes(pool.renewing_bytes);
   out->set_free_bytes(pool.free_bytes);
   out->set_largest_free_bytes(pool.largest_free_bytes);
   out->set_segment_bytes(pool.segment_bytes);
