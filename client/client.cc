@@ -251,6 +251,12 @@ absl::StatusOr<StatsSnapshot> Client::Stats(bool all_sessions) {
   s.pool_locked_bytes = reply.pool().locked_bytes();
   s.pool_leased_bytes = reply.pool().leased_bytes();
   s.pool_renewing_bytes = reply.pool().renewing_bytes();
+  s.pool_cuda_pinned_bytes = reply.pool().cuda_pinned_bytes();
+  for (const v1::DevicePoolStats& d : reply.device_pools()) {
+    s.device_pools.push_back(DevicePoolSnapshot{d.device(), d.total_bytes(), d.used_bytes(),
+                                                d.free_bytes(), d.scrubbing_bytes(),
+                                                d.segment_bytes(), d.segments(), d.leases()});
+  }
   s.pool_leases = reply.pool().leases();
   s.leases_granted = reply.leases_granted();
   s.sessions_reclaimed = reply.sessions_reclaimed();
@@ -302,6 +308,30 @@ absl::StatusOr<Ticket> Client::Store(const void* src, size_t nbytes) {
   return Ticket{handle->id | kInlineTicket, nbytes};
 }
 
+absl::StatusOr<Reservation> Client::Reserve(size_t nbytes) {
+  if (absl::Status s = impl_->CheckOpen(); !s.ok()) return s;
+  if (impl_->local == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("Reserve needs the zero-copy path (", impl_->attach_status.message(), ")"));
+  }
+  absl::StatusOr<client_internal::Placed> placed = impl_->local->Reserve(nbytes);
+  if (!placed.ok()) return placed.status();
+  return Reservation{Ticket{placed->ticket, nbytes}, placed->data, placed->pinned};
+}
+
+absl::StatusOr<StoredBytes> Client::Locate(const Ticket& ticket) {
+  if (absl::Status s = impl_->CheckOpen(); !s.ok()) return s;
+  if ((ticket.id & kInlineTicket) != 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("ticket ", ticket.id, " is stored inline in the daemon: use Fetch"));
+  }
+  if (impl_->local == nullptr)
+    return absl::NotFoundError(absl::StrCat("unknown ticket ", ticket.id));
+  absl::StatusOr<client_internal::Located> located = impl_->local->Locate(ticket.id);
+  if (!located.ok()) return located.status();
+  return StoredBytes{located->data, located->size, located->pinned};
+}
+
 absl::Status Client::Fetch(const Ticket& ticket, void* dst, size_t capacity) {
   if (absl::Status s = impl_->CheckOpen(); !s.ok()) return s;
   if ((ticket.id & kInlineTicket) == 0) {
@@ -327,6 +357,17 @@ absl::Status Client::Release(const Ticket& ticket) {
 
 bool Client::attached() const { return impl_->local != nullptr; }
 absl::Status Client::attach_status() const { return impl_->attach_status; }
+
+absl::Status Client::pin_status() const {
+  return impl_->local == nullptr ? absl::OkStatus() : impl_->local->pin_status();
+}
+
+ZeroCopyUsage Client::zero_copy_usage() const {
+  if (impl_->local == nullptr) return {};
+  const client_internal::LocalUsage usage = impl_->local->usage();
+  return ZeroCopyUsage{usage.leases,          usage.leased_bytes, usage.pinned_bytes,
+                       usage.unpinned_leases, usage.objects,      usage.bytes};
+}
 
 uint64_t Client::session_id() const { return impl_->session_id; }
 uint64_t Client::quota_bytes() const { return impl_->quota_bytes; }

@@ -26,6 +26,7 @@
 #include "client/channel.h"
 #include "client/local_store.h"
 #include "common/address.h"
+#include "common/pinned_registrar.h"
 #include "common/protocol.h"
 
 namespace actstash {
@@ -43,6 +44,10 @@ struct Client::Impl final : public client_internal::LeaseBackend {
   std::atomic<bool> closed{false};
   // Zero-copy data plane; both null when not attached.
   std::unique_ptr<client_internal::AttachChannel> attach;
+  // Registers leases with CUDA (ClientOptions::pin_leases); null: none.
+  // Declared before `local`, so it is destroyed after it (LocalStore
+  // unregisters what it unmaps).
+  std::unique_ptr<PinnedRegistrar> registrar;
   std::unique_ptr<client_internal::LocalStore> local;
   absl::Status attach_status = absl::FailedPreconditionError("not attached");
   // Usage reporter (only when attached).
@@ -180,6 +185,12 @@ struct Client::Impl final : public client_internal::LeaseBackend {
           "not attached: the daemon is not on a local Unix socket (zero-copy needs one)");
       return attach_status;
     }
+    absl::StatusOr<std::unique_ptr<PinnedRegistrar>> pinner =
+        RegistrarForPolicy(options.pin_leases);
+    if (!pinner.ok()) {  // kOn without a usable device
+      attach_status = pinner.status();
+      return attach_status;
+    }
     const std::string path = grpc_socket.substr(0, grpc_socket.find_last_of('/') + 1) + socket_name;
     absl::StatusOr<std::unique_ptr<client_internal::AttachChannel>> channel =
         client_internal::AttachChannel::Connect(path, token, options.connect_timeout);
@@ -187,8 +198,11 @@ struct Client::Impl final : public client_internal::LeaseBackend {
       attach_status = channel.status();
       return attach_status;
     }
+    registrar = *std::move(pinner);
     attach = *std::move(channel);
-    local = std::make_unique<client_internal::LocalStore>(this, segment_bytes, options.lease_batch);
+    local = std::make_unique<client_internal::LocalStore>(this, segment_bytes, options.lease_batch,
+                                                          registrar.get(),
+                                                          options.pin_leases == PinPolicy::kOn);
     attach_status = absl::OkStatus();
     StartReporter();
     return attach_status;

@@ -1,12 +1,18 @@
 // HostCopyEngine: each stream is a worker thread draining a FIFO of work.
+// Copies, gathers and scatters are work items that first wait for their deps.
+#include <cstring>
 #include <deque>
 #include <random>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "actstash/copy_engine.h"
+#include "client/tensor_layout.h"
+#include "common/status_macros.h"
+#include "kernels/strided_copy.h"
 
 namespace actstash {
 namespace {
@@ -106,11 +112,68 @@ class HostCopyEngine final : public CopyEngine {
                                          std::function<absl::Status()> work) override {
     return streams_[static_cast<size_t>(stream)]->Submit(std::move(work));
   }
+
+  absl::StatusOr<std::shared_ptr<CopyEvent>> CopyAsync(CopyStream stream, void* dst,
+                                                       const void* src, size_t nbytes,
+                                                       StreamHandle /*after*/,
+                                                       CopyDeps deps) override {
+    if (nbytes > 0 && (dst == nullptr || src == nullptr)) {
+      return absl::InvalidArgumentError("CopyAsync: null pointer with a non-empty copy");
+    }
+    return SubmitAfter(stream, deps, [dst, src, nbytes] {
+      if (nbytes > 0) std::memcpy(dst, src, nbytes);
+      return absl::OkStatus();
+    });
+  }
+
+  absl::StatusOr<std::shared_ptr<CopyEvent>> GatherAsync(CopyStream stream, void* dst,
+                                                         size_t dst_bytes, const void* src,
+                                                         const TensorLayout& layout,
+                                                         StreamHandle /*after*/,
+                                                         CopyDeps deps) override {
+    ACTSTASH_ASSIGN_OR_RETURN(const kernels::StridedLayout strided,
+                              client_internal::CheckGather(src, layout, dst, dst_bytes));
+    return SubmitAfter(stream, deps, [dst, dst_bytes, src, strided] {
+      return kernels::GatherCpu(src, strided, dst, dst_bytes);
+    });
+  }
+
+  absl::StatusOr<std::shared_ptr<CopyEvent>> ScatterAsync(CopyStream stream, void* dst,
+                                                          const TensorLayout& layout,
+                                                          const void* src, size_t src_bytes,
+                                                          StreamHandle /*after*/,
+                                                          CopyDeps deps) override {
+    ACTSTASH_ASSIGN_OR_RETURN(const kernels::StridedLayout strided,
+                              client_internal::CheckScatter(src, src_bytes, dst, layout));
+    return SubmitAfter(stream, deps, [dst, src, src_bytes, strided] {
+      return kernels::ScatterCpu(src, src_bytes, dst, strided);
+    });
+  }
+
+  // The caller's thread is its stream: waiting here orders it.
+  absl::Status OrderAfterAsync(StreamHandle /*stream*/, const CopyEvent& event) override {
+    return event.Wait();
+  }
+
   void Synchronize() override {
     for (auto& stream : streams_) stream->Drain();
   }
 
  private:
+  // Runs `copy` on `stream` once every dep is done; the first failed dep's
+  // status fails the work and `copy` does not run.
+  std::shared_ptr<CopyEvent> SubmitAfter(CopyStream stream, CopyDeps deps,
+                                         std::function<absl::Status()> copy) {
+    std::vector<std::shared_ptr<CopyEvent>> waits(deps.begin(), deps.end());
+    return SubmitAsync(stream, [waits = std::move(waits), copy = std::move(copy)] {
+      for (const auto& dep : waits) {
+        if (dep == nullptr) continue;
+        ACTSTASH_RETURN_IF_ERROR(dep->Wait());
+      }
+      return copy();
+    });
+  }
+
   std::vector<std::unique_ptr<Stream>> streams_;
 };
 

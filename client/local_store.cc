@@ -48,14 +48,57 @@ absl::StatusOr<std::byte*> MapLease(const GrantedLease& lease, uint64_t segment_
 
 }  // namespace
 
-LocalStore::LocalStore(LeaseBackend* backend, uint64_t segment_bytes, uint32_t lease_batch)
+LocalStore::LocalStore(LeaseBackend* backend, uint64_t segment_bytes, uint32_t lease_batch,
+                       PinnedRegistrar* registrar, bool require_pinned)
     : backend_(*backend),
       segment_bytes_(segment_bytes),
-      lease_batch_(std::max<uint32_t>(1, lease_batch)) {}
+      lease_batch_(std::max<uint32_t>(1, lease_batch)),
+      registrar_(registrar),
+      require_pinned_(require_pinned) {}
 
 LocalStore::~LocalStore() {
   absl::MutexLock lock(&mu_);
-  for (const std::unique_ptr<Arena>& arena : arenas_) munmap(arena->base, arena->bytes);
+  for (const std::unique_ptr<Arena>& arena : arenas_) UnmapArena(*arena);
+}
+
+absl::StatusOr<std::unique_ptr<LocalStore::Arena>> LocalStore::MapArena(const GrantedLease& lease,
+                                                                        bool dedicated) {
+  absl::StatusOr<std::byte*> base = MapLease(lease, segment_bytes_);  // closes the fds
+  if (!base.ok()) return base.status();
+  const uint64_t bytes = uint64_t{lease.segments} * segment_bytes_;
+  auto arena = std::unique_ptr<Arena>(
+      new Arena{lease.lease_id, *base, bytes, dedicated, ArenaAllocator(bytes)});
+  if (registrar_ != nullptr) {
+    // Once per lease, for as long as it is mapped: a CUDA copy into or out of
+    // it is then a plain DMA (no staging, asynchronous).
+    absl::Status status = registrar_->Register(arena->base, arena->bytes);
+    if (status.ok()) {
+      arena->pinned = true;
+    } else {
+      if (require_pinned_) {
+        munmap(arena->base, arena->bytes);
+        return absl::Status(status.code(),
+                            absl::StrCat("registering leased memory for CUDA (pinning is "
+                                         "required by the client's options): ",
+                                         status.message()));
+      }
+      absl::MutexLock lock(&mu_);
+      ++usage_.unpinned_leases;
+      if (pin_status_.ok()) {
+        pin_status_ = absl::Status(status.code(),
+                                   absl::StrCat("leased memory is not pinned for CUDA (copies are "
+                                                "staged by the driver and slower): ",
+                                                status.message()));
+      }
+    }
+  }
+  return arena;
+}
+
+void LocalStore::UnmapArena(const Arena& arena) {
+  // A failed unregister leaves nothing to undo: the range goes anyway.
+  if (arena.pinned) (void)registrar_->Unregister(arena.base);
+  munmap(arena.base, arena.bytes);
 }
 
 bool LocalStore::TryPlace(uint64_t nbytes, Placement* out) {
@@ -96,19 +139,17 @@ absl::StatusOr<std::vector<std::unique_ptr<LocalStore::Arena>>> LocalStore::Leas
       unmapped.push_back(lease.lease_id);
       continue;
     }
-    absl::StatusOr<std::byte*> base = MapLease(lease, segment_bytes_);  // closes the fds
-    if (!base.ok()) {
-      status = base.status();
+    absl::StatusOr<std::unique_ptr<Arena>> arena = MapArena(lease, dedicated);
+    if (!arena.ok()) {
+      status = arena.status();
       unmapped.push_back(lease.lease_id);
       continue;
     }
-    const uint64_t bytes = uint64_t{lease.segments} * segment_bytes_;
-    arenas.push_back(std::unique_ptr<Arena>(
-        new Arena{lease.lease_id, *base, bytes, dedicated, ArenaAllocator(bytes)}));
+    arenas.push_back(*std::move(arena));
   }
   if (!status.ok()) {
     for (const std::unique_ptr<Arena>& arena : arenas) {
-      munmap(arena->base, arena->bytes);
+      UnmapArena(*arena);
       unmapped.push_back(arena->lease_id);
     }
     (void)backend_.Return(unmapped);
@@ -121,6 +162,27 @@ absl::StatusOr<uint64_t> LocalStore::Store(const void* src, size_t nbytes) {
   if (nbytes > 0 && src == nullptr) {
     return absl::InvalidArgumentError("Store: null source with a non-zero size");
   }
+  absl::StatusOr<Placed> placed = Place(nbytes);
+  if (!placed.ok()) return placed.status();
+  if (nbytes > 0) std::memcpy(placed->data, src, nbytes);
+  return placed->ticket;
+}
+
+absl::StatusOr<Placed> LocalStore::Reserve(size_t nbytes) { return Place(nbytes); }
+
+absl::StatusOr<Located> LocalStore::Locate(uint64_t ticket) {
+  absl::MutexLock lock(&mu_);
+  auto it = tickets_.find(ticket);
+  if (it == tickets_.end()) {
+    return absl::NotFoundError(absl::StrCat("unknown or released ticket ", ticket));
+  }
+  const Placement& placement = it->second;
+  ++usage_.fetches;
+  usage_.bytes_fetched += placement.size;
+  return Located{placement.arena->base + placement.offset, placement.size, placement.arena->pinned};
+}
+
+absl::StatusOr<Placed> LocalStore::Place(size_t nbytes) {
   if (backend_.Lost()) return Lost();
   Placement placement;
   uint64_t ticket = 0;
@@ -152,9 +214,7 @@ absl::StatusOr<uint64_t> LocalStore::Store(const void* src, size_t nbytes) {
       Arena* arena = arenas->front().get();
       const std::optional<uint64_t> offset = arena->allocator.Allocate(nbytes);
       placement = Placement{arena, offset.value_or(0), nbytes};
-      arenas_.push_back(std::move(arenas->front()));
-      usage_.leases += 1;
-      usage_.leased_bytes += arena->bytes;
+      Adopt(std::move(arenas->front()));
       ticket = NewTicket(placement, nbytes);
     }
   } else {
@@ -177,11 +237,7 @@ absl::StatusOr<uint64_t> LocalStore::Store(const void* src, size_t nbytes) {
         }
         if (!arenas.ok()) return arenas.status();
         mu_.Lock();
-        for (std::unique_ptr<Arena>& arena : *arenas) {
-          usage_.leases += 1;
-          usage_.leased_bytes += arena->bytes;
-          arenas_.push_back(std::move(arena));
-        }
+        for (std::unique_ptr<Arena>& arena : *arenas) Adopt(std::move(arena));
         placed = TryPlace(nbytes, &placement);
       }
     }
@@ -192,8 +248,7 @@ absl::StatusOr<uint64_t> LocalStore::Store(const void* src, size_t nbytes) {
     ticket = NewTicket(placement, nbytes);
     mu_.Unlock();
   }
-  if (nbytes > 0) std::memcpy(placement.arena->base + placement.offset, src, nbytes);
-  return ticket;
+  return Placed{ticket, placement.arena->base + placement.offset, placement.arena->pinned};
 }
 
 absl::Status LocalStore::Fetch(uint64_t ticket, void* dst, size_t capacity) {
@@ -242,11 +297,19 @@ std::unique_ptr<LocalStore::Arena> LocalStore::Detach(Arena* arena) {
   hint_ = 0;
   usage_.leases -= 1;
   usage_.leased_bytes -= detached->bytes;
+  if (detached->pinned) usage_.pinned_bytes -= detached->bytes;
   return detached;
 }
 
+void LocalStore::Adopt(std::unique_ptr<Arena> arena) {
+  usage_.leases += 1;
+  usage_.leased_bytes += arena->bytes;
+  if (arena->pinned) usage_.pinned_bytes += arena->bytes;
+  arenas_.push_back(std::move(arena));
+}
+
 void LocalStore::GiveBack(std::unique_ptr<Arena> arena) {
-  munmap(arena->base, arena->bytes);
+  UnmapArena(*arena);
   // A failed Return (daemon gone) loses nothing: closing the session, or the
   // daemon's exit, frees the lease anyway.
   if (!backend_.Lost()) (void)backend_.Return(absl::MakeConstSpan(&arena->lease_id, 1));
@@ -290,6 +353,11 @@ absl::Status LocalStore::Release(uint64_t ticket) {
 LocalUsage LocalStore::usage() const {
   absl::MutexLock lock(&mu_);
   return usage_;
+}
+
+absl::Status LocalStore::pin_status() const {
+  absl::MutexLock lock(&mu_);
+  return pin_status_;
 }
 
 }  // namespace actstash::client_internal

@@ -18,6 +18,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
 #include "client/arena_allocator.h"
+#include "common/pinned_registrar.h"
 
 namespace actstash::client_internal {
 
@@ -49,6 +50,22 @@ struct LocalUsage {
   uint64_t fetches = 0;
   uint64_t leases = 0;  // leases mapped now
   uint64_t leased_bytes = 0;
+  uint64_t pinned_bytes = 0;     // of leased_bytes, registered for CUDA
+  uint64_t unpinned_leases = 0;  // leases whose registration failed (cumulative)
+};
+
+// Where a reserved buffer lies: the caller writes it.
+struct Placed {
+  uint64_t ticket = 0;
+  std::byte* data = nullptr;
+  bool pinned = false;  // registered for CUDA
+};
+
+// Where a stored buffer lies: the caller reads it.
+struct Located {
+  const std::byte* data = nullptr;
+  uint64_t size = 0;
+  bool pinned = false;
 };
 
 // Thread-safe: Store, Fetch and Release may run concurrently on any threads;
@@ -56,9 +73,14 @@ struct LocalUsage {
 // with its own Release is undefined (as for any freed buffer).
 class LocalStore {
  public:
-  // `backend` must outlive the store. `lease_batch` segments are leased at a
-  // time; up to that many empty segments are kept for reuse.
-  LocalStore(LeaseBackend* backend, uint64_t segment_bytes, uint32_t lease_batch);
+  // `backend` (and `registrar`, when not null) must outlive the store.
+  // `lease_batch` segments are leased at a time; up to that many empty
+  // segments are kept for reuse. With a registrar, every lease is registered
+  // once when mapped and unregistered before it is unmapped; a failed
+  // registration fails the Store when `require_pinned`, else the lease is
+  // used unpinned and the first error is kept (pin_status).
+  LocalStore(LeaseBackend* backend, uint64_t segment_bytes, uint32_t lease_batch,
+             PinnedRegistrar* registrar = nullptr, bool require_pinned = false);
   // Unmaps everything; does not return leases (closing the session does).
   ~LocalStore();
   LocalStore(const LocalStore&) = delete;
@@ -68,6 +90,13 @@ class LocalStore {
   // RESOURCE_EXHAUSTED when no lease can be had (quota, pool); UNAVAILABLE
   // once the daemon is gone.
   absl::StatusOr<uint64_t> Store(const void* src, size_t nbytes) ABSL_LOCKS_EXCLUDED(mu_);
+  // Places `nbytes` like Store but copies nothing: the caller fills the
+  // returned bytes (e.g. with an asynchronous device copy) and must not
+  // Fetch or Locate the ticket before they are written. Same errors.
+  absl::StatusOr<Placed> Reserve(size_t nbytes) ABSL_LOCKS_EXCLUDED(mu_);
+  // Where the ticket's bytes are, valid until its Release; counts as a
+  // fetch. NOT_FOUND for an unknown or released ticket.
+  absl::StatusOr<Located> Locate(uint64_t ticket) ABSL_LOCKS_EXCLUDED(mu_);
   // Copies the ticket's bytes to `dst`. NOT_FOUND for an unknown or released
   // ticket, OUT_OF_RANGE when `capacity` is too small. Works after the daemon
   // went away: the memory is still mapped here.
@@ -78,6 +107,8 @@ class LocalStore {
   // dedicated leases but the last, go back to the daemon.
   absl::Status Release(uint64_t ticket) ABSL_LOCKS_EXCLUDED(mu_);
   LocalUsage usage() const ABSL_LOCKS_EXCLUDED(mu_);
+  // OK, or the first registration failure (leases then run unpinned).
+  absl::Status pin_status() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   struct Arena {
@@ -86,6 +117,7 @@ class LocalStore {
     uint64_t bytes = 0;
     bool dedicated = false;
     ArenaAllocator allocator;
+    bool pinned = false;
   };
   struct Placement {
     Arena* arena = nullptr;
@@ -95,6 +127,12 @@ class LocalStore {
 
   // Places `nbytes` in a mapped shared arena; false when none has room.
   bool TryPlace(uint64_t nbytes, Placement* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Reserve without the argument checks.
+  absl::StatusOr<Placed> Place(size_t nbytes) ABSL_LOCKS_EXCLUDED(mu_);
+  // Maps (and registers) one granted lease; closes its fds either way.
+  absl::StatusOr<std::unique_ptr<Arena>> MapArena(const GrantedLease& lease, bool dedicated);
+  // Unregisters and unmaps.
+  void UnmapArena(const Arena& arena);
   // Leases and maps `count` leases of `segments` segments each.
   absl::StatusOr<std::vector<std::unique_ptr<Arena>>> LeaseArenas(uint32_t count, uint32_t segments,
                                                                   bool dedicated);
@@ -102,6 +140,8 @@ class LocalStore {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The empty dedicated arena kept for reuse, if any.
   Arena* SpareDedicated() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Adds a mapped arena to the table.
+  void Adopt(std::unique_ptr<Arena> arena) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Removes an arena from the table; the caller unmaps and returns it.
   std::unique_ptr<Arena> Detach(Arena* arena) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void GiveBack(std::unique_ptr<Arena> arena);
@@ -109,6 +149,8 @@ class LocalStore {
   LeaseBackend& backend_;
   const uint64_t segment_bytes_;
   const uint32_t lease_batch_;
+  PinnedRegistrar* const registrar_;
+  const bool require_pinned_;
   absl::Mutex lease_mu_ ABSL_ACQUIRED_BEFORE(mu_);  // one lease RPC at a time
   mutable absl::Mutex mu_;
   std::vector<std::unique_ptr<Arena>> arenas_ ABSL_GUARDED_BY(mu_);
@@ -116,6 +158,7 @@ class LocalStore {
   absl::flat_hash_map<uint64_t, Placement> tickets_ ABSL_GUARDED_BY(mu_);
   uint64_t next_ticket_ ABSL_GUARDED_BY(mu_) = 1;
   LocalUsage usage_ ABSL_GUARDED_BY(mu_);
+  absl::Status pin_status_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace actstash::client_internal

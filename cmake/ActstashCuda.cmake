@@ -19,4 +19,9 @@ if(NOT ACTSTASH_WITH_CUDA STREQUAL "OFF")
     message(FATAL_ERROR "ACTSTASH_WITH_CUDA=ON but no CUDA compiler (nvcc) was found")
   endif()
 endif()
+# Also in the cache (CMakeCache.txt), where .ci/run checks that a machine with
+# nvcc really built the CUDA code. The normal variable above is what the
+# CMakeLists read; this copy is only a record, rewritten on every configure.
+set(ACTSTASH_HAVE_CUDA ${ACTSTASH_HAVE_CUDA}
+    CACHE INTERNAL "CUDA support resolved from ACTSTASH_WITH_CUDA")
 message(STATUS "actstash: CUDA support ${ACTSTASH_HAVE_CUDA}")

@@ -54,6 +54,14 @@ constexpr Setting kSettings[] = {
     {"mlock",
      "Pin the pool with mlock: auto (try, warn and continue unpinned), on (fail "
      "without it), off (default auto)"},
+    {"cuda_pin",
+     "Register the pool's segments with CUDA (cudaHostRegister) for full-speed, "
+     "asynchronous GPU copies: auto (when a CUDA device is present; failures warn), on "
+     "(fail without it), off (default auto)"},
+    {"device_pool",
+     "Device pool(s) for CUDA IPC leases: GPU:SIZE, comma-separated for several GPUs "
+     "(e.g. 0:8GiB,1:8GiB); rounded down to whole segments; off by default. For trusted, "
+     "same-uid trainers: a client may keep its IPC mapping after a lease ends"},
     {"log_level", "trace, debug, info, warn, error or off (default info)"},
     {"shutdown_grace_seconds",
      "On SIGTERM/SIGINT, how long in-flight calls may run before "
@@ -179,6 +187,11 @@ absl::StatusOr<DaemonConfig> Resolve(const std::map<std::string, std::string>& v
                                                    "page size (",
                                                    page, ")"));
   }
+  // Leases are placed by segment alignment (a power of two).
+  if ((config.segment_bytes & (config.segment_bytes - 1)) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "segment_size: ", FormatBytes(config.segment_bytes), " is not a power of two"));
+  }
   if (config.pool_bytes < config.segment_bytes) {
     return absl::InvalidArgumentError(absl::StrCat("pool_size: ", FormatBytes(config.pool_bytes),
                                                    " is smaller than one segment (",
@@ -218,6 +231,24 @@ absl::StatusOr<DaemonConfig> Resolve(const std::map<std::string, std::string>& v
       return absl::InvalidArgumentError(
           absl::StrCat("mlock: '", *mode, "' is not one of auto, on, off"));
     }
+  }
+  if (const std::string* mode = get("cuda_pin")) {
+    if (*mode == "auto") {
+      config.cuda_pin = PinPolicy::kAuto;
+    } else if (*mode == "on") {
+      config.cuda_pin = PinPolicy::kOn;
+    } else if (*mode == "off") {
+      config.cuda_pin = PinPolicy::kOff;
+    } else {
+      return absl::InvalidArgumentError(
+          absl::StrCat("cuda_pin: '", *mode, "' is not one of auto, on, off"));
+    }
+  }
+  if (const std::string* pools = get("device_pool")) {
+    absl::StatusOr<std::vector<DevicePoolConfig>> parsed =
+        ParseDevicePools(*pools, config.segment_bytes);
+    if (!parsed.ok()) return bad("device_pool", parsed.status());
+    config.device_pools = *std::move(parsed);
   }
   if (const std::string* level = get("log_level")) {
     static const char* const kLevels[] = {"trace", "debug", "info", "warn", "error", "off"};

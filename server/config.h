@@ -9,6 +9,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "client/include/actstash/pinned.h"
+#include "server/device_pool_config.h"
 #include "server/host_pool.h"
 
 namespace actstash::server {
@@ -22,6 +24,11 @@ struct DaemonConfig {
   uint64_t default_session_quota = 0;  // what a session asking for 0 gets
   size_t max_sessions = 1024;
   MlockMode mlock = MlockMode::kAuto;
+  // Registration of the host pool's segments with CUDA (cudaHostRegister):
+  // kAuto when a device is present, kOn fails start-up without it, kOff never.
+  PinPolicy cuda_pin = PinPolicy::kAuto;
+  // Device pools (CUDA builds only), at most one per device.
+  std::vector<DevicePoolConfig> device_pools;
   std::string log_level = "info";
   double shutdown_grace_seconds = 5;
   // Sessions without an attach connection are closed after this long without

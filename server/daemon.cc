@@ -64,38 +64,103 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> TcpCredentials(
 
 }  // namespace
 
-Daemon::Daemon(const DaemonConfig& config, std::unique_ptr<MemoryPool> pool)
+Daemon::Daemon(const DaemonConfig& config, Memory memory)
     : config_(config),
-      pool_(std::move(pool)),
+      registrar_(std::move(memory.registrar)),
+      pool_(std::move(memory.pool)),
+      device_memory_(std::move(memory.device_memory)),
+      device_pools_(std::move(memory.device_pools)),
       sessions_(SessionManagerOptions{config.default_session_quota, config.max_session_quota,
                                       config.max_sessions}),
       leases_(pool_.get()),
       core_(pool_.get(), &sessions_, &catalog_, &leases_),
-      service_(&core_) {}
+      service_(&core_) {
+  for (size_t i = 0; i < device_pools_.size(); ++i) {
+    device_leases_.push_back(
+        std::make_unique<LeaseManager>(device_pools_[i].get(), static_cast<uint32_t>(i + 1)));
+    core_.device_tiers.push_back({device_pools_[i].get(), device_leases_.back().get()});
+  }
+}
 
-Daemon::~Daemon() { Shutdown(std::chrono::milliseconds(0)); }
-
-absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config) {
-  spdlog::info("actstashd {} starting (pid {}); {}", kVersion, getpid(), DescribeCudaDevices());
-  if (absl::Status s = MakeParentDirectory(config.socket_path); !s.ok()) return s;
-  if (absl::Status s = ClaimSocketPath(config.socket_path); !s.ok()) return s;
+absl::StatusOr<Daemon::Memory> Daemon::CreateMemory(const DaemonConfig& config,
+                                                    std::unique_ptr<DeviceMemory> device_memory) {
+  Memory memory;
+  std::string why_not;
+  absl::StatusOr<std::unique_ptr<PinnedRegistrar>> registrar =
+      RegistrarForPolicy(config.cuda_pin, &why_not);
+  if (!registrar.ok()) {
+    return absl::Status(registrar.status().code(),
+                        absl::StrCat("cuda_pin is on: ", registrar.status().message()));
+  }
+  memory.registrar = *std::move(registrar);
 
   const auto pool_start = std::chrono::steady_clock::now();
   HostPoolOptions pool_options;
   pool_options.pool_bytes = config.pool_bytes;
   pool_options.segment_bytes = config.segment_bytes;
   pool_options.mlock = config.mlock;
+  pool_options.cuda_registrar = memory.registrar.get();
+  pool_options.require_cuda_pinned = config.cuda_pin == PinPolicy::kOn;
   absl::StatusOr<std::unique_ptr<MemoryPool>> pool = CreateHostPool(pool_options);
   if (!pool.ok()) return pool.status();
-  const PoolStats stats = (*pool)->Stats();
-  spdlog::info("host pool: {} in {} segments of {} ({}), ready in {} ms",
+  memory.pool = *std::move(pool);
+  const PoolStats stats = memory.pool->Stats();
+  const std::string cuda =
+      memory.registrar == nullptr ? absl::StrCat("not CUDA-registered: ", why_not)
+      : stats.cuda_pinned_bytes == stats.total_bytes
+          ? std::string("CUDA-registered")
+          : absl::StrCat("CUDA-registered: only ", FormatBytes(stats.cuda_pinned_bytes),
+                         " (registration failed, see above)");
+  spdlog::info("host pool: {} in {} segments of {} ({}; {}), ready in {} ms",
                FormatBytes(stats.total_bytes), stats.segments, FormatBytes(stats.segment_bytes),
-               stats.locked_bytes == stats.total_bytes ? "mlocked" : "NOT pinned",
+               stats.locked_bytes == stats.total_bytes ? "mlocked" : "NOT pinned", cuda,
                std::chrono::duration_cast<std::chrono::milliseconds>(
                    std::chrono::steady_clock::now() - pool_start)
                    .count());
 
-  std::unique_ptr<Daemon> daemon(new Daemon(config, *std::move(pool)));
+  if (config.device_pools.empty()) return memory;
+  if (device_memory == nullptr) {
+    absl::StatusOr<std::unique_ptr<DeviceMemory>> cuda_memory = CreateCudaDeviceMemory();
+    if (!cuda_memory.ok()) {
+      return absl::Status(cuda_memory.status().code(),
+                          absl::StrCat("device_pool: ", cuda_memory.status().message()));
+    }
+    device_memory = *std::move(cuda_memory);
+  }
+  memory.device_memory = std::move(device_memory);
+  for (const DevicePoolConfig& entry : config.device_pools) {
+    DevicePoolOptions options;
+    options.device = entry.device;
+    options.pool_bytes = entry.bytes;
+    options.segment_bytes = config.segment_bytes;
+    absl::StatusOr<std::unique_ptr<DevicePool>> device_pool =
+        DevicePool::Create(memory.device_memory.get(), options);
+    if (!device_pool.ok()) {
+      return absl::Status(device_pool.status().code(),
+                          absl::StrCat("device_pool: ", device_pool.status().message()));
+    }
+    spdlog::info(
+        "device pool: {} on GPU {} ({}) in {} segments, exported as one CUDA IPC handle; "
+        "clients that open it can reach the whole pool: for trusted, same-uid trainers only",
+        FormatBytes((*device_pool)->region_bytes()), entry.device,
+        memory.device_memory->Describe(entry.device), (*device_pool)->Stats().segments);
+    memory.device_pools.push_back(*std::move(device_pool));
+  }
+  return memory;
+}
+
+Daemon::~Daemon() { Shutdown(std::chrono::milliseconds(0)); }
+
+absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config,
+                                                      std::unique_ptr<DeviceMemory> device_memory) {
+  spdlog::info("actstashd {} starting (pid {}); {}", kVersion, getpid(), DescribeCudaDevices());
+  if (absl::Status s = MakeParentDirectory(config.socket_path); !s.ok()) return s;
+  if (absl::Status s = ClaimSocketPath(config.socket_path); !s.ok()) return s;
+
+  absl::StatusOr<Memory> memory = CreateMemory(config, std::move(device_memory));
+  if (!memory.ok()) return memory.status();
+  const PoolStats stats = memory->pool->Stats();
+  std::unique_ptr<Daemon> daemon(new Daemon(config, *std::move(memory)));
   daemon->work_ = std::make_unique<WorkQueue>();
   AttachServerOptions attach_options;
   attach_options.socket_path = attach::AttachSocketPath(config.socket_path);
@@ -118,6 +183,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config
   daemon->core_.work = daemon->work_.get();
   daemon->core_.pool_segments = stats.segments;
   daemon->leases_.SetWorkQueue(daemon->work_.get());
+  for (auto& device_leases : daemon->device_leases_)
+    device_leases->SetWorkQueue(daemon->work_.get());
   daemon->core_.attach_socket_name =
       attach_options.socket_path.substr(attach_options.socket_path.find_last_of('/') + 1);
   grpc::EnableDefaultHealthCheckService(true);
@@ -232,6 +299,7 @@ void Daemon::Shutdown(std::chrono::milliseconds grace) {
   // Released leases are freed as they are from now on: renewing memory the
   // daemon is about to give back to the kernel is wasted work.
   leases_.StopRenewing();
+  for (auto& device_leases : device_leases_) device_leases->StopRenewing();
   work_.reset();
   // Remove the socket only if it is still ours (a new daemon may own the path).
   RemoveSocketIfOurs(config_.socket_path, socket_inode_);

@@ -8,12 +8,16 @@
 #include <chrono>
 #include <memory>
 #include <thread>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "common/pinned_registrar.h"
 #include "server/attach_server.h"
 #include "server/catalog.h"
 #include "server/config.h"
+#include "server/device_memory.h"
+#include "server/device_pool.h"
 #include "server/lease_manager.h"
 #include "server/memory_pool.h"
 #include "server/metrics.h"
@@ -31,8 +35,10 @@ class Daemon {
   // Creates the pool, claims the socket path (refusing when another daemon
   // answers there; removing a stale socket file otherwise) and starts
   // serving. FAILED_PRECONDITION / RESOURCE_EXHAUSTED / INTERNAL with the
-  // reason otherwise.
-  static absl::StatusOr<std::unique_ptr<Daemon>> Start(const DaemonConfig& config);
+  // reason otherwise. The device pools (config.device_pools) use
+  // `device_memory` when given (tests: a fake), else the CUDA runtime.
+  static absl::StatusOr<std::unique_ptr<Daemon>> Start(
+      const DaemonConfig& config, std::unique_ptr<DeviceMemory> device_memory = nullptr);
   ~Daemon();
   Daemon(const Daemon&) = delete;
   Daemon& operator=(const Daemon&) = delete;
@@ -42,17 +48,31 @@ class Daemon {
   void Shutdown(std::chrono::milliseconds grace);
 
  private:
-  Daemon(const DaemonConfig& config, std::unique_ptr<MemoryPool> pool);
+  // Memory made before the Daemon object (and owned by it afterwards).
+  struct Memory {
+    std::unique_ptr<PinnedRegistrar> registrar;  // null: segments not CUDA-registered
+    std::unique_ptr<MemoryPool> pool;
+    std::unique_ptr<DeviceMemory> device_memory;  // null without device pools
+    std::vector<std::unique_ptr<DevicePool>> device_pools;
+  };
+  static absl::StatusOr<Memory> CreateMemory(const DaemonConfig& config,
+                                             std::unique_ptr<DeviceMemory> device_memory);
+  Daemon(const DaemonConfig& config, Memory memory);
   // Closes sessions without an attach connection that idled past the TTL.
   void ReapIdleSessions();
 
   const DaemonConfig config_;
   // Declaration order is destruction order in reverse: the server goes
-  // first, then the objects (catalog), then the pool they point into.
+  // first, then the objects (catalog) and leases, then the pools they point
+  // into, then what the pools use (registrar, device memory).
+  std::unique_ptr<PinnedRegistrar> registrar_;
   std::unique_ptr<MemoryPool> pool_;
+  std::unique_ptr<DeviceMemory> device_memory_;
+  std::vector<std::unique_ptr<DevicePool>> device_pools_;
   SessionManager sessions_;
   Catalog catalog_;
   LeaseManager leases_;
+  std::vector<std::unique_ptr<LeaseManager>> device_leases_;  // one per device pool
   StashCore core_;
   StashService service_;
   std::unique_ptr<WorkQueue> work_;

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -57,29 +58,59 @@ absl::StatusOr<int> MapFreshSegment(std::byte* at, uint64_t index, uint64_t byte
   return fd;
 }
 
+// Unregisters from CUDA the segments flagged in `registered`.
+void UnregisterSegments(PinnedRegistrar* registrar, std::byte* base, uint64_t segment_bytes,
+                        const std::vector<bool>& registered) {
+  for (uint64_t i = 0; i < registered.size(); ++i) {
+    if (!registered[i]) continue;
+    if (absl::Status s = registrar->Unregister(base + i * segment_bytes); !s.ok()) {
+      spdlog::warn("unregistering host pool segment {} from CUDA failed: {}", i, s.ToString());
+    }
+  }
+}
+
+std::string UnregisteredWarning(uint64_t unregistered, uint64_t segments,
+                                const absl::Status& first_error) {
+  return absl::StrCat(unregistered, " of ", segments,
+                      " host pool segments could not be registered with CUDA (",
+                      first_error.message(),
+                      "); they stay unregistered: GPU copies from them are staged by the "
+                      "driver (slower, and not asynchronous)");
+}
+
 // Thread-safety: the allocator, the segment fds and the per-segment flags are
 // guarded by mu_; the address range is fixed between construction and
 // destruction (renewal remaps a segment in place, for a run held exclusively).
+// The registrar is called outside mu_, for segments the caller holds.
 class HostPool final : public MemoryPool {
  public:
   HostPool(std::byte* base, std::vector<int> fds, const HostPoolOptions& options,
-           uint64_t locked_bytes)
+           uint64_t locked_bytes, std::vector<bool> cuda_registered)
       : base_(base),
         segment_count_(fds.size()),
         segment_bytes_(options.segment_bytes),
         total_bytes_(segment_bytes_ * segment_count_),
         pinned_(locked_bytes != 0),
+        registrar_(options.cuda_registrar),
+        require_cuda_(options.require_cuda_pinned),
         allocator_(total_bytes_, options.alignment),
         segment_fds_(std::move(fds)),
         held_inline_(segment_count_, false),
-        unpinned_(segment_count_, false) {}
+        unpinned_(segment_count_, false),
+        cuda_registered_(std::move(cuda_registered)),
+        cuda_warned_(std::find(cuda_registered_.begin(), cuda_registered_.end(), false) !=
+                     cuda_registered_.end()) {}
 
   ~HostPool() override {
+    std::vector<bool> registered;
     {
       absl::MutexLock lock(&mu_);
       ACTSTASH_CHECK(allocator_.allocation_count() == 0,
                      "HostPool destroyed while Allocations are alive");
+      registered = cuda_registered_;
     }
+    // Registrations go before the pages do.
+    if (registrar_ != nullptr) UnregisterSegments(registrar_, base_, segment_bytes_, registered);
     munmap(base_, total_bytes_);
     absl::MutexLock lock(&mu_);
     for (int fd : segment_fds_) close(fd);
@@ -136,6 +167,20 @@ class HostPool final : public MemoryPool {
   absl::Status RenewSegments(const SegmentRun& run) override {
     for (uint32_t i = run.first_segment; i < run.first_segment + run.count; ++i) {
       std::byte* at = base_ + uint64_t{i} * segment_bytes_;
+      // A CUDA registration pins the pages mapped now: kept over the remap,
+      // DMA would still reach the old (punched) memfd. Dropped first.
+      bool was_registered = false;
+      {
+        absl::MutexLock lock(&mu_);
+        was_registered = cuda_registered_[i];
+        cuda_registered_[i] = false;
+      }
+      if (was_registered) {
+        if (absl::Status s = registrar_->Unregister(at); !s.ok()) {
+          spdlog::error("unregistering host pool segment {} from CUDA before its renewal: {}", i,
+                        s.ToString());
+        }
+      }
       bool locked = false;
       absl::StatusOr<int> fd = MapFreshSegment(at, i, segment_bytes_, pinned_, &locked);
       if (!fd.ok()) {
@@ -149,6 +194,7 @@ class HostPool final : public MemoryPool {
         ACTSTASH_CHECK(mmap(at, segment_bytes_, PROT_READ | PROT_WRITE,
                             MAP_SHARED | MAP_FIXED | MAP_POPULATE, old_fd, 0) != MAP_FAILED,
                        "cannot restore a pool segment's mapping after a failed renewal");
+        if (was_registered) RegisterSegment(i).IgnoreError();  // logged there
         return fd.status();
       }
       int old_fd = *fd;
@@ -162,6 +208,11 @@ class HostPool final : public MemoryPool {
       fallocate(old_fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0,
                 static_cast<off_t>(segment_bytes_));
       close(old_fd);
+      if (registrar_ != nullptr) {
+        // Required: the run is kept out of use (quarantined by its owner)
+        // rather than handed out unregistered.
+        if (absl::Status s = RegisterSegment(i); !s.ok() && require_cuda_) return s;
+      }
     }
     return absl::OkStatus();
   }
@@ -181,11 +232,33 @@ class HostPool final : public MemoryPool {
         pinned_ ? total_bytes_ - segment_bytes_ * static_cast<uint64_t>(std::count(
                                                       unpinned_.begin(), unpinned_.end(), true))
                 : 0;
+    stats.cuda_pinned_bytes =
+        segment_bytes_ *
+        static_cast<uint64_t>(std::count(cuda_registered_.begin(), cuda_registered_.end(), true));
     stats.allocations = allocator_.allocation_count();
     return stats;
   }
 
  private:
+  // Registers segment `i` (mapped now, held by the caller) with CUDA and
+  // records the outcome; the first failure of a pool that does not require
+  // registration is logged once.
+  absl::Status RegisterSegment(uint64_t i) {
+    const absl::Status status = registrar_->Register(base_ + i * segment_bytes_, segment_bytes_);
+    absl::MutexLock lock(&mu_);
+    cuda_registered_[i] = status.ok();
+    if (!status.ok()) {
+      if (require_cuda_) {
+        spdlog::error("registering renewed host pool segment {} with CUDA failed: {}", i,
+                      status.ToString());
+      } else if (!cuda_warned_) {
+        cuda_warned_ = true;
+        spdlog::warn("{}", UnregisteredWarning(1, segment_count_, status));
+      }
+    }
+    return status;
+  }
+
   void Free(uint64_t offset) override {
     absl::MutexLock lock(&mu_);
     const std::optional<uint64_t> size = allocator_.AllocationSize(offset);
@@ -205,7 +278,9 @@ class HostPool final : public MemoryPool {
   const uint64_t segment_count_;
   const uint64_t segment_bytes_;
   const uint64_t total_bytes_;
-  const bool pinned_;  // the pool was mlocked at creation: renewals mlock too
+  const bool pinned_;                 // the pool was mlocked at creation: renewals mlock too
+  PinnedRegistrar* const registrar_;  // null: no CUDA registration
+  const bool require_cuda_;
   mutable absl::Mutex mu_;
   RangeAllocator allocator_ ABSL_GUARDED_BY(mu_);
   std::vector<int> segment_fds_ ABSL_GUARDED_BY(mu_);
@@ -214,6 +289,9 @@ class HostPool final : public MemoryPool {
   // Segments a renewal could not mlock again (only when pinned_).
   std::vector<bool> unpinned_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_set<uint64_t> segment_runs_ ABSL_GUARDED_BY(mu_);  // offsets of leases
+  // Segments registered with CUDA now.
+  std::vector<bool> cuda_registered_ ABSL_GUARDED_BY(mu_);
+  bool cuda_warned_ ABSL_GUARDED_BY(mu_);  // an unregistered segment was reported
 };
 
 std::string MemlockLimitText() {
@@ -231,6 +309,12 @@ absl::StatusOr<std::unique_ptr<MemoryPool>> CreateHostPool(const HostPoolOptions
     return absl::InvalidArgumentError(absl::StrCat("segment size ", options.segment_bytes,
                                                    " is not a positive multiple of the page size ",
                                                    page));
+  }
+  // A lease is a run of whole segments placed with segment alignment, which
+  // the allocator takes only as a power of two.
+  if (!IsPowerOfTwo(options.segment_bytes)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("segment size ", options.segment_bytes, " is not a power of two"));
   }
   if (!IsPowerOfTwo(options.alignment) || options.alignment > page) {
     return absl::InvalidArgumentError(
@@ -283,7 +367,29 @@ absl::StatusOr<std::unique_ptr<MemoryPool>> CreateHostPool(const HostPoolOptions
           why);
     }
   }
-  return std::unique_ptr<MemoryPool>(new HostPool(base, std::move(fds), options, locked));
+  // Per segment, not the whole range: a renewal replaces one segment's pages.
+  std::vector<bool> registered(segments, false);
+  if (options.cuda_registrar != nullptr) {
+    absl::Status first_error;
+    uint64_t failed = 0;
+    for (uint64_t i = 0; i < segments; ++i) {
+      std::byte* at = base + i * options.segment_bytes;
+      absl::Status status = options.cuda_registrar->Register(at, options.segment_bytes);
+      registered[i] = status.ok();
+      if (status.ok()) continue;
+      if (options.require_cuda_pinned) {
+        UnregisterSegments(options.cuda_registrar, base, options.segment_bytes, registered);
+        return fail(absl::Status(
+            status.code(), absl::StrCat("registering host pool segment ", i, " of ", segments, " (",
+                                        FormatBytes(options.segment_bytes),
+                                        ") with CUDA failed: ", status.message())));
+      }
+      if (failed++ == 0) first_error = status;
+    }
+    if (failed > 0) spdlog::warn("{}", UnregisteredWarning(failed, segments, first_error));
+  }
+  return std::unique_ptr<MemoryPool>(
+      new HostPool(base, std::move(fds), options, locked, std::move(registered)));
 }
 
 }  // namespace actstash::server

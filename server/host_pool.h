@@ -6,6 +6,7 @@
 #include <memory>
 
 #include "absl/status/statusor.h"
+#include "common/pinned_registrar.h"
 #include "server/memory_pool.h"
 
 namespace actstash::server {
@@ -18,16 +19,28 @@ enum class MlockMode {
 
 struct HostPoolOptions {
   uint64_t pool_bytes = 0;               // rounded down to whole segments; >= 1 segment
-  uint64_t segment_bytes = 64ull << 20;  // a multiple of the page size
+  uint64_t segment_bytes = 64ull << 20;  // a power of two, a multiple of the page size
   MlockMode mlock = MlockMode::kAuto;
   uint64_t alignment = 256;  // every allocation starts at a multiple (power of two)
+  // Registers every segment with CUDA (cudaHostRegister) when set; not
+  // owned, must outlive the pool. Null: no registration.
+  PinnedRegistrar* cuda_registrar = nullptr;
+  // A segment that cannot be registered fails pool creation (and a renewal
+  // that cannot register it again fails that renewal, so the segment is
+  // never handed out unregistered). Otherwise: one warning, and the segment
+  // stays unregistered (PoolStats::cuda_pinned_bytes says how much is).
+  bool require_cuda_pinned = false;
 };
 
 // Creates the pool: one memfd per segment, mapped MAP_SHARED|MAP_POPULATE
 // back to back into one reserved address range (so one allocation may span
 // segments), then mlock()ed according to options.mlock. All memory is
-// committed up front. Errors: INVALID_ARGUMENT for inconsistent options,
-// RESOURCE_EXHAUSTED / INTERNAL (with errno text) when the kernel refuses.
+// committed up front. Each segment is then registered on its own with
+// options.cuda_registrar (renewal remaps one segment in place, so it is
+// unregistered before and registered again after; everything is
+// unregistered before the range is unmapped). Errors: INVALID_ARGUMENT for
+// inconsistent options, RESOURCE_EXHAUSTED / INTERNAL (with errno text) when
+// the kernel refuses, the registrar's error when require_cuda_pinned.
 // The pool must outlive every Allocation it hands out.
 absl::StatusOr<std::unique_ptr<MemoryPool>> CreateHostPool(const HostPoolOptions& options);
 

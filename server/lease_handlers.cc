@@ -1,7 +1,12 @@
 // Lease, Return and ReportUsage: the control side of the zero-copy data
 // plane. A Lease is granted here, renewed (fresh memfds) on the work queue
 // when its segments were used before, and its fds are sent over the attach
-// channel before the call completes.
+// channel before the call completes. A device-tier Lease is granted from a
+// device pool's LeaseManager and answered with the pool's IPC handle and
+// offsets (its segments were zeroed when they came back).
+#include <optional>
+#include <string>
+
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
 #include "server/attach_server.h"
@@ -25,14 +30,16 @@ std::vector<uint64_t> Ids(const std::vector<std::shared_ptr<Lease>>& leases) {
 struct LeaseCall : std::enable_shared_from_this<LeaseCall> {
   LeaseCall(StashCore* core, grpc::ServerUnaryReactor* reactor, grpc::CallbackServerContext* ctx,
             v1::LeaseReply* reply, std::shared_ptr<Session> session, uint32_t count,
-            uint32_t per_lease)
+            uint32_t per_lease, const DeviceTier* device)
       : core(core),
         reactor(reactor),
         ctx(ctx),
         reply(reply),
         session(std::move(session)),
         count(count),
-        per_lease(per_lease) {}
+        per_lease(per_lease),
+        device(device),
+        leases(device != nullptr ? *device->leases : core->leases) {}
 
   StashCore* core;
   grpc::ServerUnaryReactor* reactor;
@@ -41,23 +48,44 @@ struct LeaseCall : std::enable_shared_from_this<LeaseCall> {
   std::shared_ptr<Session> session;
   uint32_t count;
   uint32_t per_lease;
+  const DeviceTier* device;  // null: the host pool
+  LeaseManager& leases;
 
   absl::StatusOr<std::vector<std::shared_ptr<server::Lease>>> Grant() {
-    return core->leases.Grant(session, count, per_lease);
+    return leases.Grant(session, count, per_lease);
   }
 
   // On failure, or when the caller gave up (deadline, cancel), the grants go
   // back: the client will never map them (it skips their fds).
   void Finish(const absl::Status& status, const std::vector<uint64_t>& ids) {
-    if (!status.ok() || ctx->IsCancelled()) core->leases.ReturnAny(session->id(), ids);
+    if (!status.ok() || ctx->IsCancelled()) leases.ReturnAny(session->id(), ids);
     reactor->Finish(ToGrpcStatus(status));
     core->streams_in_flight.fetch_sub(1, std::memory_order_acq_rel);
+  }
+
+  // Device grants: the pool's handle and the segments' offsets; nothing to
+  // renew (zeroed on return) and nothing to send.
+  void FinishDevice(const std::vector<std::shared_ptr<server::Lease>>& granted) {
+    const DevicePool& pool = *device->pool;
+    for (const auto& lease : granted) {
+      v1::LeaseGrant* grant = reply->add_leases();
+      grant->set_lease_id(lease->id());
+      grant->set_bytes(lease->bytes());
+      grant->set_segments(lease->segments());
+      grant->set_tier(v1::LEASE_TIER_DEVICE);
+      grant->set_device(static_cast<uint32_t>(pool.device()));
+      grant->set_ipc_handle(pool.ipc_handle());
+      grant->set_offset(uint64_t{lease->first_segment()} * pool.segment_bytes());
+      grant->set_region_bytes(pool.region_bytes());
+    }
+    Finish(absl::OkStatus(), Ids(granted));
   }
 
   // Renews what needs it (on the work queue, never on this thread), then has
   // the attach server queue the fds.
   void Continue(absl::StatusOr<std::vector<std::shared_ptr<server::Lease>>> granted) {
     if (!granted.ok()) return Finish(granted.status(), {});
+    if (device != nullptr) return FinishDevice(*granted);
     const std::vector<uint64_t> ids = Ids(*granted);
     bool renew = false;
     for (const auto& lease : *granted) {
@@ -97,7 +125,20 @@ grpc::ServerUnaryReactor* StashService::Lease(grpc::CallbackServerContext* ctx,
   absl::StatusOr<std::shared_ptr<Session>> session = AuthenticateCall(*core_, *ctx);
   if (!session.ok()) return FinishUnary(ctx, session.status());
   const uint32_t per_lease = std::max<uint32_t>(1, request->segments_per_lease());
-  const uint64_t segments = core_->pool_segments;
+  uint64_t segments = core_->pool_segments;
+  const DeviceTier* device = nullptr;
+  std::string pool_name = "the pool";
+  if (request->tier() == v1::LEASE_TIER_DEVICE) {
+    absl::StatusOr<const DeviceTier*> tier = FindDeviceTier(
+        *core_, request->has_device() ? std::optional<uint32_t>(request->device()) : std::nullopt);
+    if (!tier.ok()) return FinishUnary(ctx, tier.status());
+    device = *tier;
+    segments = device->pool->Stats().segments;
+    pool_name = absl::StrCat("the device pool on GPU ", device->pool->device());
+  } else if (request->tier() != v1::LEASE_TIER_HOST) {
+    return FinishUnary(
+        ctx, absl::InvalidArgumentError(absl::StrCat("unknown lease tier ", request->tier())));
+  }
   if (request->count() == 0 || request->count() > kMaxLeasesPerCall) {
     return FinishUnary(
         ctx, absl::InvalidArgumentError(absl::StrCat("Lease count ", request->count(),
@@ -105,8 +146,8 @@ grpc::ServerUnaryReactor* StashService::Lease(grpc::CallbackServerContext* ctx,
   }
   if (per_lease > segments) {
     return FinishUnary(
-        ctx, absl::ResourceExhaustedError(absl::StrCat("requested a lease of ", per_lease,
-                                                       " segments; the pool has ", segments)));
+        ctx, absl::ResourceExhaustedError(absl::StrCat(
+                 "requested a lease of ", per_lease, " segments; ", pool_name, " has ", segments)));
   }
   if (core_->attach == nullptr || !(*session)->attached()) {
     return FinishUnary(ctx, absl::FailedPreconditionError(
@@ -117,10 +158,10 @@ grpc::ServerUnaryReactor* StashService::Lease(grpc::CallbackServerContext* ctx,
   // attach server outlive every such call.
   core_->streams_in_flight.fetch_add(1, std::memory_order_acq_rel);
   auto call = std::make_shared<LeaseCall>(core_, ctx->DefaultReactor(), ctx, reply,
-                                          *std::move(session), request->count(), per_lease);
+                                          *std::move(session), request->count(), per_lease, device);
   absl::StatusOr<std::vector<std::shared_ptr<server::Lease>>> granted = call->Grant();
   if (!granted.ok() && granted.status().code() == absl::StatusCode::kResourceExhausted &&
-      core_->leases.renewals_pending() > 0) {
+      call->leases.renewals_pending() > 0) {
     // Memory being renewed counts as used: try again behind those renewals
     // (the work queue runs in order) rather than fail.
     core_->work->Post([call] { call->Continue(call->Grant()); });
@@ -138,9 +179,9 @@ grpc::ServerUnaryReactor* StashService::Return(grpc::CallbackServerContext* ctx,
   if (request->lease_ids_size() > static_cast<int>(kMaxLeasesPerCall) * 64) {
     return FinishUnary(ctx, absl::InvalidArgumentError("too many lease ids in one Return"));
   }
-  absl::StatusOr<RemovedTotals> returned = core_->leases.Return(
-      (*session)->id(),
-      absl::MakeConstSpan(request->lease_ids().data(), request->lease_ids_size()));
+  absl::StatusOr<RemovedTotals> returned =
+      ReturnLeases(*core_, (*session)->id(),
+                   absl::MakeConstSpan(request->lease_ids().data(), request->lease_ids_size()));
   if (!returned.ok()) return FinishUnary(ctx, returned.status());
   reply->set_returned(returned->objects);
   reply->set_bytes(returned->bytes);

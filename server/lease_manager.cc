@@ -106,10 +106,8 @@ RemovedTotals LeaseManager::TakeLocked(uint64_t session_id, absl::Span<const uin
   return totals;
 }
 
-absl::StatusOr<RemovedTotals> LeaseManager::Return(uint64_t session_id,
-                                                   absl::Span<const uint64_t> ids) {
-  std::vector<std::shared_ptr<Lease>> removed;  // freed outside mu_
-  absl::MutexLock lock(&mu_);
+absl::Status LeaseManager::CheckReturnLocked(uint64_t session_id,
+                                             absl::Span<const uint64_t> ids) const {
   absl::flat_hash_set<uint64_t> seen;
   for (uint64_t id : ids) {
     auto it = leases_.find(id);
@@ -122,6 +120,19 @@ absl::StatusOr<RemovedTotals> LeaseManager::Return(uint64_t session_id,
           absl::StrCat("lease ", id, " appears twice; nothing returned"));
     }
   }
+  return absl::OkStatus();
+}
+
+absl::Status LeaseManager::CheckReturn(uint64_t session_id, absl::Span<const uint64_t> ids) const {
+  absl::MutexLock lock(&mu_);
+  return CheckReturnLocked(session_id, ids);
+}
+
+absl::StatusOr<RemovedTotals> LeaseManager::Return(uint64_t session_id,
+                                                   absl::Span<const uint64_t> ids) {
+  std::vector<std::shared_ptr<Lease>> removed;  // freed outside mu_
+  absl::MutexLock lock(&mu_);
+  if (absl::Status s = CheckReturnLocked(session_id, ids); !s.ok()) return s;
   return TakeLocked(session_id, ids, &removed);
 }
 

@@ -51,10 +51,18 @@ class Lease {
 
 class WorkQueue;
 
+// Lease ids of the manager of index `tier` (0: the host pool, 1 + i: device
+// pool i) are tier << kLeaseTierShift | n, n >= 1: unique across managers,
+// so that a lease id alone names its manager.
+inline constexpr int kLeaseTierShift = 56;
+inline uint64_t LeaseTierOf(uint64_t lease_id) { return lease_id >> kLeaseTierShift; }
+
 // Thread-safe. Lease ids are never 0 and never reused in a daemon's life.
+// The pool may be a host pool or a device pool (whose renewal zeroes).
 class LeaseManager {
  public:
-  explicit LeaseManager(MemoryPool* pool) : pool_(*pool) {}
+  explicit LeaseManager(MemoryPool* pool, uint32_t tier = 0)
+      : pool_(*pool), next_id_((uint64_t{tier} << kLeaseTierShift) + 1) {}
   // Where released leases are renewed (off the caller's thread). Without
   // one (tests), renewal runs in the releasing thread; after
   // StopRenewing(), released memory is freed as it is (daemon shutdown).
@@ -76,6 +84,8 @@ class LeaseManager {
   // Takes leases back, all or none: NOT_FOUND for one that is not the
   // session's, INVALID_ARGUMENT for a repeat.
   absl::StatusOr<RemovedTotals> Return(uint64_t session_id, absl::Span<const uint64_t> ids);
+  // What Return would answer, without taking anything back.
+  absl::Status CheckReturn(uint64_t session_id, absl::Span<const uint64_t> ids) const;
   // Takes back those of `ids` that are the session's; ignores the others.
   RemovedTotals ReturnAny(uint64_t session_id, absl::Span<const uint64_t> ids);
   // Takes back every lease of the session.
@@ -94,6 +104,8 @@ class LeaseManager {
   RemovedTotals TakeLocked(uint64_t session_id, absl::Span<const uint64_t> ids,
                            std::vector<std::shared_ptr<Lease>>* removed)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status CheckReturnLocked(uint64_t session_id, absl::Span<const uint64_t> ids) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   MemoryPool& pool_;
   std::atomic<WorkQueue*> work_{nullptr};
@@ -101,7 +113,7 @@ class LeaseManager {
   std::atomic<int64_t> renewals_pending_{0};
   std::atomic<uint64_t> renewing_bytes_{0};
   mutable absl::Mutex mu_;
-  uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  uint64_t next_id_ ABSL_GUARDED_BY(mu_);
   uint64_t granted_total_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t leased_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_map<uint64_t, std::shared_ptr<Lease>> leases_ ABSL_GUARDED_BY(mu_);

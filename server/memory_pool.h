@@ -19,6 +19,8 @@ struct PoolStats {
   uint64_t segment_bytes = 0;
   uint64_t segments = 0;
   uint64_t locked_bytes = 0;
+  // Bytes registered with CUDA (cudaHostRegister): host pools only.
+  uint64_t cuda_pinned_bytes = 0;
   uint64_t allocations = 0;
   // Set by SessionPoolStats (stash_core.h): part of the pool's used bytes
   // that no session holds any more (returned leases being renewed).

@@ -56,11 +56,37 @@ class StashCollector final : public prometheus::Collectable {
                                                        {"free", pool.free_bytes},
                                                        {"renewing", pool.renewing_bytes},
                                                        {"leased", core_.leases.leased_bytes()},
-                                                       {"locked", pool.locked_bytes}};
+                                                       {"locked", pool.locked_bytes},
+                                                       {"cuda_pinned", pool.cuda_pinned_bytes}};
     for (const auto& [state, value] : states) {
       AddValue(&bytes, static_cast<double>(value), {{"state", state}});
     }
     out.push_back(std::move(bytes));
+    if (!core_.device_tiers.empty()) {
+      MetricFamily device_bytes = Family(
+          "actstash_device_pool_bytes",
+          "Device pool bytes by GPU and state (used = leased to sessions; scrubbing = returned, "
+          "being zeroed)",
+          MetricType::Gauge);
+      MetricFamily device_leases =
+          Family("actstash_device_leases", "Device pool leases held by sessions, by GPU",
+                 MetricType::Gauge);
+      for (const DeviceTier& tier : core_.device_tiers) {
+        const PoolStats stats = DeviceTierStats(tier);
+        const std::string gpu = std::to_string(tier.pool->device());
+        const std::pair<const char*, uint64_t> device_states[] = {
+            {"total", stats.total_bytes},
+            {"used", stats.used_bytes},
+            {"free", stats.free_bytes},
+            {"scrubbing", stats.renewing_bytes}};
+        for (const auto& [state, value] : device_states) {
+          AddValue(&device_bytes, static_cast<double>(value), {{"device", gpu}, {"state", state}});
+        }
+        AddValue(&device_leases, static_cast<double>(tier.leases->size()), {{"device", gpu}});
+      }
+      out.push_back(std::move(device_bytes));
+      out.push_back(std::move(device_leases));
+    }
     const auto sessions = core_.sessions.List();
     size_t attached = 0;
     for (const auto& s : sessions) attached += s->attached();

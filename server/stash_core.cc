@@ -1,7 +1,9 @@
 #include "server/stash_core.h"
 
 #include <algorithm>
+#include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "common/protocol.h"
 #include "server/attach_server.h"
 
@@ -26,6 +28,71 @@ absl::StatusOr<std::shared_ptr<Session>> AuthenticateCall(const StashCore& core,
   return session;
 }
 
+PoolStats DeviceTierStats(const DeviceTier& tier) {
+  PoolStats stats = tier.pool->Stats();
+  stats.renewing_bytes = std::min(tier.leases->renewing_bytes(), stats.used_bytes);
+  stats.used_bytes -= stats.renewing_bytes;
+  return stats;
+}
+
+absl::StatusOr<const DeviceTier*> FindDeviceTier(const StashCore& core,
+                                                 std::optional<uint32_t> device) {
+  if (core.device_tiers.empty()) {
+    return absl::FailedPreconditionError(
+        "this actstashd has no device pool (start it with --device-pool GPU:SIZE)");
+  }
+  if (!device.has_value()) {
+    if (core.device_tiers.size() == 1) return &core.device_tiers[0];
+    return absl::InvalidArgumentError(absl::StrCat("this actstashd has ", core.device_tiers.size(),
+                                                   " device pools: name the GPU (device)"));
+  }
+  for (const DeviceTier& tier : core.device_tiers) {
+    if (static_cast<uint32_t>(tier.pool->device()) == *device) return &tier;
+  }
+  std::string have;
+  for (const DeviceTier& tier : core.device_tiers) {
+    absl::StrAppend(&have, have.empty() ? "" : ", ", tier.pool->device());
+  }
+  return absl::FailedPreconditionError(
+      absl::StrCat("no device pool on GPU ", *device, "; device pools are on GPU ", have));
+}
+
+absl::StatusOr<RemovedTotals> ReturnLeases(StashCore& core, uint64_t session_id,
+                                           absl::Span<const uint64_t> ids) {
+  std::vector<LeaseManager*> managers = {&core.leases};
+  for (const DeviceTier& tier : core.device_tiers) managers.push_back(tier.leases);
+  std::vector<std::vector<uint64_t>> parts(managers.size());
+  for (uint64_t id : ids) {
+    const uint64_t tier = LeaseTierOf(id);
+    if (tier >= parts.size()) {
+      return absl::NotFoundError(
+          absl::StrCat("no lease ", id, " in this session; nothing returned"));
+    }
+    parts[tier].push_back(id);
+  }
+  const size_t used = static_cast<size_t>(
+      std::count_if(parts.begin(), parts.end(), [](const auto& p) { return !p.empty(); }));
+  if (used <= 1) {
+    for (size_t i = 0; i < parts.size(); ++i) {
+      if (!parts[i].empty()) return managers[i]->Return(session_id, parts[i]);
+    }
+    return RemovedTotals{};
+  }
+  // Several tiers: all are checked before any is taken. (Only a concurrent
+  // Return of the same leases by the same session can slip in between; it
+  // takes them back just the same.)
+  for (size_t i = 0; i < parts.size(); ++i) {
+    if (absl::Status s = managers[i]->CheckReturn(session_id, parts[i]); !s.ok()) return s;
+  }
+  RemovedTotals totals;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const RemovedTotals taken = managers[i]->ReturnAny(session_id, parts[i]);
+    totals.objects += taken.objects;
+    totals.bytes += taken.bytes;
+  }
+  return totals;
+}
+
 PoolStats SessionPoolStats(const StashCore& core) {
   PoolStats stats = core.pool.Stats();
   stats.renewing_bytes = std::min(core.leases.renewing_bytes(), stats.used_bytes);
@@ -40,6 +107,11 @@ std::optional<SessionTotals> CloseSessionAndFree(StashCore& core, uint64_t sessi
   SessionTotals totals;
   totals.objects = core.catalog.RemoveSession(session_id);
   totals.leases = core.leases.ReleaseSession(session_id);
+  for (const DeviceTier& tier : core.device_tiers) {
+    const RemovedTotals device = tier.leases->ReleaseSession(session_id);
+    totals.leases.objects += device.objects;
+    totals.leases.bytes += device.bytes;
+  }
   return totals;
 }
 

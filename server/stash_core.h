@@ -10,9 +10,12 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "server/catalog.h"
+#include "server/device_pool.h"
 #include "server/lease_manager.h"
 #include "server/memory_pool.h"
 #include "server/session_manager.h"
@@ -21,6 +24,13 @@ namespace actstash::server {
 
 class AttachServer;
 class WorkQueue;
+
+// A device pool (--device-pool) and the manager of its leases (whose lease
+// tier is 1 + its index in StashCore::device_tiers). Both owned by the Daemon.
+struct DeviceTier {
+  DevicePool* pool = nullptr;
+  LeaseManager* leases = nullptr;
+};
 
 // Owned by the Daemon, which keeps it alive until the gRPC server has shut
 // down. The members are thread-safe themselves; handlers use them from
@@ -38,6 +48,7 @@ struct StashCore {
   WorkQueue* work = nullptr;
   std::string attach_socket_name;
   uint64_t pool_segments = 0;
+  std::vector<DeviceTier> device_tiers;
   const std::chrono::steady_clock::time_point started = std::chrono::steady_clock::now();
   std::atomic<uint64_t> bytes_stored{0};   // cumulative, all sessions
   std::atomic<uint64_t> bytes_fetched{0};  // cumulative, all sessions
@@ -57,6 +68,19 @@ struct SessionTotals {
 // The pool's stats as sessions see them: memory being renewed moves from
 // used_bytes to renewing_bytes. Any thread.
 PoolStats SessionPoolStats(const StashCore& core);
+// The same for a device pool (renewing_bytes: being zeroed).
+PoolStats DeviceTierStats(const DeviceTier& tier);
+
+// The device tier of the daemon's GPU `device`, or its only one when
+// `device` is unset. FAILED_PRECONDITION without device pools (or none on
+// that GPU); INVALID_ARGUMENT when unset and there are several.
+absl::StatusOr<const DeviceTier*> FindDeviceTier(const StashCore& core,
+                                                 std::optional<uint32_t> device);
+
+// LeaseManager::Return over every tier (a lease id names its tier), all or
+// nothing: NOT_FOUND / INVALID_ARGUMENT as Return. Any thread.
+absl::StatusOr<RemovedTotals> ReturnLeases(StashCore& core, uint64_t session_id,
+                                           absl::Span<const uint64_t> ids);
 
 // Closes a session and frees everything it holds (objects, leases). Returns
 // nullopt when it was not open. Any thread.

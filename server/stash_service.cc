@@ -60,6 +60,12 @@ grpc::ServerUnaryReactor* StashService::OpenSession(grpc::CallbackServerContext*
   reply->set_daemon_version(kVersion);
   reply->set_attach_socket_name(core_->attach_socket_name);
   reply->set_segment_bytes(core_->pool.segment_bytes());
+  for (const DeviceTier& tier : core_->device_tiers) {
+    v1::DevicePoolInfo* info = reply->add_device_pools();
+    info->set_device(static_cast<uint32_t>(tier.pool->device()));
+    info->set_total_bytes(tier.pool->region_bytes());
+    info->set_segment_bytes(tier.pool->segment_bytes());
+  }
   spdlog::info("session {} opened: client '{}' pid {} peer {} quota {} bytes", s.id(), s.name(),
                request->client_pid(), ctx->peer(), s.quota_bytes());
   return FinishUnary(ctx, absl::OkStatus());
@@ -126,6 +132,7 @@ grpc::ServerUnaryReactor* StashService::Stats(grpc::CallbackServerContext* ctx,
   out->set_segment_bytes(pool.segment_bytes);
   out->set_segments(pool.segments);
   out->set_locked_bytes(pool.locked_bytes);
+  out->set_cuda_pinned_bytes(pool.cuda_pinned_bytes);
   out->set_leased_bytes(core_->leases.leased_bytes());
   out->set_leases(core_->leases.size());
   reply->set_sessions(core_->sessions.size());
@@ -148,6 +155,18 @@ grpc::ServerUnaryReactor* StashService::Stats(grpc::CallbackServerContext* ctx,
   reply->set_daemon_pid(static_cast<uint32_t>(getpid()));
   reply->set_leases_granted(core_->leases.granted_total());
   reply->set_sessions_reclaimed(core_->sessions_reclaimed.load(std::memory_order_relaxed));
+  for (const DeviceTier& tier : core_->device_tiers) {
+    const PoolStats stats = DeviceTierStats(tier);
+    v1::DevicePoolStats* device = reply->add_device_pools();
+    device->set_device(static_cast<uint32_t>(tier.pool->device()));
+    device->set_total_bytes(stats.total_bytes);
+    device->set_used_bytes(stats.used_bytes);
+    device->set_free_bytes(stats.free_bytes);
+    device->set_scrubbing_bytes(stats.renewing_bytes);
+    device->set_segment_bytes(stats.segment_bytes);
+    device->set_segments(stats.segments);
+    device->set_leases(tier.leases->size());
+  }
   return FinishUnary(ctx, absl::OkStatus());
 }
 

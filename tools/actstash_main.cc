@@ -138,14 +138,26 @@ int RunStats(const Common& common, bool json, bool sessions_only) {
         "{\"daemon_version\": \"%s\", \"daemon_pid\": %u, \"uptime_seconds\": %llu, "
         "\"pool\": {\"total_bytes\": %llu, \"used_bytes\": %llu, \"free_bytes\": %llu, "
         "\"largest_free_bytes\": %llu, \"locked_bytes\": %llu, \"segment_bytes\": %llu, "
-        "\"segments\": %llu, \"leased_bytes\": %llu, \"leases\": %llu, \"renewing_bytes\": %llu}, "
+        "\"segments\": %llu, \"leased_bytes\": %llu, \"leases\": %llu, \"renewing_bytes\": %llu, "
+        "\"cuda_pinned_bytes\": %llu}, "
         "\"sessions\": %llu, \"objects\": %llu, \"bytes_stored\": %llu, "
-        "\"bytes_fetched\": %llu, \"session_list\": [",
+        "\"bytes_fetched\": %llu, \"device_pools\": [",
         JsonEscape(s.daemon_version).c_str(), s.daemon_pid, ull(s.uptime_seconds),
         ull(s.pool_total_bytes), ull(s.pool_used_bytes), ull(s.pool_free_bytes),
         ull(s.pool_largest_free_bytes), ull(s.pool_locked_bytes), ull(s.segment_bytes),
         ull(s.segments), ull(s.pool_leased_bytes), ull(s.pool_leases), ull(s.pool_renewing_bytes),
-        ull(s.sessions), ull(s.objects), ull(s.bytes_stored), ull(s.bytes_fetched));
+        ull(s.pool_cuda_pinned_bytes), ull(s.sessions), ull(s.objects), ull(s.bytes_stored),
+        ull(s.bytes_fetched));
+    for (size_t i = 0; i < s.device_pools.size(); ++i) {
+      const actstash::DevicePoolSnapshot& d = s.device_pools[i];
+      std::printf(
+          "%s{\"device\": %u, \"total_bytes\": %llu, \"used_bytes\": %llu, \"free_bytes\": "
+          "%llu, \"scrubbing_bytes\": %llu, \"segment_bytes\": %llu, \"segments\": %llu, "
+          "\"leases\": %llu}",
+          i > 0 ? ", " : "", d.device, ull(d.total_bytes), ull(d.used_bytes), ull(d.free_bytes),
+          ull(d.scrubbing_bytes), ull(d.segment_bytes), ull(d.segments), ull(d.leases));
+    }
+    std::printf("], \"session_list\": [");
     for (size_t i = 0; i < s.all_sessions.size(); ++i) {
       if (i > 0) std::printf(", ");
       PrintSessionJson(s.all_sessions[i]);
@@ -165,9 +177,18 @@ int RunStats(const Common& common, bool json, bool sessions_only) {
               FormatBytes(s.pool_free_bytes).c_str(),
               FormatBytes(s.pool_largest_free_bytes).c_str(),
               FormatBytes(s.pool_renewing_bytes).c_str());
-  std::printf("         %llu segments of %s, %s pinned; %s in %llu leases\n", ull(s.segments),
-              FormatBytes(s.segment_bytes).c_str(), FormatBytes(s.pool_locked_bytes).c_str(),
-              FormatBytes(s.pool_leased_bytes).c_str(), ull(s.pool_leases));
+  std::printf(
+      "         %llu segments of %s, %s pinned (mlock), %s CUDA-registered; %s in %llu "
+      "leases\n",
+      ull(s.segments), FormatBytes(s.segment_bytes).c_str(),
+      FormatBytes(s.pool_locked_bytes).c_str(), FormatBytes(s.pool_cuda_pinned_bytes).c_str(),
+      FormatBytes(s.pool_leased_bytes).c_str(), ull(s.pool_leases));
+  for (const actstash::DevicePoolSnapshot& d : s.device_pools) {
+    std::printf("gpu %-4u %s total, %s used, %s free, %s scrubbing; %llu segments, %llu leases\n",
+                d.device, FormatBytes(d.total_bytes).c_str(), FormatBytes(d.used_bytes).c_str(),
+                FormatBytes(d.free_bytes).c_str(), FormatBytes(d.scrubbing_bytes).c_str(),
+                ull(d.segments), ull(d.leases));
+  }
   std::printf("objects  %llu stored; %s stored and %s fetched since start\n", ull(s.objects),
               FormatBytes(s.bytes_stored).c_str(), FormatBytes(s.bytes_fetched).c_str());
   std::printf("sessions %llu open (this one included)\n\n", ull(s.sessions));

@@ -9,88 +9,20 @@
 
 #include "absl/synchronization/mutex.h"
 #include "actstash/client.h"
-#include "actstash/copy_engine.h"
+#include "client/python/bindings.h"
 
 namespace py = pybind11;
+using actstash::python::Check;
+using actstash::python::Raise;
 
 namespace {
 
-py::object& ErrorClass(absl::StatusCode code) {
-  static py::object* base = nullptr;
-  static py::object* unavailable = nullptr;
-  static py::object* full = nullptr;
-  static py::object* not_found = nullptr;
-  if (base == nullptr) {
-    py::module_ m = py::module_::import("actstash._native");
-    base = new py::object(m.attr("StashError"));
-    unavailable = new py::object(m.attr("StashUnavailable"));
-    full = new py::object(m.attr("StashFull"));
-    not_found = new py::object(m.attr("StashNotFound"));
-  }
-  switch (code) {
-    case absl::StatusCode::kUnavailable:
-    case absl::StatusCode::kDeadlineExceeded:
-      return *unavailable;
-    case absl::StatusCode::kResourceExhausted:
-      return *full;
-    case absl::StatusCode::kNotFound:
-      return *not_found;
-    default:
-      return *base;
-  }
-}
-
-// The one place where a Status becomes a Python exception.
-[[noreturn]] void Raise(const absl::Status& status) {
-  py::object& cls = ErrorClass(status.code());
-  PyErr_SetString(cls.ptr(), std::string(status.ToString()).c_str());
-  throw py::error_already_set();
-}
-
-void Check(const absl::Status& status) {
-  if (!status.ok()) Raise(status);
-}
-
 using Ticket = std::pair<uint64_t, uint64_t>;  // (id, nbytes)
-
-// The outcome of an asynchronous Store: its event and, once done, its ticket.
-class PendingStore {
- public:
-  explicit PendingStore(std::shared_ptr<actstash::Client> client) : client_(std::move(client)) {}
-  void SetEvent(std::shared_ptr<actstash::CopyEvent> event) { event_ = std::move(event); }
-  void SetTicket(actstash::Ticket ticket) {
-    absl::MutexLock lock(&mu_);
-    ticket_ = ticket;
-  }
-  bool Done() const { return event_->Done(); }
-  absl::Status WaitStatus() const { return event_->Wait(); }
-  Ticket Wait() const {
-    absl::Status status;
-    {
-      py::gil_scoped_release release;
-      status = event_->Wait();
-    }
-    Check(status);
-    absl::MutexLock lock(&mu_);
-    return {ticket_.id, ticket_.nbytes};
-  }
-  actstash::Ticket ticket() const {
-    absl::MutexLock lock(&mu_);
-    return ticket_;
-  }
-  const std::shared_ptr<actstash::Client>& client() const { return client_; }
-
- private:
-  const std::shared_ptr<actstash::Client> client_;
-  std::shared_ptr<actstash::CopyEvent> event_;
-  mutable absl::Mutex mu_;
-  actstash::Ticket ticket_ ABSL_GUARDED_BY(mu_);
-};
 
 std::shared_ptr<actstash::Client> Connect(const std::string& address, uint64_t quota,
                                           const std::string& name, const std::string& attach,
                                           int64_t rpc_timeout_ms, int64_t connect_timeout_ms,
-                                          uint32_t lease_batch) {
+                                          uint32_t lease_batch, const std::string& pin) {
   actstash::ClientOptions options;
   options.address = address;
   options.quota_bytes = quota;
@@ -106,6 +38,15 @@ std::shared_ptr<actstash::Client> Connect(const std::string& address, uint64_t q
     options.attach = actstash::AttachMode::kOff;
   } else {
     throw py::value_error("attach must be 'auto', 'required' or 'off'");
+  }
+  if (pin == "auto") {
+    options.pin_leases = actstash::PinPolicy::kAuto;
+  } else if (pin == "on") {
+    options.pin_leases = actstash::PinPolicy::kOn;
+  } else if (pin == "off") {
+    options.pin_leases = actstash::PinPolicy::kOff;
+  } else {
+    throw py::value_error("pin must be 'auto', 'on' or 'off'");
   }
   absl::StatusOr<std::unique_ptr<actstash::Client>> client;
   {
@@ -172,7 +113,8 @@ PYBIND11_MODULE(_native, m) {
   py::class_<actstash::Client, std::shared_ptr<actstash::Client>>(m, "Client")
       .def(py::init(&Connect), py::arg("address") = "", py::arg("quota") = 0, py::arg("name") = "",
            py::arg("attach") = "auto", py::arg("rpc_timeout_ms") = 30000,
-           py::arg("connect_timeout_ms") = 5000, py::arg("lease_batch") = 4)
+           py::arg("connect_timeout_ms") = 5000, py::arg("lease_batch") = 4,
+           py::arg("pin") = "auto")
       .def_property_readonly("attached", &actstash::Client::attached)
       .def_property_readonly(
           "attach_error",
@@ -210,6 +152,24 @@ PYBIND11_MODULE(_native, m) {
              Check(s);
            })
       .def("stats", &StatsDict, py::arg("all_sessions") = false)
+      .def_property_readonly("pin_error",
+                             [](const actstash::Client& c) -> py::object {
+                               absl::Status s = c.pin_status();
+                               if (s.ok()) return py::none();
+                               return py::str(std::string(s.message()));
+                             })
+      .def("zero_copy_usage",
+           [](const actstash::Client& c) {
+             const actstash::ZeroCopyUsage u = c.zero_copy_usage();
+             py::dict d;
+             d["leases"] = u.leases;
+             d["leased_bytes"] = u.leased_bytes;
+             d["pinned_bytes"] = u.pinned_bytes;
+             d["unpinned_leases"] = u.unpinned_leases;
+             d["objects"] = u.objects;
+             d["bytes"] = u.bytes;
+             return d;
+           })
       .def("close", [](actstash::Client& c) {
         absl::Status s;
         {
@@ -219,69 +179,5 @@ PYBIND11_MODULE(_native, m) {
         Check(s);
       });
 
-  py::class_<PendingStore, std::shared_ptr<PendingStore>>(m, "PendingStore")
-      .def("done", &PendingStore::Done)
-      .def("wait", &PendingStore::Wait, "Blocks until stored; returns the ticket or raises.");
-
-  py::class_<actstash::CopyEvent, std::shared_ptr<actstash::CopyEvent>>(m, "CopyEvent")
-      .def("done", &actstash::CopyEvent::Done)
-      .def("wait", [](const actstash::CopyEvent& e) {
-        absl::Status s;
-        {
-          py::gil_scoped_release release;
-          s = e.Wait();
-        }
-        Check(s);
-      });
-
-  py::class_<actstash::CopyEngine, std::shared_ptr<actstash::CopyEngine>>(m, "CopyEngine")
-      .def(py::init([](int64_t max_delay_us, uint64_t seed) {
-             actstash::HostCopyEngineOptions options;
-             options.max_injected_delay = std::chrono::microseconds(max_delay_us);
-             options.seed = seed;
-             return std::shared_ptr<actstash::CopyEngine>(actstash::CreateHostCopyEngine(options));
-           }),
-           py::arg("max_delay_us") = 0, py::arg("seed") = 0)
-      .def(
-          "store_async",
-          [](actstash::CopyEngine& engine, std::shared_ptr<actstash::Client> client, uintptr_t ptr,
-             uint64_t nbytes) {
-            // The caller keeps the source alive until the returned store is done.
-            auto pending = std::make_shared<PendingStore>(client);
-            pending->SetEvent(engine.SubmitAsync(
-                actstash::CopyStream::kStore, [client, ptr, nbytes, pending]() -> absl::Status {
-                  absl::StatusOr<actstash::Ticket> t =
-                      client->Store(reinterpret_cast<const void*>(ptr), nbytes);
-                  if (!t.ok()) return t.status();
-                  pending->SetTicket(*t);
-                  return absl::OkStatus();
-                }));
-            return pending;
-          },
-          "Stores nbytes at ptr asynchronously on the store stream.")
-      .def(
-          "fetch_async",
-          [](actstash::CopyEngine& engine, std::shared_ptr<PendingStore> stored, uintptr_t dst,
-             uint64_t capacity) {
-            // Ordered after the store (it may still be running).
-            return engine.SubmitAsync(
-                actstash::CopyStream::kFetch, [stored, dst, capacity]() -> absl::Status {
-                  if (absl::Status s = stored->WaitStatus(); !s.ok()) return s;
-                  return stored->client()->Fetch(stored->ticket(), reinterpret_cast<void*>(dst),
-                                                 capacity);
-                });
-          },
-          "Fetches a store's bytes into dst asynchronously on the fetch stream.")
-      .def("release_async",
-           [](actstash::CopyEngine& engine, std::shared_ptr<PendingStore> stored) {
-             // On the fetch stream: after every fetch of it submitted before.
-             return engine.SubmitAsync(actstash::CopyStream::kFetch, [stored]() -> absl::Status {
-               if (!stored->WaitStatus().ok()) return absl::OkStatus();  // nothing was stored
-               return stored->client()->Release(stored->ticket());
-             });
-           })
-      .def("synchronize", [](actstash::CopyEngine& engine) {
-        py::gil_scoped_release release;
-        engine.Synchronize();
-      });
+  actstash::python::BindCopyEngines(m);
 }

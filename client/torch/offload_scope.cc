@@ -79,10 +79,25 @@ class OffloadHooks final : public SavedVariableHooks {
 
   ~OffloadHooks() override {
     if (!stored_) return;
-    // Behind the store on the same stream: never blocks the freeing thread.
     // The Offloader (which owns the client) outlives this work: its
-    // destructor waits for the engine.
+    // destructor waits for the engines.
     Client* client = offloader_->client_.get();
+    if (engine_ != nullptr) {
+      // Placed: behind the fetches of it (fetch stream) and its store (waited
+      // for), so no copy still uses the memory; released even if the copy
+      // failed (the reservation exists).
+      engine_->SubmitAsync(
+          CopyStream::kFetch, [client, nbytes = nbytes_, state = state_, stored = stored_,
+                               counters = offloader_->counters_]() {
+            if (stored->Wait().ok()) {  // a failed copy was counted out by its drop work
+              counters->live_tensors -= 1;
+              counters->live_bytes -= nbytes;
+            }
+            return client->Release(*state->ticket);
+          });
+      return;
+    }
+    // Behind the store on the same stream: never blocks the freeing thread.
     offloader_->options_.copy_engine->SubmitAsync(
         CopyStream::kStore,
         [client, nbytes = nbytes_, state = state_,
@@ -112,7 +127,6 @@ class OffloadHooks final : public SavedVariableHooks {
     dense_ = tensor.is_non_overlapping_and_dense();
     nbytes_ = nbytes;
     state_ = std::make_shared<State>();
-    state_->src = dense_ ? tensor.detach() : tensor.contiguous();
     // Counted before the work that may count a failure out.
     counters.tensors_offloaded += 1;
     counters.bytes_offloaded += nbytes;
@@ -123,6 +137,11 @@ class OffloadHooks final : public SavedVariableHooks {
     }
     Client* client = offloader_->client_.get();
     std::shared_ptr<Offloader::Counters> shared_counters = offloader_->counters_;
+    if (client->attached()) {
+      StorePlaced(tensor);
+      return;
+    }
+    state_->src = dense_ ? tensor.detach() : tensor.contiguous();
     stored_ = offloader_->options_.copy_engine->SubmitAsync(
         CopyStream::kStore, [client, nbytes, state = state_, shared_counters]() -> absl::Status {
           state->ticket = client->Store(state->src.data_ptr(), nbytes);
@@ -144,6 +163,7 @@ class OffloadHooks final : public SavedVariableHooks {
                 saved_version_, ", is at version ", version_.current_version(),
                 " (tensor saved with actstash hooks)");
     if (!stored_) return kept_;
+    if (engine_ != nullptr) return FetchPlaced();
     stored_->Wait().IgnoreError();  // a failed store left the tensor in state_->src
     if (!state_->ticket.ok()) return Restride(state_->src);
     at::Tensor out =
@@ -163,9 +183,101 @@ class OffloadHooks final : public SavedVariableHooks {
     absl::StatusOr<Ticket> ticket = absl::UnavailableError("not stored yet");
   };
 
+  // Reserves memory in the client's leases and has the engine of the
+  // tensor's device copy (dense) or gather (a view with gaps) it there after
+  // the current stream. The source is dropped once the copy is done; a
+  // failure keeps it (unpack returns it) and is counted out.
+  void StorePlaced(const at::Tensor& tensor) {
+    engine_ = EngineFor(tensor.device());
+    stream_ = StreamOf(tensor.device());
+    Client* client = offloader_->client_.get();
+    std::shared_ptr<Offloader::Counters> counters = offloader_->counters_;
+    state_->src = tensor.detach();
+    absl::StatusOr<Reservation> reserved = client->Reserve(nbytes_);
+    absl::StatusOr<std::shared_ptr<CopyEvent>> event =
+        reserved.ok() ? absl::UnknownError("not started") : reserved.status();
+    if (reserved.ok()) {
+      state_->ticket = reserved->ticket;
+      if (!dense_ && tensor.is_cuda() && !reserved->pinned) {
+        // A GPU kernel cannot gather into unpinned host memory: pack on the
+        // device (a temporary, held until copied) and copy that.
+        state_->src = tensor.contiguous();
+        event = engine_->CopyAsync(CopyStream::kStore, reserved->data, state_->src.data_ptr(),
+                                   nbytes_, stream_);
+      } else if (dense_) {
+        event = engine_->CopyAsync(CopyStream::kStore, reserved->data, tensor.data_ptr(), nbytes_,
+                                   stream_);
+      } else {
+        const TensorLayout layout{sizes_, strides_, static_cast<int>(tensor.element_size())};
+        event = engine_->GatherAsync(CopyStream::kStore, reserved->data, nbytes_, tensor.data_ptr(),
+                                     layout, stream_);
+      }
+      if (!event.ok()) (void)client->Release(reserved->ticket);
+    }
+    if (!event.ok()) {  // nothing in flight: keep the tensor, as autograd would
+      counters->store_failures += 1;
+      counters->live_tensors -= 1;
+      counters->live_bytes -= nbytes_;
+      kept_ = tensor.detach();
+      state_.reset();
+      engine_ = nullptr;
+      return;
+    }
+    stored_ = *std::move(event);
+    // Drops the source once copied (host work after the store stream's
+    // copies); a failed copy keeps it for unpack.
+    engine_->SubmitAsync(
+        CopyStream::kStore,
+        [state = state_, stored = stored_, counters, nbytes = nbytes_]() -> absl::Status {
+          if (stored->Wait().ok()) {
+            state->src.reset();
+          } else {
+            counters->store_failures += 1;
+            counters->live_tensors -= 1;
+            counters->live_bytes -= nbytes;
+          }
+          return absl::OkStatus();
+        });
+  }
+
+  at::Tensor FetchPlaced() {
+    // The store is normally long done by backward; a failed one left the
+    // tensor in state_->src (its drop work does not touch it then).
+    if (!stored_->Wait().ok()) return Restride(state_->src);
+    at::Tensor out =
+        dense_ ? at::empty_strided(sizes_, strides_, options_) : at::empty(sizes_, options_);
+    const StreamHandle stream = StreamOf(out.device());
+    absl::StatusOr<StoredBytes> where = offloader_->client_->Locate(*state_->ticket);
+    absl::StatusOr<std::shared_ptr<CopyEvent>> fetched =
+        where.ok() ? absl::UnknownError("not started") : where.status();
+    if (where.ok()) {
+      fetched =
+          engine_->CopyAsync(CopyStream::kFetch, out.data_ptr(), where->data, nbytes_, stream);
+    }
+    absl::Status status = fetched.status();
+    if (status.ok()) status = engine_->OrderAfterAsync(stream, **fetched);
+    TORCH_CHECK(status.ok(), "actstash: fetching a saved tensor failed: ", status.ToString());
+    offloader_->counters_->tensors_fetched += 1;
+    offloader_->counters_->bytes_fetched += nbytes_;
+    return Restride(out);
+  }
+
+  CopyEngine* EngineFor(const c10::Device& device) const {
+    return device.is_cuda() ? offloader_->options_.cuda_engine.get()
+                            : offloader_->options_.copy_engine.get();
+  }
+
+  StreamHandle StreamOf(const c10::Device& device) const {
+    if (!device.is_cuda() || !offloader_->options_.current_stream) return StreamHandle{0};
+    return StreamHandle{offloader_->options_.current_stream(device.index())};
+  }
+
   bool Eligible(const at::Tensor& t, uint64_t nbytes) const {
     if (nbytes == 0 || nbytes < offloader_->options_.min_bytes) return false;
-    if (t.layout() != at::kStrided || !t.device().is_cpu() || t.is_quantized() || t.is_nested() ||
+    const bool device_ok =
+        t.device().is_cpu() || (t.device().is_cuda() && offloader_->options_.cuda_engine &&
+                                offloader_->client_->attached());
+    if (t.layout() != at::kStrided || !device_ok || t.is_quantized() || t.is_nested() ||
         t.is_conj() || t.is_neg() || !t.has_storage()) {
       return false;
     }
@@ -193,6 +305,9 @@ class OffloadHooks final : public SavedVariableHooks {
   // Offloaded:
   std::shared_ptr<State> state_;
   std::shared_ptr<CopyEvent> stored_;
+  // Placed stores only: the engine that copied it (the Offloader's).
+  CopyEngine* engine_ = nullptr;
+  StreamHandle stream_;
   std::vector<int64_t> sizes_;
   std::vector<int64_t> strides_;
   at::TensorOptions options_;
@@ -243,7 +358,10 @@ Offloader::Offloader(std::shared_ptr<Client> client, OffloadOptions options)
 
 Offloader::~Offloader() { Synchronize(); }  // queued work uses client_
 
-void Offloader::Synchronize() { options_.copy_engine->Synchronize(); }
+void Offloader::Synchronize() {
+  options_.copy_engine->Synchronize();
+  if (options_.cuda_engine != nullptr) options_.cuda_engine->Synchronize();
+}
 
 OffloadStats Offloader::stats() const {
   const Counters& c = *counters_;

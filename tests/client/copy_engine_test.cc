@@ -1,12 +1,18 @@
-// HostCopyEngine: order within a stream, events, and a producer/consumer
-// chain across the two streams under random delays that never sees stale data.
+// HostCopyEngine: order within a stream, events, a producer/consumer chain
+// across the two streams under random delays that never sees stale data, and
+// the copy calls (copy, gather, scatter, deps, OrderAfterAsync). Also: the
+// CUDA entry points without a device.
 #include "actstash/copy_engine.h"
 
 #include <gtest/gtest.h>
 
 #include <atomic>
 #include <cstring>
+#include <numeric>
+#include <thread>
 #include <vector>
+
+#include "absl/synchronization/notification.h"
 
 namespace actstash {
 namespace {
@@ -64,6 +70,121 @@ TEST(HostCopyEngineTest, ChainOfTenThousandCopiesNeverSeesStaleData) {
   engine->Synchronize();
   EXPECT_EQ(stale.load(), 0);
   EXPECT_EQ(fetched, produced);
+}
+
+// The same chain through CopyAsync and deps: the fetch of copy i depends on
+// its store, and the store stream's copies run late.
+TEST(HostCopyEngineTest, CopiesWithDepsNeverSeeStaleData) {
+  HostCopyEngineOptions options;
+  options.max_injected_delay = std::chrono::microseconds(20);
+  options.seed = 7;
+  auto engine = CreateHostCopyEngine(options);
+  constexpr int kCopies = 3000;
+  std::vector<uint64_t> produced(kCopies), stored(kCopies, 0), fetched(kCopies, 0);
+  std::vector<std::shared_ptr<CopyEvent>> fetches;
+  for (int i = 0; i < kCopies; ++i) {
+    produced[i] = 0x9e3779b97f4a7c15ull * (i + 1);
+    auto store = engine->CopyAsync(CopyStream::kStore, &stored[i], &produced[i], 8, {});
+    ASSERT_TRUE(store.ok());
+    const std::shared_ptr<CopyEvent> deps[] = {*store};
+    auto fetch = engine->CopyAsync(CopyStream::kFetch, &fetched[i], &stored[i], 8, {}, deps);
+    ASSERT_TRUE(fetch.ok());
+    fetches.push_back(*fetch);
+  }
+  for (const auto& fetch : fetches) ASSERT_TRUE(fetch->Wait().ok());
+  EXPECT_EQ(fetched, produced);
+}
+
+// A transposed 2-D int32 tensor packed and unpacked again.
+TEST(HostCopyEngineTest, GatherAndScatterATransposedTensor) {
+  auto engine = CreateHostCopyEngine();
+  constexpr int64_t kRows = 37, kCols = 11;
+  std::vector<int32_t> tensor(kRows * kCols);
+  std::iota(tensor.begin(), tensor.end(), 100);
+  const TensorLayout transposed{{kCols, kRows}, {1, kCols}, 4};
+  std::vector<int32_t> packed(kRows * kCols, 0), back(kRows * kCols, 0);
+  auto gather = engine->GatherAsync(CopyStream::kStore, packed.data(), packed.size() * 4,
+                                    tensor.data(), transposed, {});
+  ASSERT_TRUE(gather.ok()) << gather.status();
+  const std::shared_ptr<CopyEvent> deps[] = {*gather};
+  auto scatter = engine->ScatterAsync(CopyStream::kFetch, back.data(), transposed, packed.data(),
+                                      packed.size() * 4, {}, deps);
+  ASSERT_TRUE(scatter.ok()) << scatter.status();
+  ASSERT_TRUE((*scatter)->Wait().ok());
+  for (int64_t c = 0; c < kCols; ++c) {
+    for (int64_t r = 0; r < kRows; ++r) ASSERT_EQ(packed[c * kRows + r], tensor[r * kCols + c]);
+  }
+  EXPECT_EQ(back, tensor);
+}
+
+// Bad layouts and buffers are INVALID_ARGUMENT and nothing runs: a stream
+// whose worker is blocked still accepts (and rejects) the call at once.
+TEST(HostCopyEngineTest, BadGatherAndScatterArgumentsAreRejectedUpFront) {
+  auto engine = CreateHostCopyEngine();
+  absl::Notification gate;
+  engine->SubmitAsync(CopyStream::kStore, [&gate] {
+    gate.WaitForNotification();
+    return absl::OkStatus();
+  });
+  std::vector<uint8_t> tensor(64), packed(64);
+  constexpr auto kInvalid = absl::StatusCode::kInvalidArgument;
+  auto gather = [&](const TensorLayout& layout, void* dst, size_t bytes) {
+    return engine->GatherAsync(CopyStream::kStore, dst, bytes, tensor.data(), layout, {})
+        .status()
+        .code();
+  };
+  EXPECT_EQ(gather({{2, 2}, {2}, 1}, packed.data(), 64), kInvalid);
+  EXPECT_EQ(gather({{2, 2}, {2, 1}, 16}, packed.data(), 64), kInvalid);
+  EXPECT_EQ(gather({std::vector<int64_t>(9, 1), std::vector<int64_t>(9, 1), 1}, packed.data(), 64),
+            kInvalid);
+  EXPECT_EQ(gather({{8, 8}, {8, 1}, 1}, packed.data(), 63), kInvalid);
+  EXPECT_EQ(gather({{8, 4}, {8, 1}, 1}, tensor.data() + 4, 32), kInvalid);
+  EXPECT_EQ(engine
+                ->ScatterAsync(CopyStream::kFetch, tensor.data(), {{4, 4}, {1, 1}, 1},
+                               packed.data(), 64, {})
+                .status()
+                .code(),
+            kInvalid);
+  gate.Notify();
+  engine->Synchronize();
+}
+
+// A failed dep fails the dependent copy with the dep's status; nothing is
+// copied.
+TEST(HostCopyEngineTest, FailedDepFailsTheDependentCopy) {
+  auto engine = CreateHostCopyEngine();
+  auto failed =
+      engine->SubmitAsync(CopyStream::kStore, [] { return absl::UnavailableError("gone"); });
+  uint32_t src = 9, dst = 0;
+  const std::shared_ptr<CopyEvent> deps[] = {failed};
+  auto copy = engine->CopyAsync(CopyStream::kFetch, &dst, &src, 4, {}, deps);
+  ASSERT_TRUE(copy.ok());
+  EXPECT_EQ((*copy)->Wait().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(dst, 0u);
+}
+
+// OrderAfterAsync blocks the caller (its own "stream") until the event is
+// done and returns the event's status.
+TEST(HostCopyEngineTest, OrderAfterAsyncWaitsForTheEvent) {
+  auto engine = CreateHostCopyEngine();
+  std::atomic<bool> finished{false};
+  auto slow = engine->SubmitAsync(CopyStream::kFetch, [&finished] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    finished = true;
+    return absl::OkStatus();
+  });
+  ASSERT_TRUE(engine->OrderAfterAsync({}, *slow).ok());
+  EXPECT_TRUE(finished.load());
+  auto failed = engine->SubmitAsync(CopyStream::kFetch, [] { return absl::AbortedError("x"); });
+  EXPECT_EQ(engine->OrderAfterAsync({}, *failed).code(), absl::StatusCode::kAborted);
+}
+
+// Without a device (this machine, or a build without CUDA) the CUDA engine
+// cannot be created, and says why.
+TEST(CudaCopyEngineTest, CreationFailsWithoutADevice) {
+  if (CudaDeviceAvailable()) GTEST_SKIP() << "a CUDA device is present";
+  auto engine = CreateCudaCopyEngine();
+  EXPECT_FALSE(engine.ok());
 }
 
 }  // namespace

@@ -215,5 +215,130 @@ TEST(LocalStoreTest, ConcurrentThreadsNeverSeeEachOthersBytes) {
   EXPECT_EQ(store.usage().bytes, 0u);
 }
 
+// Records registrations like CUDA would (a range must be registered once and
+// unregistered, by its start, before it is unmapped); can be told to fail.
+class FakeRegistrar : public PinnedRegistrar {
+ public:
+  absl::Status Register(void* ptr, size_t bytes) override {
+    absl::MutexLock lock(&mu_);
+    if (fail_) return absl::ResourceExhaustedError("fake.cc:1: cudaHostRegister failed");
+    EXPECT_TRUE(live_.emplace(ptr, bytes).second) << "registered twice";
+    ++registrations_;
+    return absl::OkStatus();
+  }
+  absl::Status Unregister(void* ptr) override {
+    absl::MutexLock lock(&mu_);
+    EXPECT_EQ(live_.erase(ptr), 1u) << "unregistering a range never registered";
+    return absl::OkStatus();
+  }
+  void set_fail(bool fail) {
+    absl::MutexLock lock(&mu_);
+    fail_ = fail;
+  }
+  size_t live() {
+    absl::MutexLock lock(&mu_);
+    return live_.size();
+  }
+  int registrations() {
+    absl::MutexLock lock(&mu_);
+    return registrations_;
+  }
+
+ private:
+  absl::Mutex mu_;
+  bool fail_ ABSL_GUARDED_BY(mu_) = false;
+  std::map<void*, size_t> live_ ABSL_GUARDED_BY(mu_);
+  int registrations_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+TEST(LocalStorePinningTest, EachLeaseIsRegisteredOnceWhileMapped) {
+  FakeBackend backend;
+  FakeRegistrar registrar;
+  {
+    LocalStore store(&backend, kSegment, /*lease_batch=*/2, &registrar);
+    std::vector<uint64_t> tickets;
+    for (int i = 0; i < 100; ++i) {  // 100 × 32 KiB: two batches of two segments
+      const std::vector<char> data = Pattern(32 << 10, static_cast<char>(i));
+      absl::StatusOr<uint64_t> t = store.Store(data.data(), data.size());
+      ASSERT_TRUE(t.ok()) << t.status();
+      tickets.push_back(*t);
+    }
+    EXPECT_EQ(registrar.registrations(), 4) << "once per lease, not per buffer";
+    EXPECT_EQ(store.usage().pinned_bytes, 4 * kSegment);
+    const std::vector<char> big = Pattern(2 * kSegment, 9);  // a dedicated lease
+    absl::StatusOr<uint64_t> t = store.Store(big.data(), big.size());
+    ASSERT_TRUE(t.ok());
+    EXPECT_EQ(registrar.live(), 5u);
+    for (uint64_t ticket : tickets) ASSERT_TRUE(store.Release(ticket).ok());
+    EXPECT_EQ(registrar.live(), 3u) << "segments given back were unregistered first";
+    EXPECT_EQ(store.usage().pinned_bytes, store.usage().leased_bytes);
+    EXPECT_TRUE(store.pin_status().ok());
+  }
+  EXPECT_EQ(registrar.live(), 0u) << "the store unregisters everything it unmaps";
+}
+
+TEST(LocalStorePinningTest, AFailedRegistrationFallsBackToUnpinnedAndSaysWhy) {
+  FakeBackend backend;
+  FakeRegistrar registrar;
+  registrar.set_fail(true);
+  LocalStore store(&backend, kSegment, 1, &registrar);
+  const std::vector<char> data = Pattern(4096, 1);
+  absl::StatusOr<uint64_t> t = store.Store(data.data(), data.size());
+  ASSERT_TRUE(t.ok()) << t.status();
+  std::vector<char> back(data.size());
+  ASSERT_TRUE(store.Fetch(*t, back.data(), back.size()).ok());
+  EXPECT_EQ(back, data);
+  EXPECT_EQ(store.usage().unpinned_leases, 1u);
+  EXPECT_EQ(store.usage().pinned_bytes, 0u);
+  EXPECT_EQ(store.pin_status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(store.pin_status().message().find("cudaHostRegister failed"), std::string::npos)
+      << store.pin_status();
+  absl::StatusOr<Located> where = store.Locate(*t);
+  ASSERT_TRUE(where.ok());
+  EXPECT_FALSE(where->pinned);
+}
+
+TEST(LocalStorePinningTest, RequiredPinningFailsTheStoreAndReturnsTheLease) {
+  FakeBackend backend;
+  FakeRegistrar registrar;
+  registrar.set_fail(true);
+  LocalStore store(&backend, kSegment, 1, &registrar, /*require_pinned=*/true);
+  const std::vector<char> data = Pattern(4096, 1);
+  absl::StatusOr<uint64_t> t = store.Store(data.data(), data.size());
+  ASSERT_EQ(t.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(t.status().message().find("required"), std::string::npos) << t.status();
+  EXPECT_EQ(backend.leased(), 0u) << "the unusable lease went back";
+  EXPECT_EQ(store.usage().objects, 0u);
+  registrar.set_fail(false);
+  EXPECT_TRUE(store.Store(data.data(), data.size()).ok());
+}
+
+TEST(LocalStoreReserveTest, ReservedBytesAreWrittenByTheCallerAndLocatedForReading) {
+  FakeBackend backend;
+  LocalStore store(&backend, kSegment, 1);
+  std::vector<std::pair<uint64_t, std::vector<char>>> stored;
+  for (size_t n : {size_t{0}, size_t{1}, size_t{4096}, size_t{kSegment}, 2 * kSegment + 3}) {
+    absl::StatusOr<Placed> placed = store.Reserve(n);
+    ASSERT_TRUE(placed.ok()) << placed.status();
+    const std::vector<char> data = Pattern(n, static_cast<char>(n));
+    if (n > 0) std::memcpy(placed->data, data.data(), n);  // "the device copy"
+    stored.emplace_back(placed->ticket, data);
+  }
+  const uint64_t fetches = store.usage().fetches;
+  for (const auto& [ticket, data] : stored) {
+    absl::StatusOr<Located> where = store.Locate(ticket);
+    ASSERT_TRUE(where.ok()) << where.status();
+    ASSERT_EQ(where->size, data.size());
+    EXPECT_EQ(std::memcmp(where->data, data.data(), data.size()), 0);
+    std::vector<char> back(data.size());  // Fetch reads the same bytes
+    ASSERT_TRUE(store.Fetch(ticket, back.data(), back.size()).ok());
+    EXPECT_EQ(back, data);
+  }
+  EXPECT_EQ(store.usage().fetches, fetches + 2 * stored.size());
+  for (const auto& entry : stored) ASSERT_TRUE(store.Release(entry.first).ok());
+  EXPECT_EQ(store.Locate(stored[0].first).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(store.usage().objects, 0u);
+}
+
 }  // namespace
 }  // namespace actstash::client_internal

@@ -23,6 +23,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "actstash/pinned.h"
 
 namespace actstash {
 
@@ -58,6 +59,14 @@ struct ClientOptions {
   std::string tls_root_certs;
   std::string tls_cert_chain;
   std::string tls_private_key;
+  // Zero-copy path: register each leased segment with CUDA (cudaHostRegister,
+  // once per lease while it is mapped), so device copies go straight into the
+  // daemon's memory by DMA. kAuto: when this build has CUDA and a device is
+  // present; a failed registration (e.g. the driver could not lock the pages)
+  // leaves that lease unpinned, which is correct but slower (the driver
+  // stages the copies), and is reported by pin_status(). kOn: a failed
+  // registration fails the Store/Reserve that needed the lease. kOff: never.
+  PinPolicy pin_leases = PinPolicy::kAuto;
 };
 
 // A buffer given to Store: either placed by this client in memory leased from
@@ -66,6 +75,30 @@ struct ClientOptions {
 struct Ticket {
   uint64_t id = 0;
   uint64_t nbytes = 0;
+};
+
+// Memory placed in leased shared memory by Reserve: the caller writes it.
+struct Reservation {
+  Ticket ticket;
+  void* data = nullptr;
+  bool pinned = false;  // registered for CUDA
+};
+
+// Where a stored buffer's bytes lie (Locate): the caller reads them.
+struct StoredBytes {
+  const void* data = nullptr;
+  uint64_t nbytes = 0;
+  bool pinned = false;
+};
+
+// This client's zero-copy side, as the client sees it (no RPC).
+struct ZeroCopyUsage {
+  uint64_t leases = 0;
+  uint64_t leased_bytes = 0;
+  uint64_t pinned_bytes = 0;     // of leased_bytes, registered for CUDA
+  uint64_t unpinned_leases = 0;  // leases whose registration failed, cumulative
+  uint64_t objects = 0;
+  uint64_t bytes = 0;
 };
 
 // A stored object, valid in the session that stored it. 0 is never a handle.
@@ -113,6 +146,18 @@ struct SessionStatsEntry {
   uint64_t gets = 0;
 };
 
+// A device pool of the daemon (--device-pool GPU:SIZE).
+struct DevicePoolSnapshot {
+  uint32_t device = 0;
+  uint64_t total_bytes = 0;
+  uint64_t used_bytes = 0;  // leased to sessions
+  uint64_t free_bytes = 0;
+  uint64_t scrubbing_bytes = 0;  // returned, being zeroed before reuse
+  uint64_t segment_bytes = 0;
+  uint64_t segments = 0;
+  uint64_t leases = 0;
+};
+
 struct StatsSnapshot {
   uint64_t pool_total_bytes = 0;
   uint64_t pool_used_bytes = 0;
@@ -120,7 +165,8 @@ struct StatsSnapshot {
   uint64_t pool_largest_free_bytes = 0;
   uint64_t pool_locked_bytes = 0;
   uint64_t pool_leased_bytes = 0;
-  uint64_t pool_renewing_bytes = 0;  // returned lease memory being renewed
+  uint64_t pool_renewing_bytes = 0;     // returned lease memory being renewed
+  uint64_t pool_cuda_pinned_bytes = 0;  // registered with CUDA by the daemon
   uint64_t pool_leases = 0;
   uint64_t leases_granted = 0;
   uint64_t sessions_reclaimed = 0;
@@ -132,6 +178,7 @@ struct StatsSnapshot {
   uint64_t bytes_fetched = 0;
   SessionStatsEntry self;
   std::vector<SessionStatsEntry> all_sessions;  // filled when asked for
+  std::vector<DevicePoolSnapshot> device_pools;
   std::string daemon_version;
   uint64_t uptime_seconds = 0;
   uint32_t daemon_pid = 0;
@@ -171,12 +218,24 @@ class Client {
   // Copies the ticket's bytes into `dst` (capacity bytes). NOT_FOUND for an
   // unknown or released ticket; OUT_OF_RANGE when it does not fit.
   absl::Status Fetch(const Ticket& ticket, void* dst, size_t capacity);
+  // Places `nbytes` in leased shared memory without copying: the caller
+  // writes [data, data + nbytes) itself (e.g. a CUDA copy on a stream), and
+  // must have finished before the ticket is fetched or located. Only when
+  // attached: FAILED_PRECONDITION otherwise (use Store). Store's errors.
+  absl::StatusOr<Reservation> Reserve(size_t nbytes);
+  // Where a zero-copy ticket's bytes lie, for the caller to copy them out;
+  // valid until Release. FAILED_PRECONDITION for an inline ticket (use
+  // Fetch), NOT_FOUND for an unknown or released one.
+  absl::StatusOr<StoredBytes> Locate(const Ticket& ticket);
   // Frees the ticket's memory. Fetch or Release of a released ticket is
   // NOT_FOUND; concurrently with its own Release, undefined.
   absl::Status Release(const Ticket& ticket);
   // Whether Store/Fetch use the zero-copy path, and why not if they don't.
   bool attached() const;
   absl::Status attach_status() const;
+  // OK, or why some leased memory is not pinned for CUDA (pin_leases kAuto).
+  absl::Status pin_status() const;
+  ZeroCopyUsage zero_copy_usage() const;
   // Closes the session now; later calls fail with FAILED_PRECONDITION.
   absl::Status Close();
 

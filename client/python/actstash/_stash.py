@@ -15,14 +15,19 @@ _DEFAULT_SOCKET_HINT = (
 
 
 def connect(address=None, quota=None, on_unavailable="raise", *, name=None, attach="auto",
-            timeout=30.0, connect_timeout=5.0, prefetch=2, copy_delay_us=0, seed=0):
+            timeout=30.0, connect_timeout=5.0, prefetch=2, copy_delay_us=0, seed=0, pin="auto",
+            cuda=True):
     """Opens a session with actstashd and returns a Stash.
 
     address: socket path, unix:///path or host:port; default ACTSTASH_ADDRESS, else the
       daemon's default socket. quota: bytes this trainer may hold (default: the daemon's).
     on_unavailable: "raise" (StashUnavailable, within connect_timeout) or "keep" (warn,
       and keep tensors in-process: training goes on without offload).
-    copy_delay_us: test knob; each asynchronous copy first sleeps up to this long.
+    copy_delay_us: test knob; each asynchronous copy of CPU tensors first sleeps up to this long.
+    pin: register leased memory with CUDA ("auto": when a GPU is present, falling back to
+      unpinned memory with a warning; "on": required; "off").
+    cuda: offload CUDA tensors (on a CUDA build with a device, when attached); False keeps
+      them on the GPU.
     """
     if on_unavailable not in ("raise", "keep"):
         raise ValueError("on_unavailable must be 'raise' or 'keep'")
@@ -31,7 +36,7 @@ def connect(address=None, quota=None, on_unavailable="raise", *, name=None, atta
         client = _native.Client(address=address, quota=int(quota or 0),
                                 name=name or f"torch-{os.getpid()}", attach=attach,
                                 rpc_timeout_ms=int(timeout * 1000),
-                                connect_timeout_ms=int(connect_timeout * 1000))
+                                connect_timeout_ms=int(connect_timeout * 1000), pin=pin)
     except _native.StashUnavailable as error:
         if on_unavailable == "raise":
             raise _native.StashUnavailable(f"{error}; {_DEFAULT_SOCKET_HINT}") from None
@@ -39,20 +44,27 @@ def connect(address=None, quota=None, on_unavailable="raise", *, name=None, atta
                       RuntimeWarning, stacklevel=2)
         client = None
     engine = _native.CopyEngine(max_delay_us=copy_delay_us, seed=seed)
-    return Stash(client, engine, on_unavailable=on_unavailable, prefetch=prefetch)
+    return Stash(client, engine, on_unavailable=on_unavailable, prefetch=prefetch, cuda=cuda)
 
 
 class _Packed:
     """One offloaded saved tensor. Lives exactly as long as autograd keeps the
     saved variable: dropping it (graph freed) releases the daemon's copy."""
 
-    __slots__ = ("stash", "pending", "src", "dtype", "shape", "stride", "dense", "nbytes",
-                 "fetched", "fetch_event", "index", "__weakref__")
+    __slots__ = ("stash", "engine", "device", "pending", "src", "dtype", "shape", "stride",
+                 "dense", "nbytes", "fetched", "fetch_event", "index", "__weakref__")
 
     def __del__(self):
         stash = self.stash
         if stash is not None and self.pending is not None:
             stash._release(self)
+
+
+def _stream_of(device):
+    """The current stream of a CUDA device as an integer handle; 0 for the CPU (ignored)."""
+    if device.type != "cuda":
+        return 0
+    return torch.cuda.current_stream(device).cuda_stream
 
 
 def _is_dense(t):
@@ -74,9 +86,11 @@ class Stash:
     bookkeeping is under a lock; copies run on the copy engine's threads.
     """
 
-    def __init__(self, client, engine, on_unavailable="raise", prefetch=2):
+    def __init__(self, client, engine, on_unavailable="raise", prefetch=2, cuda=True):
         self._client = client
-        self._engine = engine
+        self._engine = engine     # host engine: CPU tensors
+        self._cuda = cuda
+        self._cuda_engines = {}   # device index -> CUDA engine, or None when unusable
         self._on_unavailable = on_unavailable
         self._prefetch = prefetch
         self._lock = threading.RLock()
@@ -94,7 +108,7 @@ class Stash:
         self._pending_error = None  # a store failure, raised when the offload scope ends
         self._stats = dict(bytes_offloaded=0, bytes_fetched=0, bytes_kept=0, tensors_offloaded=0,
                            tensors_kept=0, live_bytes=0, peak_live_bytes=0, wait_seconds=0.0,
-                           prefetch_hits=0)
+                           prefetch_hits=0, cuda_kept=0)
 
     # -- public --------------------------------------------------------------------------
     @property
@@ -121,9 +135,15 @@ class Stash:
     def synchronize(self):
         """Waits for every copy in flight (and drops the sources they held), and for the
         releases that dropping them caused."""
-        self._engine.synchronize()
+        engines = self._engines()
+        for engine in engines:
+            engine.synchronize()
         self._reap(wait=True)
-        self._engine.synchronize()
+        for engine in engines:
+            engine.synchronize()
+
+    def _engines(self):
+        return [self._engine] + [e for e in self._cuda_engines.values() if e is not None]
 
     def stats(self):
         """Bytes offloaded/fetched/kept, live and peak offloaded bytes, copies in flight,
@@ -140,6 +160,10 @@ class Stash:
                 out["attached"] = daemon["self"]["attached"]
             except _native.StashError:
                 pass
+            usage = self._client.zero_copy_usage()
+            out["pinned_bytes"] = usage["pinned_bytes"]
+            out["unpinned_leases"] = usage["unpinned_leases"]
+            out["pin_error"] = self._client.pin_error
         return out
 
     def close(self):
@@ -163,8 +187,28 @@ class Stash:
         if error is not None:
             raise error
 
+    def _engine_for(self, t):
+        """The copy engine for t's device, or None when t stays where it is."""
+        if t.device.type == "cpu":
+            return self._engine
+        if t.device.type != "cuda" or not self._cuda or not self._client.attached:
+            return None  # a CUDA tensor goes straight into leased (pinned) memory only
+        index = t.device.index if t.device.index is not None else torch.cuda.current_device()
+        if index not in self._cuda_engines:
+            try:
+                self._cuda_engines[index] = _native.cuda_copy_engine(device=index)
+            except _native.StashError as error:
+                warnings.warn(f"actstash: CUDA tensors stay on the GPU ({error})",
+                              RuntimeWarning, stacklevel=4)
+                self._cuda_engines[index] = None
+            else:
+                pin_error = self._client.pin_error
+                if pin_error:
+                    warnings.warn(f"actstash: {pin_error}", RuntimeWarning, stacklevel=4)
+        return self._cuda_engines[index]
+
     def _should_offload(self, t):
-        if self._unavailable or t.layout != torch.strided or t.device.type != "cpu":
+        if self._unavailable or t.layout != torch.strided:
             return False
         if t.numel() * t.element_size() < max(self._min_bytes, 1):
             return False
@@ -174,7 +218,13 @@ class Stash:
         if base is not None and (isinstance(base, torch.nn.Parameter) or
                                  (base.is_leaf and base.requires_grad)):
             return False  # a view of a parameter (e.g. weight.t()): aliases what is kept
-        return t.storage().data_ptr() not in self._keep
+        if t.storage().data_ptr() in self._keep:
+            return False
+        if t.device.type != "cpu" and self._engine_for(t) is None:
+            with self._lock:
+                self._stats["cuda_kept"] += 1
+            return False
+        return True
 
     def _pack(self, t):
         try:
@@ -186,23 +236,53 @@ class Stash:
                 self._stats["tensors_kept"] += 1
                 self._stats["bytes_kept"] += t.numel() * t.element_size()
             return t
-        return self._store(t)
+        try:
+            return self._store(t)
+        except _native.StashError as error:
+            # A reservation failed here, not on the copy stream: same outcome as a failed
+            # asynchronous store (raised when the offload scope ends, or degrade).
+            if self._on_unavailable == "raise":
+                self._pending_error = self._pending_error or error
+            else:
+                self._degrade(error)
+            with self._lock:
+                self._stats["tensors_kept"] += 1
+                self._stats["bytes_kept"] += t.numel() * t.element_size()
+            return t
 
     def _store(self, t):
         """Starts an asynchronous copy of t to the daemon; returns its _Packed."""
         p = _Packed()
         p.stash = None
         p.pending = None
+        p.engine = self._engine_for(t)
+        p.device = t.device
         p.dtype, p.shape, p.stride = t.dtype, t.shape, t.stride()
         p.dense = _is_dense(t)
-        # Detached: holding the source must not hold its autograd graph (that graph holds
-        # this _Packed). Non-dense views are gathered (views with gaps, broadcasts).
-        src = t.detach() if p.dense else t.detach().contiguous()
-        p.nbytes = src.numel() * src.element_size()
-        p.src = src
+        p.nbytes = t.numel() * t.element_size()
         p.fetched = None
         p.fetch_event = None
-        p.pending = self._engine.store_async(self._client, src.data_ptr(), p.nbytes)
+        # Detached: holding the source must not hold its autograd graph (that graph holds
+        # this _Packed). It stays alive until its copy is done (_reap).
+        src = t.detach()
+        if self._client.attached:
+            # Straight into leased memory, on the engine's store stream after the
+            # producer's stream; non-dense views (gaps, broadcasts) are gathered there.
+            layout = {} if p.dense else dict(sizes=list(t.shape), strides=list(t.stride()),
+                                             element_size=t.element_size())
+            stream = _stream_of(t.device)
+            p.pending = p.engine.store_tensor_async(self._client, src.data_ptr(), p.nbytes,
+                                                    stream=stream, gather_needs_pinned=t.is_cuda,
+                                                    **layout)
+            if p.pending is None:  # unpinned memory: a GPU kernel cannot gather into it
+                src = src.contiguous()
+                p.pending = p.engine.store_tensor_async(self._client, src.data_ptr(), p.nbytes,
+                                                        stream=stream)
+        else:  # the inline path (CPU tensors only): Client::Store on the store stream
+            if not p.dense:
+                src = src.contiguous()
+            p.pending = p.engine.store_async(self._client, src.data_ptr(), p.nbytes)
+        p.src = src
         p.stash = self
         with self._lock:
             p.index = len(self._order)
@@ -255,13 +335,16 @@ class Stash:
     def _materialize(self, p):
         """A tensor with p's dtype, shape and strides, to fetch p into."""
         if p.dense:
-            return torch.empty_strided(p.shape, p.stride, dtype=p.dtype)
-        return torch.empty(p.shape, dtype=p.dtype)  # contiguous; restrided after the fetch
+            return torch.empty_strided(p.shape, p.stride, dtype=p.dtype, device=p.device)
+        # contiguous; restrided after the fetch
+        return torch.empty(p.shape, dtype=p.dtype, device=p.device)
 
     def _fetch_async(self, p):
         out = self._materialize(p)
         p.fetched = out
-        p.fetch_event = self._engine.fetch_async(p.pending, out.data_ptr(), p.nbytes)
+        # After the work on the current stream (which may still use out's memory).
+        p.fetch_event = p.engine.fetch_async(p.pending, out.data_ptr(), p.nbytes,
+                                             stream=_stream_of(p.device))
 
     def _unpack(self, p):
         if isinstance(p, torch.Tensor):
@@ -276,12 +359,17 @@ class Stash:
                 self._fetch_async(p)
             self._prefetch_before(p.index)
         try:
-            p.fetch_event.wait()
+            # CPU: waits for the copy. CUDA: the current stream waits for it, not us.
+            p.engine.order_after(p.fetch_event, stream=_stream_of(p.device))
         except _native.StashError as error:
             if self._on_unavailable == "keep" and p.src is not None:
                 return self._restride(p, p.src)
             raise
         out = p.fetched
+        if p.device.type == "cuda":
+            # Allocated on the stream current when the fetch was issued (a prefetch may
+            # have run elsewhere): tell the caching allocator who uses it now.
+            out.record_stream(torch.cuda.current_stream(p.device))
         p.fetched, p.fetch_event = None, None  # a second backward fetches again
         with self._lock:
             self._stats["wait_seconds"] += time.perf_counter() - start
@@ -297,7 +385,7 @@ class Stash:
         broadcast = [st == 0 and sz > 1 for st, sz in zip(p.stride, p.shape)]
         try:
             if not any(broadcast):  # a view with gaps: same strides, unused gaps
-                out = torch.empty_strided(p.shape, p.stride, dtype=p.dtype)
+                out = torch.empty_strided(p.shape, p.stride, dtype=p.dtype, device=p.device)
                 out.copy_(t)
                 return out
             # A broadcast (expand): keep one copy along the stride-0 dims, then view it
@@ -307,7 +395,7 @@ class Stash:
                 if b:
                     compact = compact.narrow(dim, 0, 1)
             base = torch.empty_strided(compact.shape, [st if st else 1 for st in p.stride],
-                                       dtype=p.dtype)
+                                       dtype=p.dtype, device=p.device)
             base.copy_(compact)
             return base.as_strided(p.shape, p.stride)
         except RuntimeError:
@@ -329,7 +417,7 @@ class Stash:
     def _release(self, p):
         # Called from _Packed.__del__: may run on any thread, during gc.
         try:
-            self._engine.release_async(p.pending)
+            p.engine.release_async(p.pending)
         except Exception:  # interpreter shutdown: the session close frees it anyway
             return
         with self._lock:

@@ -66,9 +66,18 @@ absl::Status InstallSavedVariableHooks();
 struct OffloadOptions {
   // Saved tensors smaller than this stay in the trainer's memory.
   size_t min_bytes = 64 << 10;
-  // Runs the stores (CopyStream::kStore) and the releases queued behind them.
+  // Copies CPU tensors: stores, fetches and the releases queued behind them.
   // Null: a HostCopyEngine owned by the Offloader.
   std::shared_ptr<CopyEngine> copy_engine;
+  // Copies CUDA tensors (CreateCudaCopyEngine for their device): straight
+  // into the client's leased, pinned memory, ordered after the current
+  // stream; fetched back with the current stream waiting for the copy. Null:
+  // CUDA tensors stay on the GPU (counted as kept). Needs an attached client.
+  std::shared_ptr<CopyEngine> cuda_engine;
+  // The current CUDA stream of a device, as an integer cudaStream_t (libtorch
+  // with CUDA: c10::cuda::getCurrentCUDAStream(device).stream()). Null: 0,
+  // the legacy default stream, which is torch's unless streams are switched.
+  std::function<uintptr_t(int device)> current_stream;
 };
 
 struct OffloadStats {
@@ -90,16 +99,17 @@ class OffloadHooks;
 }  // namespace internal
 
 // Stores saved tensors through one Client. A saved tensor is offloaded when
-// it is on the CPU, strided, at least min_bytes, not a leaf that requires
-// grad (a parameter) nor a view of one, not quantized/conjugated/nested, and
-// its elements do not overlap (dense, or a view with gaps: gathered, and
-// given its strides back when fetched). Others are kept as autograd keeps
-// them. Stores run on the copy engine; the source tensor is held until its
-// store is done and then dropped. A failed store (quota, daemon gone) keeps
-// the tensor in memory instead (store_failures). Fetches run synchronously
-// on the thread that unpacks (backward's), after the store is done; there is
-// no prefetch. Each stored buffer is released (queued behind its store) when
-// autograd drops the saved variable: after backward, or with the graph.
+// it is on the CPU (or on a GPU, with a cuda_engine), strided, at least min_bytes, not a leaf that
+// requires grad (a parameter) nor a view of one, not quantized/conjugated/nested, and its elements
+// do not overlap (dense, or a view with gaps: gathered, and given its strides back when fetched).
+// Others are kept as autograd keeps them. With an attached client, memory is reserved in the
+// client's leases on the packing thread and the engine copies (or gathers) the tensor into it on
+// its store stream; otherwise Client::Store runs on the store stream. The source tensor is held
+// until its store is done and then dropped. A failed store (quota, daemon gone) keeps the tensor in
+// memory instead (store_failures). Fetches are issued by the thread that unpacks (backward's) after
+// its store is done (a host wait), on the engine's fetch stream; CPU: the unpack waits for the
+// copy, CUDA: the current stream does. There is no prefetch. Each stored buffer is released (queued
+// behind its store) when autograd drops the saved variable: after backward, or with the graph.
 class Offloader {
  public:
   // `client` must be non-null; it is shared with the caller.

@@ -1,0 +1,124 @@
+"""CUDA tensors through actstash: D2H straight into leased (pinned) memory on the
+copy engine's stream, H2D back with the compute stream waiting on an event.
+Gradients must be bitwise equal to plain autograd, also when the compute
+stream is deliberately slow. Skipped without a GPU (torch and actstash both
+need one); the pinning-policy tests run everywhere."""
+import pytest
+import torch
+from torch import nn
+
+import actstash
+from actstash import _native
+
+CUDA = torch.cuda.is_available() and _native.cuda_available()
+needs_gpu = pytest.mark.skipif(not CUDA, reason="needs a CUDA device (torch and actstash)")
+
+
+class Views(nn.Module):
+    """Saved tensors that are transposes, slices with gaps and broadcasts."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(256, 384)
+
+    def forward(self, x, slow_cycles=0):
+        h = self.lin(x)
+        if slow_cycles:
+            torch.cuda._sleep(slow_cycles)  # the producer kernel finishes late
+        t = h.t()
+        gaps = torch.sigmoid(h)[:, ::3]
+        wide = h.unsqueeze(0).expand(4, -1, -1)
+        return (gaps * gaps.exp()).sum() + (wide * 1.5).sum() + (t @ torch.tanh(h)).sum()
+
+
+def run(stash, slow_cycles=0, steps=2, stream=None):
+    torch.manual_seed(0)
+    model = Views().cuda()
+    x = torch.randn(512, 256, device="cuda")
+    for _ in range(steps):
+        with torch.cuda.stream(stream or torch.cuda.current_stream()):
+            if stash is None:
+                loss = model(x, slow_cycles)
+            else:
+                with stash.offload(min_bytes=0):
+                    loss = model(x, slow_cycles)
+            loss.backward()
+    torch.cuda.synchronize()
+    return [p.grad.clone() for p in model.parameters()]
+
+
+def assert_bitwise(expected, actual):
+    for i, (a, b) in enumerate(zip(expected, actual)):
+        assert torch.equal(a, b), f"gradient {i} differs"
+
+
+@needs_gpu
+def test_cuda_offload_is_bitwise_equal_and_pinned(daemon):
+    stash = actstash.connect(daemon.socket)
+    try:
+        assert stash.client.attached
+        expected = run(None)
+        actual = run(stash)
+        assert_bitwise(expected, actual)
+        stats = stash.stats()
+        assert stats["tensors_offloaded"] > 0 and stats["cuda_kept"] == 0
+        assert stats["pinned_bytes"] > 0 and stats["pin_error"] is None
+    finally:
+        stash.close()
+
+
+@needs_gpu
+@pytest.mark.parametrize("side_stream", [False, True])
+def test_slow_compute_stream_never_races_the_copies(daemon, side_stream):
+    stash = actstash.connect(daemon.socket)
+    try:
+        stream = torch.cuda.Stream() if side_stream else None
+        expected = run(None, slow_cycles=50_000_000, stream=stream)
+        actual = run(stash, slow_cycles=50_000_000, stream=stream)
+        assert_bitwise(expected, actual)
+    finally:
+        stash.close()
+
+
+@needs_gpu
+def test_cuda_false_keeps_cuda_tensors_on_the_gpu(daemon):
+    stash = actstash.connect(daemon.socket, cuda=False)
+    try:
+        assert_bitwise(run(None), run(stash))
+        assert stash.stats()["tensors_offloaded"] == 0
+        assert stash.stats()["cuda_kept"] > 0
+    finally:
+        stash.close()
+
+
+@pytest.mark.skipif(CUDA, reason="checks the behaviour without a usable CUDA device")
+def test_required_pinning_without_a_device_says_why(daemon):
+    stash = actstash.connect(daemon.socket, pin="on")
+    try:
+        # Attaching needs a registrar; without one the client stays on the inline path
+        # (attach="auto") and says why.
+        assert not stash.client.attached
+        assert "cannot pin memory for CUDA" in stash.client.attach_error
+    finally:
+        stash.close()
+    with pytest.raises(actstash.StashError, match="cannot pin memory for CUDA"):
+        actstash.connect(daemon.socket, pin="on", attach="required")
+
+
+def test_auto_pinning_without_a_device_is_silent_and_unpinned(daemon):
+    stash = actstash.connect(daemon.socket)
+    try:
+        with stash.offload(min_bytes=0):
+            y = (torch.randn(64, 64, requires_grad=True) * 2).sum()
+        y.backward()
+        stats = stash.stats()
+        if not CUDA:
+            assert stats["pinned_bytes"] == 0 and stats["pin_error"] is None
+        assert stats["unpinned_leases"] == 0
+    finally:
+        stash.close()
+
+
+def test_bad_pin_value_is_a_value_error(daemon):
+    with pytest.raises(ValueError, match="pin must be"):
+        actstash.connect(daemon.socket, pin="sometimes")
