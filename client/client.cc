@@ -102,6 +102,10 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
     impl->max_chunk_bytes = std::min<uint64_t>(reply.max_chunk_bytes(), kMaxChunkBytes);
   }
   impl->segment_bytes = reply.segment_bytes();
+  for (const v1::DevicePoolInfo& pool : reply.device_pools()) {
+    impl->device_pools.push_back(
+        DevicePoolInfo{pool.device(), pool.total_bytes(), pool.segment_bytes()});
+  }
   std::unique_ptr<Client> client(new Client(std::move(impl)));
   if (options.attach != AttachMode::kOff) {
     absl::Status attached = client->impl_->Attach(reply.attach_socket_name());
@@ -319,26 +323,40 @@ absl::StatusOr<Reservation> Client::Reserve(size_t nbytes) {
   return Reservation{Ticket{placed->ticket, nbytes}, placed->data, placed->pinned};
 }
 
+absl::StatusOr<Reservation> Client::ReserveOnDevice(size_t nbytes, uint32_t device) {
+  if (absl::Status s = impl_->CheckOpen(); !s.ok()) return s;
+  size_t index = 0;
+  absl::StatusOr<client_internal::LocalStore*> store = impl_->DeviceStore(device, &index);
+  if (!store.ok()) return store.status();
+  absl::StatusOr<client_internal::Placed> placed = (*store)->Reserve(nbytes);
+  if (!placed.ok()) return placed.status();
+  return Reservation{Ticket{Impl::DeviceTicket(index, placed->ticket), nbytes}, placed->data, false,
+                     true};
+}
+
+const std::vector<DevicePoolInfo>& Client::device_pools() const { return impl_->device_pools; }
+
 absl::StatusOr<StoredBytes> Client::Locate(const Ticket& ticket) {
   if (absl::Status s = impl_->CheckOpen(); !s.ok()) return s;
   if ((ticket.id & kInlineTicket) != 0) {
     return absl::FailedPreconditionError(
         absl::StrCat("ticket ", ticket.id, " is stored inline in the daemon: use Fetch"));
   }
-  if (impl_->local == nullptr)
-    return absl::NotFoundError(absl::StrCat("unknown ticket ", ticket.id));
-  absl::StatusOr<client_internal::Located> located = impl_->local->Locate(ticket.id);
+  uint64_t id = 0;
+  client_internal::LocalStore* store = impl_->StoreOf(ticket.id, &id);
+  if (store == nullptr) return absl::NotFoundError(absl::StrCat("unknown ticket ", ticket.id));
+  absl::StatusOr<client_internal::Located> located = store->Locate(id);
   if (!located.ok()) return located.status();
-  return StoredBytes{located->data, located->size, located->pinned};
+  return StoredBytes{located->data, located->size, located->pinned, located->on_device};
 }
 
 absl::Status Client::Fetch(const Ticket& ticket, void* dst, size_t capacity) {
   if (absl::Status s = impl_->CheckOpen(); !s.ok()) return s;
   if ((ticket.id & kInlineTicket) == 0) {
-    if (impl_->local == nullptr) {
-      return absl::NotFoundError(absl::StrCat("unknown ticket ", ticket.id));
-    }
-    return impl_->local->Fetch(ticket.id, dst, capacity);
+    uint64_t id = 0;
+    client_internal::LocalStore* store = impl_->StoreOf(ticket.id, &id);
+    if (store == nullptr) return absl::NotFoundError(absl::StrCat("unknown ticket ", ticket.id));
+    return store->Fetch(id, dst, capacity);
   }
   absl::StatusOr<ObjectInfo> info = Get(Handle{ticket.id & ~kInlineTicket}, dst, capacity);
   return info.status();
@@ -347,10 +365,10 @@ absl::Status Client::Fetch(const Ticket& ticket, void* dst, size_t capacity) {
 absl::Status Client::Release(const Ticket& ticket) {
   if (absl::Status s = impl_->CheckOpen(); !s.ok()) return s;
   if ((ticket.id & kInlineTicket) == 0) {
-    if (impl_->local == nullptr) {
-      return absl::NotFoundError(absl::StrCat("unknown ticket ", ticket.id));
-    }
-    return impl_->local->Release(ticket.id);
+    uint64_t id = 0;
+    client_internal::LocalStore* store = impl_->StoreOf(ticket.id, &id);
+    if (store == nullptr) return absl::NotFoundError(absl::StrCat("unknown ticket ", ticket.id));
+    return store->Release(id);
   }
   return Delete(Handle{ticket.id & ~kInlineTicket});
 }

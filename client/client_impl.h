@@ -49,13 +49,35 @@ struct Client::Impl final : public client_internal::LeaseBackend {
   // unregisters what it unmaps).
   std::unique_ptr<PinnedRegistrar> registrar;
   std::unique_ptr<client_internal::LocalStore> local;
+  // The daemon's device pools (from OpenSession) and this client's stores in
+  // them, created at first use; the importer maps their regions.
+  // One device pool as this client uses it: the LeaseBackend of its store.
+  struct DeviceTier final : public client_internal::LeaseBackend {
+    DeviceTier(Impl* impl, uint32_t device) : impl(impl), device(device) {}
+    absl::StatusOr<std::vector<client_internal::GrantedLease>> Lease(
+        uint32_t count, uint32_t segments_per_lease) override {
+      return impl->LeaseDevice(device, count, segments_per_lease);
+    }
+    absl::Status Return(absl::Span<const uint64_t> lease_ids) override {
+      return impl->Return(lease_ids);
+    }
+    bool Lost() const override { return impl->Lost(); }
+
+    Impl* const impl;
+    const uint32_t device;
+    std::unique_ptr<client_internal::LocalStore> store;  // set once, under device_mu
+  };
+  std::vector<DevicePoolInfo> device_pools;
+  absl::Mutex device_mu;
+  std::unique_ptr<client_internal::DeviceImporter> importer ABSL_GUARDED_BY(device_mu);
+  std::vector<std::unique_ptr<DeviceTier>> device_tiers ABSL_GUARDED_BY(device_mu);
   absl::Status attach_status = absl::FailedPreconditionError("not attached");
   // Usage reporter (only when attached).
   absl::Mutex report_mu;
   bool report_stop ABSL_GUARDED_BY(report_mu) = false;
   std::thread reporter;
 
-  ~Impl() override { StopReporter(); }
+  ~Impl() override;
 
   // LeaseBackend: the Lease RPC, then the fds from the attach channel.
   absl::StatusOr<std::vector<client_internal::GrantedLease>> Lease(
@@ -72,7 +94,7 @@ struct Client::Impl final : public client_internal::LeaseBackend {
     std::vector<uint64_t> stale;  // leases of earlier calls that timed out here
     absl::Status error;
     for (const v1::LeaseGrant& grant : reply.leases()) {
-      client_internal::GrantedLease lease{grant.lease_id(), grant.segments(), {}};
+      client_internal::GrantedLease lease{grant.lease_id(), grant.segments(), {}, std::nullopt};
       if (error.ok()) {
         absl::StatusOr<std::vector<int>> fds =
             attach->ReceiveLease(grant.lease_id(), grant.segments(), options.rpc_timeout, &stale);
@@ -108,6 +130,30 @@ struct Client::Impl final : public client_internal::LeaseBackend {
   }
 
   bool Lost() const override { return attach != nullptr && attach->lost(); }
+
+  // Leases device segments of the daemon's device pool on `device`.
+  absl::StatusOr<std::vector<client_internal::GrantedLease>> LeaseDevice(
+      uint32_t device, uint32_t count, uint32_t segments_per_lease);
+  // The store of the device pool on `device` (created, with the importer, at
+  // first use). Only when attached.
+  absl::StatusOr<client_internal::LocalStore*> DeviceStore(uint32_t device, size_t* index)
+      ABSL_LOCKS_EXCLUDED(device_mu);
+  // The store of tier index `index` (from a ticket), or null.
+  client_internal::LocalStore* DeviceStoreAt(size_t index) ABSL_LOCKS_EXCLUDED(device_mu);
+
+  // Zero-copy ticket ids: the host store's as they are; a device store's
+  // carry (its index + 1) in bits 56..62 (bit 63 marks inline tickets).
+  static constexpr int kDeviceTierShift = 56;
+  static constexpr uint64_t kDeviceTierMask = uint64_t{0x7f} << kDeviceTierShift;
+  static uint64_t DeviceTicket(size_t index, uint64_t local_id) {
+    return local_id | (uint64_t{index + 1} << kDeviceTierShift);
+  }
+  // The store a zero-copy ticket belongs to and its id there; null if none.
+  client_internal::LocalStore* StoreOf(uint64_t id, uint64_t* local_id) {
+    *local_id = id & ~kDeviceTierMask;
+    const uint64_t tier = (id & kDeviceTierMask) >> kDeviceTierShift;
+    return tier == 0 ? local.get() : DeviceStoreAt(tier - 1);
+  }
 
   absl::Status ReportUsage() {
     const client_internal::LocalUsage usage = local->usage();

@@ -13,6 +13,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -42,6 +43,13 @@ class IpcOpener {
 // cudaIpcCloseMemHandle; the caller's current device is restored after each
 // call. FAILED_PRECONDITION when built without CUDA or no device is visible.
 absl::StatusOr<std::unique_ptr<IpcOpener>> CreateCudaIpcOpener();
+
+// Makes the IpcOpener the client's device tier uses (CreateCudaIpcOpener).
+using IpcOpenerFactory = std::function<absl::StatusOr<std::unique_ptr<IpcOpener>>()>;
+// Tests only: replaces it for clients that import their first device lease
+// from now on; an empty factory restores the CUDA one. Not thread-safe
+// against clients importing concurrently.
+void SetIpcOpenerFactoryForTesting(IpcOpenerFactory factory);
 
 // What a device lease grant (actstash.v1.LeaseGrant, tier DEVICE) says.
 struct DeviceGrant {

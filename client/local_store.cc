@@ -12,6 +12,13 @@
 namespace actstash::client_internal {
 namespace {
 
+absl::Status DeviceTierError(absl::string_view what) {
+  return absl::FailedPreconditionError(
+      absl::StrCat(what,
+                   ": buffers of the device tier are device memory; copy them with a CUDA "
+                   "engine (Reserve/Locate)"));
+}
+
 absl::Status Lost() {
   return absl::UnavailableError(
       "actstashd went away (its attach connection closed): this session and its leases are "
@@ -54,7 +61,17 @@ LocalStore::LocalStore(LeaseBackend* backend, uint64_t segment_bytes, uint32_t l
       segment_bytes_(segment_bytes),
       lease_batch_(std::max<uint32_t>(1, lease_batch)),
       registrar_(registrar),
-      require_pinned_(require_pinned) {}
+      require_pinned_(require_pinned),
+      importer_(nullptr) {}
+
+LocalStore::LocalStore(LeaseBackend* backend, uint64_t segment_bytes, uint32_t lease_batch,
+                       DeviceImporter* importer)
+    : backend_(*backend),
+      segment_bytes_(segment_bytes),
+      lease_batch_(std::max<uint32_t>(1, lease_batch)),
+      registrar_(nullptr),
+      require_pinned_(false),
+      importer_(importer) {}
 
 LocalStore::~LocalStore() {
   absl::MutexLock lock(&mu_);
@@ -63,6 +80,21 @@ LocalStore::~LocalStore() {
 
 absl::StatusOr<std::unique_ptr<LocalStore::Arena>> LocalStore::MapArena(const GrantedLease& lease,
                                                                         bool dedicated) {
+  const uint64_t lease_bytes = uint64_t{lease.segments} * segment_bytes_;
+  if (importer_ != nullptr || lease.device.has_value()) {
+    for (int fd : lease.fds) close(fd);
+    if (importer_ == nullptr || !lease.device.has_value() || lease.device->bytes != lease_bytes) {
+      return absl::InternalError(
+          absl::StrCat("lease ", lease.lease_id, " does not match this store's tier or size"));
+    }
+    absl::StatusOr<void*> base = importer_->Resolve(*lease.device);
+    if (!base.ok()) return base.status();
+    auto arena =
+        std::unique_ptr<Arena>(new Arena{lease.lease_id, static_cast<std::byte*>(*base),
+                                         lease_bytes, dedicated, ArenaAllocator(lease_bytes)});
+    arena->on_device = true;
+    return arena;
+  }
   absl::StatusOr<std::byte*> base = MapLease(lease, segment_bytes_);  // closes the fds
   if (!base.ok()) return base.status();
   const uint64_t bytes = uint64_t{lease.segments} * segment_bytes_;
@@ -96,6 +128,7 @@ absl::StatusOr<std::unique_ptr<LocalStore::Arena>> LocalStore::MapArena(const Gr
 }
 
 void LocalStore::UnmapArena(const Arena& arena) {
+  if (arena.on_device) return;  // the importer keeps the region mapped
   // A failed unregister leaves nothing to undo: the range goes anyway.
   if (arena.pinned) (void)registrar_->Unregister(arena.base);
   munmap(arena.base, arena.bytes);
@@ -162,6 +195,7 @@ absl::StatusOr<uint64_t> LocalStore::Store(const void* src, size_t nbytes) {
   if (nbytes > 0 && src == nullptr) {
     return absl::InvalidArgumentError("Store: null source with a non-zero size");
   }
+  if (importer_ != nullptr) return DeviceTierError("Store");
   absl::StatusOr<Placed> placed = Place(nbytes);
   if (!placed.ok()) return placed.status();
   if (nbytes > 0) std::memcpy(placed->data, src, nbytes);
@@ -179,7 +213,8 @@ absl::StatusOr<Located> LocalStore::Locate(uint64_t ticket) {
   const Placement& placement = it->second;
   ++usage_.fetches;
   usage_.bytes_fetched += placement.size;
-  return Located{placement.arena->base + placement.offset, placement.size, placement.arena->pinned};
+  return Located{placement.arena->base + placement.offset, placement.size, placement.arena->pinned,
+                 placement.arena->on_device};
 }
 
 absl::StatusOr<Placed> LocalStore::Place(size_t nbytes) {
@@ -248,10 +283,12 @@ absl::StatusOr<Placed> LocalStore::Place(size_t nbytes) {
     ticket = NewTicket(placement, nbytes);
     mu_.Unlock();
   }
-  return Placed{ticket, placement.arena->base + placement.offset, placement.arena->pinned};
+  return Placed{ticket, placement.arena->base + placement.offset, placement.arena->pinned,
+                placement.arena->on_device};
 }
 
 absl::Status LocalStore::Fetch(uint64_t ticket, void* dst, size_t capacity) {
+  if (importer_ != nullptr) return DeviceTierError("Fetch");
   Placement placement;
   {
     absl::MutexLock lock(&mu_);

@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -18,6 +19,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
 #include "client/arena_allocator.h"
+#include "client/device_import.h"
 #include "common/pinned_registrar.h"
 
 namespace actstash::client_internal {
@@ -25,7 +27,8 @@ namespace actstash::client_internal {
 struct GrantedLease {
   uint64_t lease_id = 0;
   uint32_t segments = 0;
-  std::vector<int> fds;  // one per segment, owned by the receiver
+  std::vector<int> fds;               // host: one per segment, owned by the receiver
+  std::optional<DeviceGrant> device;  // device tier: where in the pool's region
 };
 
 // Where leases come from: the daemon (Lease/Return RPCs plus the attach
@@ -58,7 +61,8 @@ struct LocalUsage {
 struct Placed {
   uint64_t ticket = 0;
   std::byte* data = nullptr;
-  bool pinned = false;  // registered for CUDA
+  bool pinned = false;     // registered for CUDA
+  bool on_device = false;  // device memory (device tier): only CUDA copies
 };
 
 // Where a stored buffer lies: the caller reads it.
@@ -66,6 +70,7 @@ struct Located {
   const std::byte* data = nullptr;
   uint64_t size = 0;
   bool pinned = false;
+  bool on_device = false;
 };
 
 // Thread-safe: Store, Fetch and Release may run concurrently on any threads;
@@ -81,6 +86,12 @@ class LocalStore {
   // used unpinned and the first error is kept (pin_status).
   LocalStore(LeaseBackend* backend, uint64_t segment_bytes, uint32_t lease_batch,
              PinnedRegistrar* registrar = nullptr, bool require_pinned = false);
+  // A store of the device tier: leases are ranges of a daemon device pool,
+  // made addressable by `importer` (which must outlive the store). Its
+  // buffers are device memory: Store and Fetch (host memcpy) are
+  // FAILED_PRECONDITION; Reserve/Locate hand out device pointers.
+  LocalStore(LeaseBackend* backend, uint64_t segment_bytes, uint32_t lease_batch,
+             DeviceImporter* importer);
   // Unmaps everything; does not return leases (closing the session does).
   ~LocalStore();
   LocalStore(const LocalStore&) = delete;
@@ -118,6 +129,7 @@ class LocalStore {
     bool dedicated = false;
     ArenaAllocator allocator;
     bool pinned = false;
+    bool on_device = false;  // imported device memory: nothing to unmap
   };
   struct Placement {
     Arena* arena = nullptr;
@@ -151,6 +163,7 @@ class LocalStore {
   const uint32_t lease_batch_;
   PinnedRegistrar* const registrar_;
   const bool require_pinned_;
+  DeviceImporter* const importer_;                  // device tier when set
   absl::Mutex lease_mu_ ABSL_ACQUIRED_BEFORE(mu_);  // one lease RPC at a time
   mutable absl::Mutex mu_;
   std::vector<std::unique_ptr<Arena>> arenas_ ABSL_GUARDED_BY(mu_);

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
-"""Trains a small GPT-style model on CPU for a few steps in five modes and
-prints, side by side: step time (median), activation memory held by the
-trainer at the end of forward (RssAnon growth over the forward), peak RSS,
-bytes offloaded, and whether the gradients are bitwise equal to plain autograd.
+"""Trains a small GPT-style model for a few steps in five modes and prints,
+side by side: step time (median), activation memory held by the trainer at
+the end of forward (CPU: RssAnon growth over the forward; --device cuda: growth
+of torch.cuda.memory_allocated), peak RSS (CUDA: peak allocated), bytes
+offloaded, and whether the gradients are bitwise equal to plain autograd.
 
     ACTSTASH_ADDRESS=/path/to/actstash.sock python3 examples/train_gpt.py
     scripts/demo            # starts a private actstashd and runs this
@@ -54,10 +55,18 @@ def run_mode(args):
     from gpt import GPT, Block, loss_fn
     torch.set_num_threads(args.threads)
 
+    cuda = args.device == "cuda"
     torch.manual_seed(0)
     model = GPT(vocab=args.vocab, dim=args.dim, heads=args.heads, layers=args.layers,
-                context=args.context, dropout=0.1)
+                context=args.context, dropout=0.1).to(args.device)
     data = torch.randint(0, args.vocab, (args.steps + 2, args.batch, args.context + 1))
+    data = data.to(args.device)
+
+    def held_now():  # what the trainer holds: host RSS, or allocated GPU memory
+        if cuda:
+            torch.cuda.synchronize()
+            return torch.cuda.memory_allocated()
+        return rss_anon()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     stash = None
     ctx = None
@@ -67,7 +76,7 @@ def run_mode(args):
             block.forward = (lambda f: lambda x: checkpoint(f, x, use_reentrant=False))(
                 block.forward)
     elif args.mode == "save_on_cpu":
-        ctx = lambda: torch.autograd.graph.save_on_cpu(pin_memory=False)  # noqa: E731
+        ctx = lambda: torch.autograd.graph.save_on_cpu(pin_memory=cuda)  # noqa: E731
     elif args.mode.startswith("actstash"):
         import actstash
         stash = actstash.connect(args.address or None, copy_delay_us=args.copy_delay_us)
@@ -88,7 +97,7 @@ def run_mode(args):
             gc.collect()
             if stash is not None:
                 stash.synchronize()
-        before = rss_anon()
+        before = held_now()
         start = time.perf_counter()
         if ctx is not None:
             with ctx():
@@ -98,18 +107,20 @@ def run_mode(args):
         if measure:
             if stash is not None:
                 stash.synchronize()  # what the trainer still holds once the copies are done
-            held.append(rss_anon() - before)
+            held.append(held_now() - before)
         loss.backward()
         if step == 0:
-            first_grads = [p.grad.clone() for p in model.parameters()]
+            first_grads = [p.grad.detach().cpu().clone() for p in model.parameters()]
         optimizer.step()
+        if cuda:
+            torch.cuda.synchronize()  # the step's kernels and copies are part of its time
         if 0 < step <= args.steps:
             times.append(time.perf_counter() - start)
     result = {
         "mode": args.mode,
         "step_seconds": statistics.median(times),
         "held_bytes": held[0],
-        "peak_rss": peak_rss(),
+        "peak_rss": torch.cuda.max_memory_allocated() if cuda else peak_rss(),
         # Mapped segments of the daemon's pool count in RSS but are not the trainer's memory.
         "shared_rss": rss_shmem(),
         "loss": float(loss),
@@ -134,6 +145,9 @@ def main():
     parser.add_argument("--layers", type=int, default=6)
     parser.add_argument("--vocab", type=int, default=1024)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                        help="where the model trains (cuda: needs torch with CUDA, and "
+                        "actstash offloads CUDA tensors through its CUDA copy engine)")
     parser.add_argument("--min-bytes", type=int, default=64 << 10)
     parser.add_argument("--copy-delay-us", type=int, default=0)
     parser.add_argument("--modes", default=",".join(MODES))

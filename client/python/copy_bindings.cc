@@ -82,15 +82,18 @@ std::shared_ptr<CopyEngine> ValueOrRaise(absl::StatusOr<std::unique_ptr<CopyEngi
 py::object StoreTensorAsync(CopyEngine& engine, std::shared_ptr<Client> client, uintptr_t ptr,
                             uint64_t nbytes, std::optional<std::vector<int64_t>> sizes,
                             std::optional<std::vector<int64_t>> strides, int element_size,
-                            uintptr_t stream, bool gather_needs_pinned) {
+                            uintptr_t stream, bool gather_needs_pinned, int device_pool) {
   auto pending = std::make_shared<PendingStore>(client, /*placed=*/true);
   absl::Status status;
   bool unpinned_gather = false;
   {
     py::gil_scoped_release release;
-    absl::StatusOr<Reservation> reserved = client->Reserve(nbytes);
+    absl::StatusOr<Reservation> reserved =
+        device_pool >= 0 ? client->ReserveOnDevice(nbytes, static_cast<uint32_t>(device_pool))
+                         : client->Reserve(nbytes);
     status = reserved.status();
-    unpinned_gather = status.ok() && sizes.has_value() && gather_needs_pinned && !reserved->pinned;
+    unpinned_gather = status.ok() && sizes.has_value() && gather_needs_pinned &&
+                      !reserved->pinned && !reserved->on_device;
     if (unpinned_gather) {
       (void)client->Release(reserved->ticket);
     } else if (status.ok()) {
@@ -215,11 +218,12 @@ void BindCopyEngines(py::module_& m) {
       .def("store_tensor_async", &StoreTensorAsync, py::arg("client"), py::arg("ptr"),
            py::arg("nbytes"), py::arg("sizes") = py::none(), py::arg("strides") = py::none(),
            py::arg("element_size") = 1, py::arg("stream") = 0,
-           py::arg("gather_needs_pinned") = false,
+           py::arg("gather_needs_pinned") = false, py::arg("device_pool") = -1,
            "Reserves nbytes in leased memory and copies the tensor at ptr into it on the store "
            "stream after the caller's stream; sizes/strides (elements) gather a non-dense "
            "tensor. The caller keeps the source alive until the store is done. Needs an "
-           "attached client. None when gather_needs_pinned and the memory is not pinned.")
+           "attached client. None when gather_needs_pinned and the memory is not pinned. "
+           "device_pool >= 0: reserve in the daemon's device pool on that GPU (CUDA engine).")
       .def("fetch_async", &FetchAsync, py::arg("stored"), py::arg("dst"), py::arg("capacity"),
            py::arg("stream") = 0,
            "Fetches a store's bytes into dst on the fetch stream, after the store and after the "

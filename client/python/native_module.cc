@@ -22,7 +22,8 @@ using Ticket = std::pair<uint64_t, uint64_t>;  // (id, nbytes)
 std::shared_ptr<actstash::Client> Connect(const std::string& address, uint64_t quota,
                                           const std::string& name, const std::string& attach,
                                           int64_t rpc_timeout_ms, int64_t connect_timeout_ms,
-                                          uint32_t lease_batch, const std::string& pin) {
+                                          uint32_t lease_batch, const std::string& pin,
+                                          int cuda_device) {
   actstash::ClientOptions options;
   options.address = address;
   options.quota_bytes = quota;
@@ -30,6 +31,7 @@ std::shared_ptr<actstash::Client> Connect(const std::string& address, uint64_t q
   options.rpc_timeout = std::chrono::milliseconds(rpc_timeout_ms);
   options.connect_timeout = std::chrono::milliseconds(connect_timeout_ms);
   options.lease_batch = lease_batch;
+  options.cuda_device = cuda_device;
   if (attach == "auto") {
     options.attach = actstash::AttachMode::kAuto;
   } else if (attach == "required") {
@@ -114,7 +116,7 @@ PYBIND11_MODULE(_native, m) {
       .def(py::init(&Connect), py::arg("address") = "", py::arg("quota") = 0, py::arg("name") = "",
            py::arg("attach") = "auto", py::arg("rpc_timeout_ms") = 30000,
            py::arg("connect_timeout_ms") = 5000, py::arg("lease_batch") = 4,
-           py::arg("pin") = "auto")
+           py::arg("pin") = "auto", py::arg("cuda_device") = 0)
       .def_property_readonly("attached", &actstash::Client::attached)
       .def_property_readonly(
           "attach_error",
@@ -158,6 +160,18 @@ PYBIND11_MODULE(_native, m) {
                                if (s.ok()) return py::none();
                                return py::str(std::string(s.message()));
                              })
+      .def("device_pools",
+           [](const actstash::Client& c) {
+             py::list pools;
+             for (const actstash::DevicePoolInfo& p : c.device_pools()) {
+               py::dict d;
+               d["device"] = p.device;
+               d["total_bytes"] = p.total_bytes;
+               d["segment_bytes"] = p.segment_bytes;
+               pools.append(d);
+             }
+             return pools;
+           })
       .def("zero_copy_usage",
            [](const actstash::Client& c) {
              const actstash::ZeroCopyUsage u = c.zero_copy_usage();

@@ -31,7 +31,7 @@ class FakeBackend : public LeaseBackend {
     segments_left_ -= uint64_t{count} * segments_per_lease;
     std::vector<GrantedLease> granted;
     for (uint32_t i = 0; i < count; ++i) {
-      GrantedLease lease{next_id_++, segments_per_lease, {}};
+      GrantedLease lease{next_id_++, segments_per_lease, {}, std::nullopt};
       for (uint32_t s = 0; s < segments_per_lease; ++s) {
         const int fd = memfd_create("fake-segment", MFD_CLOEXEC);
         EXPECT_EQ(ftruncate(fd, kSegment), 0);

@@ -122,3 +122,25 @@ def test_auto_pinning_without_a_device_is_silent_and_unpinned(daemon):
 def test_bad_pin_value_is_a_value_error(daemon):
     with pytest.raises(ValueError, match="pin must be"):
         actstash.connect(daemon.socket, pin="sometimes")
+
+
+def test_device_pool_that_the_daemon_lacks_is_a_clear_error(daemon):
+    with pytest.raises(ValueError, match="--device-pool"):
+        actstash.connect(daemon.socket, device_pool=0)
+
+
+@needs_gpu
+def test_device_pool_offload_is_bitwise_equal():
+    from conftest import Daemon
+    d = Daemon(extra=("--device-pool", "0:1GiB"))
+    try:
+        stash = actstash.connect(d.socket, device_pool=0)
+        try:
+            assert_bitwise(run(None), run(stash))
+            assert stash.stats()["tensors_offloaded"] > 0
+            pools = stash.client.stats()
+            assert pools["self"]["leases"] > 0
+        finally:
+            stash.close()
+    finally:
+        d.stop()

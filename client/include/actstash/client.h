@@ -67,6 +67,17 @@ struct ClientOptions {
   // stages the copies), and is reported by pin_status(). kOn: a failed
   // registration fails the Store/Reserve that needed the lease. kOff: never.
   PinPolicy pin_leases = PinPolicy::kAuto;
+  // The CUDA device of this process that imports the daemon's device pools
+  // (ReserveOnDevice): their memory is mapped into its context (with peer
+  // access when the pool is on another GPU).
+  int cuda_device = 0;
+};
+
+// A device pool of the daemon (actstashd --device-pool GPU:SIZE).
+struct DevicePoolInfo {
+  uint32_t device = 0;  // the daemon's CUDA ordinal
+  uint64_t total_bytes = 0;
+  uint64_t segment_bytes = 0;
 };
 
 // A buffer given to Store: either placed by this client in memory leased from
@@ -81,7 +92,8 @@ struct Ticket {
 struct Reservation {
   Ticket ticket;
   void* data = nullptr;
-  bool pinned = false;  // registered for CUDA
+  bool pinned = false;     // registered for CUDA
+  bool on_device = false;  // device memory (ReserveOnDevice): only CUDA copies
 };
 
 // Where a stored buffer's bytes lie (Locate): the caller reads them.
@@ -89,6 +101,7 @@ struct StoredBytes {
   const void* data = nullptr;
   uint64_t nbytes = 0;
   bool pinned = false;
+  bool on_device = false;
 };
 
 // This client's zero-copy side, as the client sees it (no RPC).
@@ -223,6 +236,16 @@ class Client {
   // must have finished before the ticket is fetched or located. Only when
   // attached: FAILED_PRECONDITION otherwise (use Store). Store's errors.
   absl::StatusOr<Reservation> Reserve(size_t nbytes);
+  // Reserve in the daemon's device pool on GPU `device` (its ordinal): `data`
+  // is a device pointer in this process (mapped on options.cuda_device), to
+  // be filled by a CUDA copy; Locate returns device pointers for its
+  // tickets, Fetch refuses them. The same quota as host memory. Only when
+  // attached; FAILED_PRECONDITION when the daemon has no pool on `device`
+  // (the message lists those it has) or this process cannot import it
+  // (no CUDA). Trust: importing maps the whole pool (same-uid trainers).
+  absl::StatusOr<Reservation> ReserveOnDevice(size_t nbytes, uint32_t device);
+  // The daemon's device pools, as announced when the session opened.
+  const std::vector<DevicePoolInfo>& device_pools() const;
   // Where a zero-copy ticket's bytes lie, for the caller to copy them out;
   // valid until Release. FAILED_PRECONDITION for an inline ticket (use
   // Fetch), NOT_FOUND for an unknown or released one.

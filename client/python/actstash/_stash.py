@@ -16,7 +16,7 @@ _DEFAULT_SOCKET_HINT = (
 
 def connect(address=None, quota=None, on_unavailable="raise", *, name=None, attach="auto",
             timeout=30.0, connect_timeout=5.0, prefetch=2, copy_delay_us=0, seed=0, pin="auto",
-            cuda=True):
+            cuda=True, device_pool=None):
     """Opens a session with actstashd and returns a Stash.
 
     address: socket path, unix:///path or host:port; default ACTSTASH_ADDRESS, else the
@@ -28,6 +28,9 @@ def connect(address=None, quota=None, on_unavailable="raise", *, name=None, atta
       unpinned memory with a warning; "on": required; "off").
     cuda: offload CUDA tensors (on a CUDA build with a device, when attached); False keeps
       them on the GPU.
+    device_pool: a GPU ordinal of the daemon's device pool (actstashd --device-pool GPU:SIZE):
+      CUDA tensors then go to that GPU's memory (peer to peer) instead of pinned host memory.
+      Importing the pool maps all of it: for trainers that trust each other (same user).
     """
     if on_unavailable not in ("raise", "keep"):
         raise ValueError("on_unavailable must be 'raise' or 'keep'")
@@ -36,7 +39,9 @@ def connect(address=None, quota=None, on_unavailable="raise", *, name=None, atta
         client = _native.Client(address=address, quota=int(quota or 0),
                                 name=name or f"torch-{os.getpid()}", attach=attach,
                                 rpc_timeout_ms=int(timeout * 1000),
-                                connect_timeout_ms=int(connect_timeout * 1000), pin=pin)
+                                connect_timeout_ms=int(connect_timeout * 1000), pin=pin,
+                                cuda_device=_current_cuda_device() if device_pool is not None
+                                else 0)
     except _native.StashUnavailable as error:
         if on_unavailable == "raise":
             raise _native.StashUnavailable(f"{error}; {_DEFAULT_SOCKET_HINT}") from None
@@ -44,7 +49,18 @@ def connect(address=None, quota=None, on_unavailable="raise", *, name=None, atta
                       RuntimeWarning, stacklevel=2)
         client = None
     engine = _native.CopyEngine(max_delay_us=copy_delay_us, seed=seed)
-    return Stash(client, engine, on_unavailable=on_unavailable, prefetch=prefetch, cuda=cuda)
+    if client is not None and device_pool is not None:
+        pools = [p["device"] for p in client.device_pools()]
+        if device_pool not in pools:
+            client.close()
+            raise ValueError(f"the daemon has no device pool on GPU {device_pool} (pools: "
+                             f"{pools or 'none; start actstashd with --device-pool GPU:SIZE'})")
+    return Stash(client, engine, on_unavailable=on_unavailable, prefetch=prefetch, cuda=cuda,
+                 device_pool=device_pool)
+
+
+def _current_cuda_device():
+    return torch.cuda.current_device() if torch.cuda.is_available() else 0
 
 
 class _Packed:
@@ -86,10 +102,12 @@ class Stash:
     bookkeeping is under a lock; copies run on the copy engine's threads.
     """
 
-    def __init__(self, client, engine, on_unavailable="raise", prefetch=2, cuda=True):
+    def __init__(self, client, engine, on_unavailable="raise", prefetch=2, cuda=True,
+                 device_pool=None):
         self._client = client
         self._engine = engine     # host engine: CPU tensors
         self._cuda = cuda
+        self._device_pool = -1 if device_pool is None else int(device_pool)
         self._cuda_engines = {}   # device index -> CUDA engine, or None when unusable
         self._on_unavailable = on_unavailable
         self._prefetch = prefetch
@@ -273,7 +291,8 @@ class Stash:
             stream = _stream_of(t.device)
             p.pending = p.engine.store_tensor_async(self._client, src.data_ptr(), p.nbytes,
                                                     stream=stream, gather_needs_pinned=t.is_cuda,
-                                                    **layout)
+                                                    device_pool=self._device_pool if t.is_cuda
+                                                    else -1, **layout)
             if p.pending is None:  # unpinned memory: a GPU kernel cannot gather into it
                 src = src.contiguous()
                 p.pending = p.engine.store_tensor_async(self._client, src.data_ptr(), p.nbytes,
