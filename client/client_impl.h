@@ -232,7 +232,7 @@ struct Client::Impl final : public client_internal::LeaseBackend {
       return attach_status;
     }
     absl::StatusOr<std::unique_ptr<PinnedRegistrar>> pinner =
-        RegistrarForPolicy(options.pin_leases);
+        RegistrarForPolicy(options.pin_leases, nullptr, /*only_in_cuda_threads=*/true);
     if (!pinner.ok()) {  // kOn without a usable device
       attach_status = pinner.status();
       return attach_status;

@@ -6,9 +6,11 @@
 #include <memory>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "actstash/copy_engine.h"
 #include "client/gpu_copy_engine.h"
 #include "client/gpu_runtime.h"
+#include "common/cuda_device_guard.h"
 #include "common/cuda_status.h"
 #include "common/status_macros.h"
 #include "kernels/strided_copy_cuda.h"
@@ -20,35 +22,35 @@ namespace {
 cudaStream_t ToStream(GpuStream stream) { return reinterpret_cast<cudaStream_t>(stream); }
 cudaEvent_t ToEvent(GpuEvent event) { return reinterpret_cast<cudaEvent_t>(event); }
 
-// Makes `device` current on the calling thread for its lifetime and then
-// restores the thread's previous device (the engine is called from the
-// user's threads, whose current device is theirs).
-class ScopedDevice {
- public:
-  explicit ScopedDevice(int device) {
-    status_ = ACTSTASH_CUDA_STATUS(cudaGetDevice(&previous_));
-    if (status_.ok() && previous_ != device) {
-      status_ = ACTSTASH_CUDA_STATUS(cudaSetDevice(device));
-      restore_ = status_.ok();
-    }
-  }
-  ~ScopedDevice() {
-    if (restore_) (void)cudaSetDevice(previous_);
-  }
-  ScopedDevice(const ScopedDevice&) = delete;
-  ScopedDevice& operator=(const ScopedDevice&) = delete;
-
-  const absl::Status& status() const { return status_; }
-
- private:
-  int previous_ = 0;
-  bool restore_ = false;
-  absl::Status status_;
-};
-
-#define ACTSTASH_USE_DEVICE(device)   \
-  ScopedDevice scoped_device(device); \
+// The engine's device for one call; the calling thread's own context (a
+// trainer's) is given back, and none is created on GPU 0 for threads that
+// had none (common/cuda_device_guard.h).
+#define ACTSTASH_USE_DEVICE(device)       \
+  ScopedCudaDevice scoped_device(device); \
   ACTSTASH_RETURN_IF_ERROR(scoped_device.status())
+
+// The address a kernel must use for `p`: registered (mapped) host memory is
+// reached through its device pointer, which equals the host pointer only
+// where cudaDevAttrCanUseHostPointerForRegisteredMem is 1; device and
+// managed memory as they are. Pageable host memory cannot be written or
+// read by a kernel: FAILED_PRECONDITION (callers copy a packed tensor
+// instead).
+absl::StatusOr<void*> KernelAddress(const void* p) {
+  cudaPointerAttributes attributes{};
+  ACTSTASH_CUDA_RETURN_IF_ERROR(cudaPointerGetAttributes(&attributes, p));
+  switch (attributes.type) {
+    case cudaMemoryTypeHost:
+      if (attributes.devicePointer == nullptr) break;
+      return attributes.devicePointer;
+    case cudaMemoryTypeDevice:
+    case cudaMemoryTypeManaged:
+      return const_cast<void*>(p);
+    default:
+      break;
+  }
+  return absl::FailedPreconditionError(
+      "a strided copy kernel needs device memory or host memory registered (mapped) with CUDA");
+}
 
 // Thread-safe: cudart is; the object holds only the device number.
 class CudaRuntime final : public GpuRuntime {
@@ -97,12 +99,16 @@ class CudaRuntime final : public GpuRuntime {
   absl::Status GatherAsync(const void* src, const kernels::StridedLayout& src_layout, void* dst,
                            size_t dst_bytes, GpuStream stream) override {
     ACTSTASH_USE_DEVICE(device_);
-    return kernels::GatherAsync(src, src_layout, dst, dst_bytes, ToStream(stream));
+    ACTSTASH_ASSIGN_OR_RETURN(void* kernel_src, KernelAddress(src));
+    ACTSTASH_ASSIGN_OR_RETURN(void* kernel_dst, KernelAddress(dst));
+    return kernels::GatherAsync(kernel_src, src_layout, kernel_dst, dst_bytes, ToStream(stream));
   }
   absl::Status ScatterAsync(const void* src, size_t src_bytes, void* dst,
                             const kernels::StridedLayout& dst_layout, GpuStream stream) override {
     ACTSTASH_USE_DEVICE(device_);
-    return kernels::ScatterAsync(src, src_bytes, dst, dst_layout, ToStream(stream));
+    ACTSTASH_ASSIGN_OR_RETURN(void* kernel_src, KernelAddress(src));
+    ACTSTASH_ASSIGN_OR_RETURN(void* kernel_dst, KernelAddress(dst));
+    return kernels::ScatterAsync(kernel_src, src_bytes, kernel_dst, dst_layout, ToStream(stream));
   }
 
   absl::StatusOr<bool> QueryEvent(GpuEvent event) override {
@@ -133,9 +139,13 @@ absl::StatusOr<std::unique_ptr<CopyEngine>> CreateCudaCopyEngine(
     const CudaCopyEngineOptions& options) {
   int count = 0;
   ACTSTASH_CUDA_RETURN_IF_ERROR(cudaGetDeviceCount(&count));
+  if (options.device < 0 || options.device >= count) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("CUDA device ", options.device, " does not exist (", count, " visible)"));
+  }
   {
-    // An invalid device or an unusable driver fails here, with the CUDA error.
-    client_internal::ScopedDevice scoped(options.device);
+    // An unusable driver fails here, with the CUDA error.
+    ScopedCudaDevice scoped(options.device);
     ACTSTASH_RETURN_IF_ERROR(scoped.status());
     ACTSTASH_CUDA_RETURN_IF_ERROR(cudaFree(nullptr));  // creates the context
   }

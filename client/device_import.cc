@@ -8,7 +8,9 @@
 #ifdef ACTSTASH_HAVE_CUDA
 #include <cuda_runtime_api.h>
 
+#include "common/cuda_device_guard.h"
 #include "common/cuda_status.h"
+#include "common/status_macros.h"
 #endif
 
 namespace actstash::client_internal {
@@ -17,16 +19,13 @@ namespace {
 #ifdef ACTSTASH_HAVE_CUDA
 static_assert(sizeof(cudaIpcMemHandle_t) == kDeviceIpcHandleBytes, "IPC handle size changed");
 
-// Runs `body` with `device` current on this thread, then restores the
-// caller's device (the trainer's own choice must survive).
+// Runs `body` with `device` current on this thread, then gives the thread
+// back its own context (none is created on GPU 0: cuda_device_guard.h).
 template <typename Body>
 auto OnDevice(int device, Body body) -> decltype(body()) {
-  int previous = 0;
-  ACTSTASH_CUDA_RETURN_IF_ERROR(cudaGetDevice(&previous));
-  ACTSTASH_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
-  auto result = body();
-  cudaSetDevice(previous);
-  return result;
+  ScopedCudaDevice scoped(device);
+  ACTSTASH_RETURN_IF_ERROR(scoped.status());
+  return body();
 }
 
 class CudaIpcOpener final : public IpcOpener {

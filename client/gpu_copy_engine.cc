@@ -264,13 +264,15 @@ class Lane {
 
 class GpuCopyEngine final : public CopyEngine {
  public:
-  GpuCopyEngine(std::shared_ptr<GpuRuntime> runtime, std::unique_ptr<Lane> store,
+  GpuCopyEngine(std::shared_ptr<GpuRuntime> runtime, int device, std::unique_ptr<Lane> store,
                 std::unique_ptr<Lane> fetch)
-      : runtime_(std::move(runtime)) {
+      : runtime_(std::move(runtime)), device_(device) {
     lanes_[0] = std::move(store);
     lanes_[1] = std::move(fetch);
   }
   ~GpuCopyEngine() override = default;  // each Lane drains
+
+  int device() const override { return device_; }
 
   std::shared_ptr<CopyEvent> SubmitAsync(CopyStream stream,
                                          std::function<absl::Status()> work) override {
@@ -349,6 +351,7 @@ class GpuCopyEngine final : public CopyEngine {
   }
 
   const std::shared_ptr<GpuRuntime> runtime_;
+  const int device_;
   std::unique_ptr<Lane> lanes_[2];
 };
 
@@ -365,7 +368,7 @@ absl::StatusOr<std::unique_ptr<CopyEngine>> CreateGpuCopyEngine(
   ACTSTASH_ASSIGN_OR_RETURN(std::unique_ptr<Lane> fetch,
                             Lane::Create(shared, options.max_in_flight));
   return std::unique_ptr<CopyEngine>(
-      new GpuCopyEngine(std::move(shared), std::move(store), std::move(fetch)));
+      new GpuCopyEngine(std::move(shared), options.device, std::move(store), std::move(fetch)));
 }
 
 }  // namespace actstash::client_internal

@@ -155,6 +155,7 @@ class HostCopyEngine final : public CopyEngine {
     return event.Wait();
   }
 
+  int device() const override { return -1; }
   void Synchronize() override {
     for (auto& stream : streams_) stream->Drain();
   }

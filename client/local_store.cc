@@ -100,7 +100,7 @@ absl::StatusOr<std::unique_ptr<LocalStore::Arena>> LocalStore::MapArena(const Gr
   const uint64_t bytes = uint64_t{lease.segments} * segment_bytes_;
   auto arena = std::unique_ptr<Arena>(
       new Arena{lease.lease_id, *base, bytes, dedicated, ArenaAllocator(bytes)});
-  if (registrar_ != nullptr) {
+  if (registrar_ != nullptr && registrar_->Ready()) {
     // Once per lease, for as long as it is mapped: a CUDA copy into or out of
     // it is then a plain DMA (no staging, asynchronous).
     absl::Status status = registrar_->Register(arena->base, arena->bytes);

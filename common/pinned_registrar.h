@@ -28,17 +28,25 @@ class PinnedRegistrar {
   virtual absl::Status Register(void* ptr, size_t bytes) = 0;
   // Unregisters a range that Register accepted, by its start.
   virtual absl::Status Unregister(void* ptr) = 0;
+  // False when registering now would be pointless: a registrar made with
+  // `only_in_cuda_threads` whose calling thread has no CUDA context (a CPU
+  // trainer on a GPU node); registering would create one on GPU 0.
+  virtual bool Ready() const { return true; }
 };
 
 // A registrar that uses the CUDA runtime. FAILED_PRECONDITION when this build
-// has no CUDA or no device can be used (the message says which).
-absl::StatusOr<std::unique_ptr<PinnedRegistrar>> CreateCudaPinnedRegistrar();
+// has no CUDA or no device can be used (the message says which). With
+// `only_in_cuda_threads`, Ready() is whether the calling thread has a CUDA
+// context.
+absl::StatusOr<std::unique_ptr<PinnedRegistrar>> CreateCudaPinnedRegistrar(
+    bool only_in_cuda_threads = false);
 
 // The registrar `policy` asks for: null for kOff, and for kAuto when no
 // device is present (`why_not`, when given, gets the reason); kOn without a
 // device is the error of CreateCudaPinnedRegistrar.
-absl::StatusOr<std::unique_ptr<PinnedRegistrar>> RegistrarForPolicy(PinPolicy policy,
-                                                                    std::string* why_not = nullptr);
+// `only_in_cuda_threads` applies to kAuto.
+absl::StatusOr<std::unique_ptr<PinnedRegistrar>> RegistrarForPolicy(
+    PinPolicy policy, std::string* why_not = nullptr, bool only_in_cuda_threads = false);
 
 }  // namespace actstash
 

@@ -55,9 +55,10 @@ constexpr Setting kSettings[] = {
      "Pin the pool with mlock: auto (try, warn and continue unpinned), on (fail "
      "without it), off (default auto)"},
     {"cuda_pin",
-     "Register the pool's segments with CUDA (cudaHostRegister) for full-speed, "
-     "asynchronous GPU copies: auto (when a CUDA device is present; failures warn), on "
-     "(fail without it), off (default auto)"},
+     "Register the pool's segments with CUDA in the daemon (cudaHostRegister; clients "
+     "register their own mappings of leased segments regardless): auto (only with "
+     "--device-pool, when the daemon has CUDA contexts anyway; failures warn), on (always; "
+     "fail without a device), off (default auto)"},
     {"device_pool",
      "Device pool(s) for CUDA IPC leases: GPU:SIZE, comma-separated for several GPUs "
      "(e.g. 0:8GiB,1:8GiB); rounded down to whole segments; off by default. For trusted, "
@@ -286,6 +287,14 @@ absl::StatusOr<DaemonConfig> Resolve(const std::map<std::string, std::string>& v
       }
       ids->push_back(id);
     }
+  }
+  if (!config.device_pools.empty() && config.allow_uids.empty()) {
+    // One IPC handle maps the whole device pool: whoever imports it can read
+    // and write every session's segments for as long as it lives.
+    return absl::InvalidArgumentError(
+        "device_pool: a process that imports a device pool maps all of it (every session's "
+        "data), so device pools need allow_uid: the users whose trainers may attach (e.g. "
+        "--allow-uid $(id -u) for one user's trainers)");
   }
   if (const std::string* v = get("metrics_address")) config.metrics_address = *v;
   if (const std::string* v = get("tls_cert")) config.tls_cert = *v;

@@ -86,8 +86,18 @@ absl::StatusOr<Daemon::Memory> Daemon::CreateMemory(const DaemonConfig& config,
                                                     std::unique_ptr<DeviceMemory> device_memory) {
   Memory memory;
   std::string why_not;
+  // auto registers only when the daemon holds CUDA contexts anyway (device
+  // pools): clients register their own mappings, which is what their copies
+  // use, and a context on GPU 0 would cost every GPU node hundreds of MiB
+  // (and GPU 0 itself under exclusive compute mode).
+  const bool skip = config.cuda_pin == PinPolicy::kAuto && config.device_pools.empty();
   absl::StatusOr<std::unique_ptr<PinnedRegistrar>> registrar =
-      RegistrarForPolicy(config.cuda_pin, &why_not);
+      skip ? std::unique_ptr<PinnedRegistrar>() : RegistrarForPolicy(config.cuda_pin, &why_not);
+  if (skip) {
+    why_not =
+        "cuda_pin auto registers with --device-pool only (clients register their own "
+        "mappings); cuda_pin on forces it";
+  }
   if (!registrar.ok()) {
     return absl::Status(registrar.status().code(),
                         absl::StrCat("cuda_pin is on: ", registrar.status().message()));

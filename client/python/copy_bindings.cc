@@ -6,6 +6,7 @@
 
 #include <memory>
 #include <optional>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -68,6 +69,13 @@ class PendingStore {
 
 using PendingPtr = std::shared_ptr<PendingStore>;
 
+// pybind11 passes None as a null shared_ptr: refuse it before anything uses it.
+template <typename T>
+const T& NotNone(const std::shared_ptr<T>& p, const char* what) {
+  if (p == nullptr) throw py::type_error(std::string(what) + " must not be None");
+  return *p;
+}
+
 std::shared_ptr<CopyEngine> ValueOrRaise(absl::StatusOr<std::unique_ptr<CopyEngine>> engine) {
   if (!engine.ok()) Raise(engine.status());
   return std::shared_ptr<CopyEngine>(*std::move(engine));
@@ -83,6 +91,7 @@ py::object StoreTensorAsync(CopyEngine& engine, std::shared_ptr<Client> client, 
                             uint64_t nbytes, std::optional<std::vector<int64_t>> sizes,
                             std::optional<std::vector<int64_t>> strides, int element_size,
                             uintptr_t stream, bool gather_needs_pinned, int device_pool) {
+  NotNone(client, "client");
   auto pending = std::make_shared<PendingStore>(client, /*placed=*/true);
   absl::Status status;
   bool unpinned_gather = false;
@@ -123,8 +132,10 @@ py::object StoreTensorAsync(CopyEngine& engine, std::shared_ptr<Client> client, 
 
 std::shared_ptr<CopyEvent> FetchAsync(CopyEngine& engine, PendingPtr stored, uintptr_t dst,
                                       uint64_t capacity, uintptr_t stream) {
+  NotNone(stored, "stored");
   if (!stored->placed()) {
     // Ordered after the store (it may still be running) by waiting for it.
+    py::gil_scoped_release release;  // may wait for room on a busy stream
     return engine.SubmitAsync(CopyStream::kFetch, [stored, dst, capacity]() -> absl::Status {
       if (absl::Status s = stored->WaitStatus(); !s.ok()) return s;
       return stored->client()->Fetch(stored->ticket(), reinterpret_cast<void*>(dst), capacity);
@@ -150,8 +161,10 @@ std::shared_ptr<CopyEvent> FetchAsync(CopyEngine& engine, PendingPtr stored, uin
 }
 
 std::shared_ptr<CopyEvent> ReleaseAsync(CopyEngine& engine, PendingPtr stored) {
+  NotNone(stored, "stored");
   // On the fetch stream: after every fetch of it submitted before, and after
   // its own store (waited for), so no copy still reads or writes the memory.
+  py::gil_scoped_release release;
   return engine.SubmitAsync(CopyStream::kFetch, [stored]() -> absl::Status {
     const bool stored_ok = stored->WaitStatus().ok();
     if (!stored_ok && !stored->placed()) return absl::OkStatus();  // nothing was stored
@@ -203,7 +216,9 @@ void BindCopyEngines(py::module_& m) {
           "store_async",
           [](CopyEngine& engine, std::shared_ptr<Client> client, uintptr_t ptr, uint64_t nbytes) {
             // The caller keeps the source alive until the returned store is done.
+            NotNone(client, "client");
             auto pending = std::make_shared<PendingStore>(client, /*placed=*/false);
+            py::gil_scoped_release release;
             pending->SetEvent(engine.SubmitAsync(
                 CopyStream::kStore, [client, ptr, nbytes, pending]() -> absl::Status {
                   absl::StatusOr<Ticket> t =
@@ -233,6 +248,7 @@ void BindCopyEngines(py::module_& m) {
       .def(
           "order_after",
           [](CopyEngine& engine, const std::shared_ptr<CopyEvent>& event, uintptr_t stream) {
+            NotNone(event, "event");
             absl::Status s;
             {
               py::gil_scoped_release release;

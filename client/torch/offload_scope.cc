@@ -274,9 +274,13 @@ class OffloadHooks final : public SavedVariableHooks {
 
   bool Eligible(const at::Tensor& t, uint64_t nbytes) const {
     if (nbytes == 0 || nbytes < offloader_->options_.min_bytes) return false;
+    // A CUDA tensor only on the engine's own device: its streams and events
+    // order copies against that device's streams, not another's.
+    const OffloadOptions& options = offloader_->options_;
     const bool device_ok =
-        t.device().is_cpu() || (t.device().is_cuda() && offloader_->options_.cuda_engine &&
-                                offloader_->client_->attached());
+        t.device().is_cpu() ||
+        (t.device().is_cuda() && options.cuda_engine != nullptr &&
+         t.device().index() == options.cuda_engine->device() && offloader_->client_->attached());
     if (t.layout() != at::kStrided || !device_ok || t.is_quantized() || t.is_nested() ||
         t.is_conj() || t.is_neg() || !t.has_storage()) {
       return false;
@@ -348,6 +352,13 @@ absl::StatusOr<std::shared_ptr<Offloader>> Offloader::Create(std::shared_ptr<Cli
   if (client == nullptr) return absl::InvalidArgumentError("actstash: null client");
   if (absl::Status status = InstallSavedVariableHooks(); !status.ok()) return status;
   if (options.copy_engine == nullptr) options.copy_engine = CreateHostCopyEngine();
+  if (options.cuda_engine != nullptr && !options.current_stream) {
+    // Copies ordered after stream 0 while the trainer runs on another stream
+    // would read activations before they are written.
+    return absl::InvalidArgumentError(
+        "actstash: OffloadOptions.cuda_engine needs current_stream (e.g. [](int d) { return "
+        "reinterpret_cast<uintptr_t>(c10::cuda::getCurrentCUDAStream(d).stream()); })");
+  }
   return std::shared_ptr<Offloader>(new Offloader(std::move(client), std::move(options)));
 }
 

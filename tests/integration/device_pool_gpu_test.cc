@@ -65,7 +65,7 @@ TEST(DevicePoolGpuTest, BytesWrittenByOneProcessAreSeenByAnother) {
   DaemonProcessOptions options;
   options.pool_size = "128MiB";
   options.segment_size = "64MiB";
-  options.extra_args = {"--device-pool", "0:256MiB"};
+  options.extra_args = {"--device-pool", "0:256MiB", "--allow-uid", std::to_string(getuid())};
   std::unique_ptr<DaemonProcess> daemon = StartDaemonOrDie(options);
   ASSERT_NE(daemon, nullptr);
   auto stub = pb::Stash::NewStub(

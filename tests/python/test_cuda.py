@@ -3,6 +3,8 @@ copy engine's stream, H2D back with the compute stream waiting on an event.
 Gradients must be bitwise equal to plain autograd, also when the compute
 stream is deliberately slow. Skipped without a GPU (torch and actstash both
 need one); the pinning-policy tests run everywhere."""
+import os
+
 import pytest
 import torch
 from torch import nn
@@ -132,7 +134,7 @@ def test_device_pool_that_the_daemon_lacks_is_a_clear_error(daemon):
 @needs_gpu
 def test_device_pool_offload_is_bitwise_equal():
     from conftest import Daemon
-    d = Daemon(extra=("--device-pool", "0:1GiB"))
+    d = Daemon(extra=("--device-pool", "0:1GiB", "--allow-uid", str(os.getuid())))
     try:
         stash = actstash.connect(d.socket, device_pool=0)
         try:

@@ -209,3 +209,17 @@ def test_parameters_and_small_tensors_stay(stash):
     after = stash.stats()
     assert after["tensors_offloaded"] == before["tensors_offloaded"]
     assert after["tensors_kept"] > before["tensors_kept"]
+
+
+def test_in_place_change_after_saving_fails_backward_as_in_plain_autograd(stash):
+    w = torch.randn(64, 64, requires_grad=True)
+    e = torch.exp(w)  # plain autograd: saves its result, and notices the change
+    e.mul_(2)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        e.sum().backward()
+    with stash.offload(min_bytes=0):
+        e = torch.exp(w)
+        loss = e.sum()
+    e.mul_(2)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        loss.backward()

@@ -69,7 +69,7 @@ TEST(CudaConfigTest, TomlKeys) {
   char pattern[] = "/tmp/actstash-cuda-config-XXXXXX";
   ASSERT_NE(mkdtemp(pattern), nullptr);
   const std::string path = std::string(pattern) + "/c.toml";
-  std::ofstream(path) << "cuda_pin = \"off\"\ndevice_pool = \"1:1GiB\"\n";
+  std::ofstream(path) << "cuda_pin = \"off\"\ndevice_pool = \"1:1GiB\"\nallow_uid = \"1000\"\n";
   const DaemonConfig config = Accepted({"--config", path});
   EXPECT_EQ(config.cuda_pin, PinPolicy::kOff);
   ASSERT_EQ(config.device_pools.size(), 1u);
@@ -84,8 +84,8 @@ TEST(CudaConfigTest, TomlKeys) {
 }
 
 TEST(CudaConfigTest, DevicePoolEntriesAreRoundedToWholeSegments) {
-  const DaemonConfig config =
-      Accepted({"--segment-size", "64MiB", "--device-pool", "0:256MiB, 3:1000MiB"});
+  const DaemonConfig config = Accepted(
+      {"--segment-size", "64MiB", "--device-pool", "0:256MiB, 3:1000MiB", "--allow-uid", "1000"});
   ASSERT_EQ(config.device_pools.size(), 2u);
   EXPECT_EQ(config.device_pools[0].device, 0);
   EXPECT_EQ(config.device_pools[0].bytes, 256 * kMiB);
@@ -103,6 +103,14 @@ TEST(CudaConfigTest, BadDevicePoolsAreUsageErrorsNamingTheEntry) {
   ExpectUsageError({"--device-pool", "0:1MiB"}, "smaller than one segment");
   ExpectUsageError({"--device-pool", "0:1GiB,0:2GiB"}, "GPU 0 has more than one device pool");
   ExpectUsageError({"--device-pool", ","}, "device_pool: no GPU:SIZE entry");
+}
+
+TEST(CudaConfigTest, DevicePoolsNeedAnAllowList) {
+  // Importing a device pool maps all of it: only listed users may attach.
+  ExpectUsageError({"--device-pool", "0:1GiB"}, "device pools need allow_uid");
+  ExpectUsageError({"--device-pool", "0:1GiB", "--allow-gid", "100"},
+                   "device pools need allow_uid");
+  EXPECT_EQ(Accepted({"--device-pool", "0:1GiB", "--allow-uid", "0"}).device_pools.size(), 1u);
 }
 
 TEST(CudaConfigTest, SegmentSizeMustBeAPowerOfTwo) {

@@ -323,5 +323,25 @@ TEST_F(TorchOffloadTest, FailedStoresKeepTensorsInMemory) {
   EXPECT_EQ(offloader->stats().live_tensors, 0u);
 }
 
+TEST_F(TorchOffloadTest, ACudaEngineNeedsTheCurrentStreamAndOnlyTakesItsDevice) {
+  auto client = Connect();
+  ASSERT_NE(client, nullptr);
+  OffloadOptions options;
+  options.cuda_engine = CreateHostCopyEngine();  // any engine: Create checks the options
+  auto refused = Offloader::Create(client, options);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("current_stream"), std::string::npos)
+      << refused.status();
+  options.current_stream = [](int) { return uintptr_t{0}; };
+  auto offloader = Offloader::Create(client, options);
+  ASSERT_TRUE(offloader.ok()) << offloader.status();
+  // The host engine is "device -1": CPU tensors still go to the copy engine,
+  // and training stays bitwise equal.
+  const Result plain = Train(mlp_, false, nullptr);
+  const Result result = Train(mlp_, false, *offloader);
+  ExpectBitwiseEqual(plain, result);
+  EXPECT_GT((*offloader)->stats().tensors_offloaded, 0u);
+}
+
 }  // namespace
 }  // namespace actstash::torch

@@ -62,7 +62,9 @@ struct ClientOptions {
   // Zero-copy path: register each leased segment with CUDA (cudaHostRegister,
   // once per lease while it is mapped), so device copies go straight into the
   // daemon's memory by DMA. kAuto: when this build has CUDA and a device is
-  // present; a failed registration (e.g. the driver could not lock the pages)
+  // present, for leases mapped on a thread that has a CUDA context (a thread
+  // that runs CUDA work; a CPU-only trainer on a GPU node registers nothing
+  // and creates no context); a failed registration (e.g. the driver could not lock the pages)
   // leaves that lease unpinned, which is correct but slower (the driver
   // stages the copies), and is reported by pin_status(). kOn: a failed
   // registration fails the Store/Reserve that needed the lease. kOff: never.

@@ -106,6 +106,9 @@ class CopyEngine {
 
   // Blocks until every stream is idle.
   virtual void Synchronize() = 0;
+
+  // The CUDA device whose tensors this engine copies; -1 for the host engine.
+  virtual int device() const = 0;
 };
 
 struct HostCopyEngineOptions {

@@ -68,7 +68,8 @@ class _Packed:
     saved variable: dropping it (graph freed) releases the daemon's copy."""
 
     __slots__ = ("stash", "engine", "device", "pending", "src", "dtype", "shape", "stride",
-                 "dense", "nbytes", "fetched", "fetch_event", "index", "__weakref__")
+                 "dense", "nbytes", "fetched", "fetch_event", "index", "version", "saved",
+                 "__weakref__")
 
     def __del__(self):
         stash = self.stash
@@ -280,6 +281,11 @@ class Stash:
         p.nbytes = t.numel() * t.element_size()
         p.fetched = None
         p.fetch_event = None
+        # torch checks saved versions only for tensors saved without hooks: an in-place
+        # change after saving must still fail backward (not race with the copy). Checked
+        # while the saved tensor object lives (a weak reference: it must not stay alive).
+        p.version = t._version
+        p.saved = weakref.ref(t)
         # Detached: holding the source must not hold its autograd graph (that graph holds
         # this _Packed). It stays alive until its copy is done (_reap).
         src = t.detach()
@@ -368,9 +374,20 @@ class Stash:
     def _unpack(self, p):
         if isinstance(p, torch.Tensor):
             return p
-        if p.src is not None:  # still in flight, or kept after a failed store
-            if not p.pending.done() or self._unavailable:
-                return self._restride(p, p.src)
+        saved = p.saved()
+        if saved is not None and saved._version != p.version:
+            raise RuntimeError(
+                "one of the variables needed for gradient computation has been modified by an "
+                f"inplace operation: saved at version {p.version}, is at version "
+                f"{saved._version} (tensor saved with actstash hooks)")
+        try:
+            self._reap(wait=False)  # drops the sources of stores done since forward
+        except _native.StashError:
+            pass  # a failed store keeps its source (used below); reported at scope exit
+        if p.src is not None:
+            # Still in flight, kept after a failed store, or done but not yet dropped:
+            # the source has the bytes, and is already where it belongs.
+            return self._restride(p, p.src)
         start = time.perf_counter()
         with self._lock:
             hit = p.fetch_event is not None
@@ -428,8 +445,15 @@ class Stash:
         lowest = max(0, index - 8 * max(self._prefetch, 1))  # bounded scan past dead entries
         while i >= lowest and issued < self._prefetch:
             q = self._order[i]()
-            if q is not None and q.fetch_event is None and q.pending is not None:
-                self._fetch_async(q)
+            if (q is not None and q.fetch_event is None and q.pending is not None and
+                    q.src is None):
+                try:
+                    self._fetch_async(q)
+                except (RuntimeError, _native.StashError):
+                    # Speculative: out of memory or a stash error now must not fail the
+                    # unpack that asked for it; q's own unpack fetches (and reports) again.
+                    q.fetched, q.fetch_event = None, None
+                    break
                 issued += 1
             i -= 1
 

@@ -69,14 +69,15 @@ struct OffloadOptions {
   // Copies CPU tensors: stores, fetches and the releases queued behind them.
   // Null: a HostCopyEngine owned by the Offloader.
   std::shared_ptr<CopyEngine> copy_engine;
-  // Copies CUDA tensors (CreateCudaCopyEngine for their device): straight
+  // Copies the CUDA tensors of its device (CreateCudaCopyEngine): straight
   // into the client's leased, pinned memory, ordered after the current
-  // stream; fetched back with the current stream waiting for the copy. Null:
-  // CUDA tensors stay on the GPU (counted as kept). Needs an attached client.
+  // stream; fetched back with the current stream waiting for the copy.
+  // Tensors on other devices, and all CUDA tensors when null, stay on the GPU
+  // (counted as kept). Needs an attached client.
   std::shared_ptr<CopyEngine> cuda_engine;
   // The current CUDA stream of a device, as an integer cudaStream_t (libtorch
-  // with CUDA: c10::cuda::getCurrentCUDAStream(device).stream()). Null: 0,
-  // the legacy default stream, which is torch's unless streams are switched.
+  // with CUDA: c10::cuda::getCurrentCUDAStream(device).stream()). Required
+  // with a cuda_engine (INVALID_ARGUMENT otherwise).
   std::function<uintptr_t(int device)> current_stream;
 };
 
