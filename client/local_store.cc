@@ -103,6 +103,7 @@ absl::StatusOr<std::unique_ptr<LocalStore::Arena>> LocalStore::MapArena(const Gr
   if (registrar_ != nullptr && registrar_->Ready()) {
     // Once per lease, for as long as it is mapped: a CUDA copy into or out of
     // it is then a plain DMA (no staging, asynchronous).
+    arena->pin_tried = true;  // not shared yet
     absl::Status status = registrar_->Register(arena->base, arena->bytes);
     if (status.ok()) {
       arena->pinned = true;
@@ -115,16 +116,37 @@ absl::StatusOr<std::unique_ptr<LocalStore::Arena>> LocalStore::MapArena(const Gr
                                          status.message()));
       }
       absl::MutexLock lock(&mu_);
-      ++usage_.unpinned_leases;
-      if (pin_status_.ok()) {
-        pin_status_ = absl::Status(status.code(),
-                                   absl::StrCat("leased memory is not pinned for CUDA (copies are "
-                                                "staged by the driver and slower): ",
-                                                status.message()));
-      }
+      NotePinFailure(status);
     }
   }
   return arena;
+}
+
+void LocalStore::NotePinFailure(const absl::Status& status) {
+  ++usage_.unpinned_leases;
+  if (pin_status_.ok()) {
+    pin_status_ =
+        absl::Status(status.code(), absl::StrCat("leased memory is not pinned for CUDA (copies are "
+                                                 "staged by the driver and slower): ",
+                                                 status.message()));
+  }
+}
+
+void LocalStore::MaybePinLate(Arena* arena) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (arena->pin_tried || !registrar_->Ready()) return;
+    arena->pin_tried = true;
+  }
+  // The caller's buffer in it keeps the arena mapped meanwhile.
+  absl::Status status = registrar_->Register(arena->base, arena->bytes);
+  absl::MutexLock lock(&mu_);
+  if (status.ok()) {
+    arena->pinned = true;
+    usage_.pinned_bytes += arena->bytes;
+  } else {
+    NotePinFailure(status);
+  }
 }
 
 void LocalStore::UnmapArena(const Arena& arena) {
@@ -205,6 +227,15 @@ absl::StatusOr<uint64_t> LocalStore::Store(const void* src, size_t nbytes) {
 absl::StatusOr<Placed> LocalStore::Reserve(size_t nbytes) { return Place(nbytes); }
 
 absl::StatusOr<Located> LocalStore::Locate(uint64_t ticket) {
+  if (importer_ != nullptr && backend_.Lost()) {
+    // Unlike host leases (renewal gives the daemon fresh pages; the old ones
+    // stay with this mapping), device segments are zeroed and granted again
+    // in place: the bytes are gone, and the range may be another session's.
+    return absl::UnavailableError(
+        absl::StrCat("ticket ", ticket,
+                     " was in the daemon's device pool, and this session is gone (its "
+                     "attach connection closed): the daemon has reclaimed that memory"));
+  }
   absl::MutexLock lock(&mu_);
   auto it = tickets_.find(ticket);
   if (it == tickets_.end()) {
@@ -283,6 +314,7 @@ absl::StatusOr<Placed> LocalStore::Place(size_t nbytes) {
     ticket = NewTicket(placement, nbytes);
     mu_.Unlock();
   }
+  if (registrar_ != nullptr && !placement.arena->pinned) MaybePinLate(placement.arena);
   return Placed{ticket, placement.arena->base + placement.offset, placement.arena->pinned,
                 placement.arena->on_device};
 }

@@ -7,6 +7,7 @@
 #ifndef ACTSTASH_CLIENT_LOCAL_STORE_H_
 #define ACTSTASH_CLIENT_LOCAL_STORE_H_
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -128,7 +129,11 @@ class LocalStore {
     uint64_t bytes = 0;
     bool dedicated = false;
     ArenaAllocator allocator;
-    bool pinned = false;
+    // Registered for CUDA. Registration is tried once (pin_tried, under mu_):
+    // when mapped, or, when the mapping thread ran no CUDA work (kAuto), by
+    // the first Reserve that lands here from a thread that does.
+    std::atomic<bool> pinned{false};
+    bool pin_tried = false;
     bool on_device = false;  // imported device memory: nothing to unmap
   };
   struct Placement {
@@ -145,6 +150,11 @@ class LocalStore {
   absl::StatusOr<std::unique_ptr<Arena>> MapArena(const GrantedLease& lease, bool dedicated);
   // Unregisters and unmaps.
   void UnmapArena(const Arena& arena);
+  // Registers an arena mapped by a thread without CUDA work, if the calling
+  // thread has some (kAuto); once per arena.
+  void MaybePinLate(Arena* arena) ABSL_LOCKS_EXCLUDED(mu_);
+  // Records a failed registration (usage, pin_status).
+  void NotePinFailure(const absl::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Leases and maps `count` leases of `segments` segments each.
   absl::StatusOr<std::vector<std::unique_ptr<Arena>>> LeaseArenas(uint32_t count, uint32_t segments,
                                                                   bool dedicated);

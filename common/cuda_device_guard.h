@@ -6,8 +6,11 @@
 // context cudaGetDevice reports device 0, and cudaSetDevice(0) creates GPU
 // 0's primary context (hundreds of MiB, and a failure under exclusive
 // compute mode) in a process that may never use GPU 0. The guard restores
-// only a context that existed. Thread-safety: per thread, as CUDA's current
-// device.
+// the previous device's primary context where the thread had a context (a
+// non-primary context the caller made itself is not restored: actstash
+// assumes the runtime API's primary contexts, as torch does), and leaves a
+// thread that had none without one. Needs CUDA >= 12.5 (driver entry points
+// by version). Thread-safety: per thread, as CUDA's current device.
 #ifndef ACTSTASH_COMMON_CUDA_DEVICE_GUARD_H_
 #define ACTSTASH_COMMON_CUDA_DEVICE_GUARD_H_
 
@@ -16,8 +19,8 @@
 namespace actstash {
 
 // Whether the calling thread has a current CUDA context (cuCtxGetCurrent,
-// reached through the runtime's driver entry points; when it cannot be
-// reached, whether cudaGetDevice succeeds).
+// reached through the runtime's driver entry points; false when it cannot
+// be reached).
 bool ThreadHasCudaContext();
 
 class ScopedCudaDevice {
@@ -31,7 +34,9 @@ class ScopedCudaDevice {
   const absl::Status& status() const { return status_; }
 
  private:
-  int previous_ = -1;  // restored when >= 0
+  bool had_context_ = false;
+  int previous_ = -1;    // restored when >= 0
+  bool unbind_ = false;  // leave the thread without a context again
   absl::Status status_;
 };
 

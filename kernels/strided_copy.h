@@ -1,7 +1,8 @@
 // Strided gather/scatter on the CPU: pack a non-contiguous tensor into a
 // contiguous buffer (gather) and unpack it back (scatter). The CUDA versions
-// (strided_copy_cuda.h) share the index math (strided_index.cuh) and these
-// checks. See strided_layout.h for the layout conventions.
+// (strided_copy_cuda.h) share these checks and the coalesced layouts (their
+// index math is strided_index.cuh; the CPU walks rows and cache-blocked,
+// register-transposed tiles). See strided_layout.h for the conventions.
 //
 // Thread-safety: the functions keep no state; concurrent calls are safe when
 // they write disjoint memory.

@@ -1,5 +1,7 @@
-// Index math of the strided gather/scatter, shared by the CPU implementation
-// (strided_copy.cc) and the CUDA kernels (strided_copy_kernels.cu).
+// Index math of the CUDA strided gather/scatter (strided_copy_kernels.cu),
+// on the same coalesced layouts the CPU implementation (strided_copy.cc)
+// walks with counters and cache tiles; tests check it against a naive walk
+// on the CPU (tests/kernels/strided_copy_test.cc).
 #ifndef ACTSTASH_KERNELS_STRIDED_INDEX_CUH_
 #define ACTSTASH_KERNELS_STRIDED_INDEX_CUH_
 

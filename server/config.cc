@@ -288,13 +288,13 @@ absl::StatusOr<DaemonConfig> Resolve(const std::map<std::string, std::string>& v
       ids->push_back(id);
     }
   }
-  if (!config.device_pools.empty() && config.allow_uids.empty()) {
+  if (!config.device_pools.empty() && (config.allow_uids.empty() || !config.allow_gids.empty())) {
     // One IPC handle maps the whole device pool: whoever imports it can read
     // and write every session's segments for as long as it lives.
     return absl::InvalidArgumentError(
         "device_pool: a process that imports a device pool maps all of it (every session's "
         "data), so device pools need allow_uid: the users whose trainers may attach (e.g. "
-        "--allow-uid $(id -u) for one user's trainers)");
+        "--allow-uid $(id -u) for one user's trainers), and no allow_gid (a group is wider)");
   }
   if (const std::string* v = get("metrics_address")) config.metrics_address = *v;
   if (const std::string* v = get("tls_cert")) config.tls_cert = *v;

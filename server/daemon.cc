@@ -12,6 +12,7 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <thread>
 
@@ -23,6 +24,10 @@
 #include "server/host_pool.h"
 #include "server/socket_path.h"
 #include "spdlog/spdlog.h"
+
+#ifdef ACTSTASH_HAVE_CUDA
+#include "common/cuda_device_guard.h"
+#endif
 
 namespace actstash::server {
 
@@ -111,7 +116,18 @@ absl::StatusOr<Daemon::Memory> Daemon::CreateMemory(const DaemonConfig& config,
   pool_options.mlock = config.mlock;
   pool_options.cuda_registrar = memory.registrar.get();
   pool_options.require_cuda_pinned = config.cuda_pin == PinPolicy::kOn;
-  absl::StatusOr<std::unique_ptr<MemoryPool>> pool = CreateHostPool(pool_options);
+  absl::StatusOr<std::unique_ptr<MemoryPool>> pool;
+  {
+#ifdef ACTSTASH_HAVE_CUDA
+    // Registration runs in the context of the current device: that of the
+    // first device pool, so that no context is made on GPU 0 for it.
+    std::optional<ScopedCudaDevice> device;
+    if (memory.registrar != nullptr && !config.device_pools.empty()) {
+      device.emplace(config.device_pools.front().device);
+    }
+#endif
+    pool = CreateHostPool(pool_options);
+  }
   if (!pool.ok()) return pool.status();
   memory.pool = *std::move(pool);
   const PoolStats stats = memory.pool->Stats();

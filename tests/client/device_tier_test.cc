@@ -147,6 +147,32 @@ TEST_F(DeviceTierTest, ReservationsLandInThePoolAndComeBackThroughLocate) {
   EXPECT_EQ(used, 0u) << "the closed session's device leases went back (and were scrubbed)";
 }
 
+TEST_F(DeviceTierTest, DeviceTicketsDieWithTheSession) {
+  Start(/*device_pool=*/true);
+  std::unique_ptr<Client> client = Connect();
+  ASSERT_NE(client, nullptr);
+  absl::StatusOr<Reservation> device = client->ReserveOnDevice(4096, 0);
+  ASSERT_TRUE(device.ok()) << device.status();
+  absl::StatusOr<Reservation> host = client->Reserve(4096);
+  ASSERT_TRUE(host.ok()) << host.status();
+  std::memset(host->data, 7, 4096);
+  // The daemon goes (and with it the session: its device segments would be
+  // zeroed and granted again in place).
+  daemon_->Shutdown(std::chrono::milliseconds(0));
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  absl::Status located = absl::OkStatus();
+  while (located.ok() && std::chrono::steady_clock::now() < deadline) {
+    located = client->Locate(device->ticket).status();
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(located.code(), absl::StatusCode::kUnavailable) << located;
+  EXPECT_TRUE(absl::StrContains(located.message(), "reclaimed")) << located;
+  // Host tickets stay readable: the old mapping keeps its pages.
+  absl::StatusOr<StoredBytes> kept = client->Locate(host->ticket);
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  EXPECT_EQ(static_cast<const char*>(kept->data)[100], 7);
+}
+
 TEST_F(DeviceTierTest, QuotaAndPoolLimitsAndBadDevicesAreClearErrors) {
   Start(/*device_pool=*/true, /*quota=*/2 * kMiB);
   std::unique_ptr<Client> client = Connect();

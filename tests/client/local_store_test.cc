@@ -235,6 +235,9 @@ class FakeRegistrar : public PinnedRegistrar {
     absl::MutexLock lock(&mu_);
     fail_ = fail;
   }
+  // Stands in for "the calling thread runs CUDA work".
+  bool Ready() const override { return ready_.load(); }
+  std::atomic<bool> ready_{true};
   size_t live() {
     absl::MutexLock lock(&mu_);
     return live_.size();
@@ -311,6 +314,26 @@ TEST(LocalStorePinningTest, RequiredPinningFailsTheStoreAndReturnsTheLease) {
   EXPECT_EQ(store.usage().objects, 0u);
   registrar.set_fail(false);
   EXPECT_TRUE(store.Store(data.data(), data.size()).ok());
+}
+
+TEST(LocalStorePinningTest, ALeaseMappedWithoutCudaWorkIsPinnedByTheFirstReserveWithIt) {
+  FakeBackend backend;
+  FakeRegistrar registrar;
+  registrar.ready_ = false;  // e.g. a CPU tensor offloaded first, on a thread without CUDA
+  LocalStore store(&backend, kSegment, 1, &registrar);
+  const std::vector<char> data = Pattern(4096, 1);
+  ASSERT_TRUE(store.Store(data.data(), data.size()).ok());
+  EXPECT_EQ(registrar.registrations(), 0);
+  EXPECT_EQ(store.usage().pinned_bytes, 0u);
+  registrar.ready_ = true;  // now a thread with CUDA work reserves in the same lease
+  absl::StatusOr<Placed> placed = store.Reserve(4096);
+  ASSERT_TRUE(placed.ok());
+  EXPECT_TRUE(placed->pinned);
+  EXPECT_EQ(registrar.registrations(), 1);
+  EXPECT_EQ(store.usage().pinned_bytes, kSegment);
+  ASSERT_TRUE(store.Reserve(4096).ok());
+  EXPECT_EQ(registrar.registrations(), 1) << "once per lease";
+  EXPECT_TRUE(store.pin_status().ok());
 }
 
 TEST(LocalStoreReserveTest, ReservedBytesAreWrittenByTheCallerAndLocatedForReading) {

@@ -113,6 +113,71 @@ TEST(StridedCopyTest, ScatterThenGatherRoundTrips) {
   }
 }
 
+// Gather and scatter of `layout` at an odd address inside a buffer with
+// `offset` elements before element (0,...,0), against the naive walk; the
+// scatter only when the layout may be written.
+void ExpectCopiesMatchNaive(std::mt19937_64& rng, const StridedLayout& layout, int64_t offset) {
+  const int e = layout.elem_size;
+  const int64_t numel = Numel(layout);
+  const size_t bytes = static_cast<size_t>((offset + NaiveExtent(layout)) * e) + 1;
+  const std::vector<uint8_t> tensor = RandomBytes(rng, bytes);
+  const uint8_t* base = tensor.data() + 1 + offset * e;  // odd address
+  const std::vector<uint8_t> expected = NaiveGather(base, layout);
+  std::vector<uint8_t> dense(expected.size() + 3, 0xAB);
+  ASSERT_TRUE(GatherCpu(base, layout, dense.data(), dense.size()).ok()) << Describe(layout);
+  ASSERT_TRUE(std::equal(expected.begin(), expected.end(), dense.begin())) << Describe(layout);
+  for (size_t i = expected.size(); i < dense.size(); ++i) ASSERT_EQ(dense[i], 0xAB);
+  if (!CheckNoInternalOverlap(layout).ok()) return;
+  const std::vector<uint8_t> src = RandomBytes(rng, static_cast<size_t>(numel * e) + 1);
+  std::vector<uint8_t> scattered = tensor;
+  std::vector<uint8_t> want = tensor;
+  for (int64_t i = 0; i < numel; ++i) {
+    std::memcpy(&want[1 + (offset + NaiveOffset(layout, i)) * e], &src[1 + i * e], e);
+  }
+  ASSERT_TRUE(
+      ScatterCpu(src.data() + 1, src.size() - 1, scattered.data() + 1 + offset * e, layout).ok())
+      << Describe(layout);
+  ASSERT_EQ(scattered, want) << Describe(layout);  // gaps and the bytes around kept
+}
+
+// Transposed planes (the register-tile path of the CPU copy: 16-byte tiles in
+// 128-byte cache blocks) at and around the tile and block edges, for every
+// element size, with gaps between the strided rows, with the paired dim not
+// next to the innermost one, with outer broadcasts, and with a row step of 2
+// elements (blocks without tiles).
+TEST(StridedCopyTest, TransposedPlanesAtTileAndBlockEdges) {
+  std::mt19937_64 rng(5);
+  for (int elem : kElemSizes) {
+    const int64_t tile = 16 / elem;
+    const int64_t block = 128 / elem;
+    const std::vector<int64_t> edges = {
+        1, 2, tile - 1, tile, tile + 1, 2 * tile + 3, block - 1, block, block + 1, 2 * block + 5};
+    for (int64_t rows : edges) {
+      for (int64_t cols : edges) {
+        for (int64_t gap : {0, 3}) {
+          // Element (i, j) at i + j * (rows + gap): the transpose of a
+          // [cols, rows] tensor whose rows are `gap` elements apart; then the
+          // same with every other element along i.
+          ExpectCopiesMatchNaive(rng, Layout({rows, cols}, {1, rows + gap}, elem), 0);
+          ExpectCopiesMatchNaive(rng, Layout({rows, cols}, {2, 2 * rows + gap}, elem), 0);
+        }
+      }
+    }
+    // The paired dim is dim 0 of three; the middle one is walked around it.
+    const int64_t plane = 7 * (tile + 3) * (block + 2);
+    ExpectCopiesMatchNaive(
+        rng, Layout({tile + 3, 5, block + 2}, {1, plane + 5, 7 * (tile + 3)}, elem), 0);
+    // Outer dims: a broadcast (gather only) and a plain one, around a plane.
+    ExpectCopiesMatchNaive(rng, Layout({3, 2 * tile + 1, 2, tile + 2}, {0, 1, 4000, 50}, elem), 0);
+    ExpectCopiesMatchNaive(rng, Layout({3, 2 * tile + 1, tile + 2}, {2000, 1, 50}, elem), 0);
+    // Innermost broadcast and innermost stride with no better dim (gathers).
+    ExpectCopiesMatchNaive(rng, Layout({2 * tile + 1, block + 1}, {1, 0}, elem), 0);
+    ExpectCopiesMatchNaive(rng, Layout({9, block + 1}, {500, 3}, elem), 0);
+    // A permuted 4-D view with dense innermost rows.
+    ExpectCopiesMatchNaive(rng, Layout({2, 5, 3, 7}, {105, 7, 35, 1}, elem), 11);
+  }
+}
+
 TEST(StridedCopyTest, CoalesceAndLinearToOffsetKeepEveryOffset) {
   std::mt19937_64 rng(4);
   for (int iter = 0; iter < 2000; ++iter) {

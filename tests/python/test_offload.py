@@ -223,3 +223,18 @@ def test_in_place_change_after_saving_fails_backward_as_in_plain_autograd(stash)
     e.mul_(2)
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         loss.backward()
+
+
+def test_in_place_change_of_a_saved_input_fails_backward(stash):
+    w = torch.randn(64, 64, requires_grad=True)
+    x = torch.randn(64, 64)
+    loss = (x @ w).sum()  # plain autograd saves x for w's gradient
+    x.add_(1)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        loss.backward()
+    x = torch.randn(64, 64)
+    with stash.offload(min_bytes=0):
+        loss = (x @ w).sum()
+    x.add_(1)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        loss.backward()

@@ -110,6 +110,8 @@ TEST(CudaConfigTest, DevicePoolsNeedAnAllowList) {
   ExpectUsageError({"--device-pool", "0:1GiB"}, "device pools need allow_uid");
   ExpectUsageError({"--device-pool", "0:1GiB", "--allow-gid", "100"},
                    "device pools need allow_uid");
+  ExpectUsageError({"--device-pool", "0:1GiB", "--allow-uid", "0", "--allow-gid", "100"},
+                   "no allow_gid");
   EXPECT_EQ(Accepted({"--device-pool", "0:1GiB", "--allow-uid", "0"}).device_pools.size(), 1u);
 }
 

@@ -245,6 +245,10 @@ class Client {
   // attached; FAILED_PRECONDITION when the daemon has no pool on `device`
   // (the message lists those it has) or this process cannot import it
   // (no CUDA). Trust: importing maps the whole pool (same-uid trainers).
+  // Device tickets die with the session: the daemon zeroes and grants the
+  // memory again in place, so once the attach connection is gone Locate
+  // fails (UNAVAILABLE) instead of pointing at another session's memory;
+  // finish the copies into and out of them before Close.
   absl::StatusOr<Reservation> ReserveOnDevice(size_t nbytes, uint32_t device);
   // The daemon's device pools, as announced when the session opened.
   const std::vector<DevicePoolInfo>& device_pools() const;

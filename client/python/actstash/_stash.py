@@ -54,7 +54,8 @@ def connect(address=None, quota=None, on_unavailable="raise", *, name=None, atta
         if device_pool not in pools:
             client.close()
             raise ValueError(f"the daemon has no device pool on GPU {device_pool} (pools: "
-                             f"{pools or 'none; start actstashd with --device-pool GPU:SIZE'})")
+                             f"{pools or 'none; start actstashd with --device-pool GPU:SIZE '}"
+                             f"{'' if pools else '--allow-uid UID'})")
     return Stash(client, engine, on_unavailable=on_unavailable, prefetch=prefetch, cuda=cuda,
                  device_pool=device_pool)
 
@@ -69,7 +70,7 @@ class _Packed:
 
     __slots__ = ("stash", "engine", "device", "pending", "src", "dtype", "shape", "stride",
                  "dense", "nbytes", "fetched", "fetch_event", "index", "version", "saved",
-                 "__weakref__")
+                 "src_version", "modified", "__weakref__")
 
     def __del__(self):
         stash = self.stash
@@ -109,6 +110,8 @@ class Stash:
         self._engine = engine     # host engine: CPU tensors
         self._cuda = cuda
         self._device_pool = -1 if device_pool is None else int(device_pool)
+        # The device whose context imported the pool: only its tensors go there.
+        self._pool_importer = _current_cuda_device() if device_pool is not None else -1
         self._cuda_engines = {}   # device index -> CUDA engine, or None when unusable
         self._on_unavailable = on_unavailable
         self._prefetch = prefetch
@@ -286,6 +289,7 @@ class Stash:
         # while the saved tensor object lives (a weak reference: it must not stay alive).
         p.version = t._version
         p.saved = weakref.ref(t)
+        p.modified = False
         # Detached: holding the source must not hold its autograd graph (that graph holds
         # this _Packed). It stays alive until its copy is done (_reap).
         src = t.detach()
@@ -297,7 +301,8 @@ class Stash:
             stream = _stream_of(t.device)
             p.pending = p.engine.store_tensor_async(self._client, src.data_ptr(), p.nbytes,
                                                     stream=stream, gather_needs_pinned=t.is_cuda,
-                                                    device_pool=self._device_pool if t.is_cuda
+                                                    device_pool=self._device_pool
+                                                    if t.device.index == self._pool_importer
                                                     else -1, **layout)
             if p.pending is None:  # unpinned memory: a GPU kernel cannot gather into it
                 src = src.contiguous()
@@ -308,6 +313,8 @@ class Stash:
                 src = src.contiguous()
             p.pending = p.engine.store_async(self._client, src.data_ptr(), p.nbytes)
         p.src = src
+        # src shares t's version counter (unless it is a packed copy): watched until dropped.
+        p.src_version = src._version
         p.stash = self
         with self._lock:
             p.index = len(self._order)
@@ -336,6 +343,9 @@ class Stash:
             try:
                 pending.wait()
                 if p is not None:
+                    src = p.src
+                    if src is not None and src._version != p.src_version:
+                        p.modified = True  # changed in place after saving: unpack raises
                     p.src = None  # the daemon has the bytes: the trainer's copy may go
             except _native.StashError as error:
                 if p is None:
@@ -374,20 +384,22 @@ class Stash:
     def _unpack(self, p):
         if isinstance(p, torch.Tensor):
             return p
-        saved = p.saved()
-        if saved is not None and saved._version != p.version:
+        saved, src = p.saved(), p.src
+        if (p.modified or (saved is not None and saved._version != p.version) or
+                (src is not None and src._version != p.src_version)):
             raise RuntimeError(
                 "one of the variables needed for gradient computation has been modified by an "
-                f"inplace operation: saved at version {p.version}, is at version "
-                f"{saved._version} (tensor saved with actstash hooks)")
+                f"inplace operation: saved at version {p.version} "
+                "(tensor saved with actstash hooks)")
         try:
             self._reap(wait=False)  # drops the sources of stores done since forward
-        except _native.StashError:
-            pass  # a failed store keeps its source (used below); reported at scope exit
-        if p.src is not None:
+        except _native.StashError as error:
+            # A failed store keeps its source (used below); raised when a scope ends.
+            self._pending_error = self._pending_error or error
+        if src is not None:
             # Still in flight, kept after a failed store, or done but not yet dropped:
             # the source has the bytes, and is already where it belongs.
-            return self._restride(p, p.src)
+            return self._restride(p, src)
         start = time.perf_counter()
         with self._lock:
             hit = p.fetch_event is not None
