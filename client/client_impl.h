@@ -155,8 +155,24 @@ struct Client::Impl final : public client_internal::LeaseBackend {
     return tier == 0 ? local.get() : DeviceStoreAt(tier - 1);
   }
 
+  // This client's zero-copy usage: the host store and its device stores.
+  client_internal::LocalUsage TotalUsage() ABSL_LOCKS_EXCLUDED(device_mu) {
+    client_internal::LocalUsage total = local->usage();
+    absl::MutexLock lock(&device_mu);
+    for (const std::unique_ptr<DeviceTier>& tier : device_tiers) {
+      const client_internal::LocalUsage u = tier->store->usage();
+      total.objects += u.objects;
+      total.bytes += u.bytes;
+      total.bytes_stored += u.bytes_stored;
+      total.bytes_fetched += u.bytes_fetched;
+      total.stores += u.stores;
+      total.fetches += u.fetches;
+    }
+    return total;
+  }
+
   absl::Status ReportUsage() {
-    const client_internal::LocalUsage usage = local->usage();
+    const client_internal::LocalUsage usage = TotalUsage();
     grpc::ClientContext ctx;
     Prepare(&ctx);
     v1::ReportUsageRequest request;
@@ -177,7 +193,7 @@ struct Client::Impl final : public client_internal::LeaseBackend {
       absl::MutexLock lock(&report_mu);
       while (!report_mu.AwaitWithTimeout(absl::Condition(&report_stop),
                                          absl::FromChrono(options.usage_report_interval))) {
-        const client_internal::LocalUsage usage = local->usage();
+        const client_internal::LocalUsage usage = TotalUsage();
         if (usage.stores == last_stores && usage.fetches == last_fetches &&
             usage.objects == last_objects) {
           continue;

@@ -116,6 +116,8 @@ TEST_F(DeviceTierTest, ReservationsLandInThePoolAndComeBackThroughLocate) {
   ASSERT_EQ(stats->device_pools.size(), 1u);
   EXPECT_EQ(stats->device_pools[0].used_bytes, 2 * kMiB);
   EXPECT_EQ(stats->device_pools[0].leases, 2u);
+  EXPECT_EQ(stats->self.local_objects, 8u) << "device-tier buffers are reported as usage";
+  EXPECT_EQ(stats->self.local_bytes, 8u * (256 << 10));
   for (int i = 0; i < 8; ++i) {
     absl::StatusOr<StoredBytes> where = client->Locate(reserved[i].ticket);
     ASSERT_TRUE(where.ok()) << where.status();
