@@ -1,15 +1,21 @@
 // gpu_copy_bench: host<->device copy bandwidth into the kind of memory
 // actstash's leased segments are (a memfd mapped MAP_SHARED|MAP_POPULATE and
 // registered with cudaHostRegister), against cudaHostAlloc memory measured in
-// the same run, and whether such copies on a separate non-blocking stream
-// overlap with compute. Needs a CUDA device; without one it prints
-// "no CUDA device: skipped" and exits 0.
+// the same run; whether such copies on a separate non-blocking stream overlap
+// with compute; and what actstash itself does (Client::Reserve/Locate and a
+// CudaCopyEngine on leases of a private actstashd) next to the same baseline.
+// Needs a CUDA device; without one it prints "no CUDA device: skipped" and
+// exits 0.
 //
-//   gpu_copy_bench                    # 1..256 MiB, 5 repetitions, overlap at 20 ms
+//   gpu_copy_bench                    # all four measurements, 1..256 MiB, 5 repetitions
+//   gpu_copy_bench --measure engine,strided
 //   gpu_copy_bench --compute-ms 50 --copy-fractions 0.5,0.95
 //   gpu_copy_bench --quick            # smoke run (ctest gpu_copy_bench_quick)
 //
-// 1. Bandwidth: per size and direction (D2H, H2D), cudaMemcpyAsync between a
+// --measure picks the sections (default: bandwidth,overlap,engine,strided).
+// GB/s = 1e9 B/s throughout.
+//
+// 1. bandwidth: per size and direction (D2H, H2D), cudaMemcpyAsync between a
 //    cudaMalloc buffer and (a) cudaHostAlloc memory, the baseline; (b) a memfd
 //    mapping registered with cudaHostRegister (--register-flags); (c) a second
 //    mapping of the same memfd, i.e. the same pages, that is not registered
@@ -18,19 +24,40 @@
 //    non-blocking stream, timed with cudaEvents around them; (a), (b), (c) run
 //    one after the other in every repetition, and the ratios (b)/(a), (c)/(a)
 //    are taken per repetition; medians over --reps repetitions are printed.
-//    GB/s = 1e9 B/s.
-// 2. Overlap: a compute-bound FMA kernel sized to take --compute-ms on the
+// 2. overlap: a compute-bound FMA kernel sized to take --compute-ms on the
 //    legacy default stream (where a framework's compute runs), and C bytes of
 //    copies (--chunk each) between device memory and the registered mapping on
 //    a non-blocking stream, started with the kernel (event) and joined to the
 //    compute stream after it (event), the way CudaCopyEngine orders them. C is
 //    each --copy-fractions of the compute time at the D2H (or H2D) bandwidth
-//    into registered memory measured in section 1 at the last --sizes entry,
-//    so that the copies alone take less time than the compute. Step = event on
-//    the compute stream before the kernel to event after the join. Per
-//    repetition: --steps steps without copies and with them, alternating;
-//    ratio = total with / total without; the median over --reps repetitions
-//    is printed (target: <= 1.05).
+//    into registered memory at the last --sizes entry (measured in section 1,
+//    or apart when it does not run), so that the copies alone take less time
+//    than the compute. Step = event on the compute stream before the kernel to
+//    event after the join. Per repetition: --steps steps without copies and
+//    with them, alternating; ratio = total with / total without; the median
+//    over --reps repetitions is printed (target: <= 1.05).
+// 3. engine: actstash's own path. A private actstashd (--pool, 64 MiB
+//    segments; or --address), one attached Client with pin_leases kOn (every
+//    lease registered with CUDA, a failure is an error) and lease_batch large
+//    enough to keep --engine-window of segments leased, and a CudaCopyEngine
+//    on the device. Per size n: `copies` = --min-bytes / n buffers (at least
+//    1), handled in batches of depth = --engine-window / n (at least 1, at
+//    most `copies`). Per batch, host clock: D2H = for each buffer
+//    Client::Reserve(n) + CopyAsync(kStore, reservation, device, n, after the
+//    compute stream), then Wait on every event; H2D = for each buffer
+//    Client::Locate + CopyAsync(kFetch, device, located, n, after the compute
+//    stream) + OrderAfterAsync(compute stream), then one
+//    cudaStreamSynchronize(compute stream); then Release of each (not timed).
+//    The baseline (a) is timed the same way in the same repetition, right
+//    before: per batch, depth cudaMemcpyAsync into successive n-byte pieces of
+//    cudaHostAlloc memory and a stream sync, then the same back. Medians over
+//    --reps repetitions, and of the per-repetition ratio engine/(a).
+//    Target: engine D2H >= 0.90 x (a).
+// 4. strided: a D x D fp32 device tensor (--strided-dim) viewed transposed
+//    (sizes {D, D}, strides {1, D}) packed by CopyEngine::GatherAsync straight
+//    into a reservation, against (a) cudaMemcpyAsync of the same bytes into
+//    cudaHostAlloc memory and (e) the engine's contiguous CopyAsync of them
+//    into a reservation; D2H only, batched and timed as in section 3.
 #include "bench/gpu_copy_bench.h"
 
 #include <cuda_runtime_api.h>
@@ -43,11 +70,16 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "CLI/CLI.hpp"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "actstash/client.h"
+#include "actstash/copy_engine.h"
 #include "bench/bench_util.h"
 #include "common/cuda_status.h"
 
@@ -57,6 +89,12 @@
 namespace {
 
 using namespace actstash::bench;  // NOLINT: the shared helpers
+using actstash::Client;
+using actstash::CopyEngine;
+using actstash::CopyEvent;
+using actstash::CopyStream;
+using actstash::StreamHandle;
+using actstash::TensorLayout;
 
 enum class Direction { kD2H, kH2D };
 
@@ -157,17 +195,22 @@ double CopyGbps(Direction dir, unsigned char* host, unsigned char* device, size_
   return static_cast<double>(n) * static_cast<double>(copies) / 1e6 / events.Ms();
 }
 
-// The bytes survive every path: device -> registered, device -> pageable
-// view, and registered -> device -> host-alloc, at `n` bytes.
-void Verify(unsigned char* pinned, const MemfdSegment& segment, unsigned char* device, size_t n,
-            cudaStream_t stream) {
-  uint64_t x = 0x2545F4914F6CDD1Dull;
+// Fills n bytes with an xorshift64 sequence (not constant, differs per seed).
+void FillPattern(unsigned char* p, size_t n, uint64_t seed) {
+  uint64_t x = seed;
   for (size_t i = 0; i < n; ++i) {
     x ^= x << 13;
     x ^= x >> 7;
     x ^= x << 17;
-    pinned[i] = static_cast<unsigned char>(x);
+    p[i] = static_cast<unsigned char>(x);
   }
+}
+
+// The bytes survive every path: device -> registered, device -> pageable
+// view, and registered -> device -> host-alloc, at `n` bytes.
+void Verify(unsigned char* pinned, const MemfdSegment& segment, unsigned char* device, size_t n,
+            cudaStream_t stream) {
+  FillPattern(pinned, n, 0x2545F4914F6CDD1Dull);
   BENCH_CUDA(cudaMemcpyAsync(device, pinned, n, cudaMemcpyHostToDevice, stream));
   std::memset(segment.registered(), 0, n);
   BENCH_CUDA(cudaMemcpyAsync(segment.registered(), device, n, cudaMemcpyDeviceToHost, stream));
@@ -188,10 +231,11 @@ void Verify(unsigned char* pinned, const MemfdSegment& segment, unsigned char* d
 }
 
 struct Memory {
-  unsigned char* pinned = nullptr;  // cudaHostAlloc
-  const MemfdSegment* segment = nullptr;
-  unsigned char* device = nullptr;  // cudaMalloc
-  size_t bytes = 0;                 // of each
+  unsigned char* pinned = nullptr;        // cudaHostAlloc, pinned_bytes
+  const MemfdSegment* segment = nullptr;  // bytes; null when sections 1 and 2 do not run
+  unsigned char* device = nullptr;        // cudaMalloc, bytes
+  size_t bytes = 0;
+  size_t pinned_bytes = 0;  // >= bytes, and >= what sections 3 and 4 copy per batch
 };
 
 // Section 1; sets the median GB/s of D2H and H2D with registered memory at

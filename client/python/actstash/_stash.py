@@ -215,6 +215,8 @@ class Stash:
             return self._engine
         if t.device.type != "cuda" or not self._cuda or not self._client.attached:
             return None  # a CUDA tensor goes straight into leased (pinned) memory only
+        if torch.cuda.is_current_stream_capturing():
+            return None  # inside CUDA graph capture: copies and events cannot be recorded
         index = t.device.index if t.device.index is not None else torch.cuda.current_device()
         if index not in self._cuda_engines:
             try:
