@@ -13,6 +13,7 @@
 #include "common/cuda_device_guard.h"
 #include "common/cuda_status.h"
 #include "common/status_macros.h"
+#include "kernels/bf16_cuda.h"
 #include "kernels/strided_copy_cuda.h"
 
 namespace actstash {
@@ -109,6 +110,20 @@ class CudaRuntime final : public GpuRuntime {
     ACTSTASH_ASSIGN_OR_RETURN(void* kernel_src, KernelAddress(src));
     ACTSTASH_ASSIGN_OR_RETURN(void* kernel_dst, KernelAddress(dst));
     return kernels::ScatterAsync(kernel_src, src_bytes, kernel_dst, dst_layout, ToStream(stream));
+  }
+
+  absl::Status ConvertAsync(void* dst, const void* src, size_t elements, Conversion conversion,
+                            GpuStream stream) override {
+    ACTSTASH_USE_DEVICE(device_);
+    ACTSTASH_ASSIGN_OR_RETURN(void* kernel_src, KernelAddress(src));
+    ACTSTASH_ASSIGN_OR_RETURN(void* kernel_dst, KernelAddress(dst));
+    if (conversion == Conversion::kFp32ToBf16) {
+      return kernels::Fp32ToBf16Async(static_cast<const float*>(kernel_src),
+                                      static_cast<uint16_t*>(kernel_dst), elements,
+                                      ToStream(stream));
+    }
+    return kernels::Bf16ToFp32Async(static_cast<const uint16_t*>(kernel_src),
+                                    static_cast<float*>(kernel_dst), elements, ToStream(stream));
   }
 
   absl::StatusOr<bool> QueryEvent(GpuEvent event) override {

@@ -314,6 +314,17 @@ class GpuCopyEngine final : public CopyEngine {
     });
   }
 
+  absl::StatusOr<std::shared_ptr<CopyEvent>> ConvertAsync(CopyStream stream, void* dst,
+                                                          const void* src, size_t elements,
+                                                          Conversion conversion, StreamHandle after,
+                                                          CopyDeps deps) override {
+    ACTSTASH_RETURN_IF_ERROR(CheckConversion(dst, src, elements, conversion));
+    return Submit(stream, after, deps, [this, dst, src, elements, conversion](GpuStream s) {
+      return elements == 0 ? absl::OkStatus()
+                           : runtime_->ConvertAsync(dst, src, elements, conversion, s);
+    });
+  }
+
   absl::Status OrderAfterAsync(StreamHandle stream, const CopyEvent& event) override {
     const GpuCopyEvent* own = Own(&event);
     if (own == nullptr) return event.Wait();

@@ -30,6 +30,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "actstash/copy_engine.h"
 #include "kernels/strided_layout.h"
 
 namespace actstash::client_internal {
@@ -61,6 +62,10 @@ class GpuRuntime {
                                    void* dst, size_t dst_bytes, GpuStream stream) = 0;
   virtual absl::Status ScatterAsync(const void* src, size_t src_bytes, void* dst,
                                     const kernels::StridedLayout& dst_layout, GpuStream stream) = 0;
+
+  // kernels::Fp32ToBf16Async / Bf16ToFp32Async of `elements` elements.
+  virtual absl::Status ConvertAsync(void* dst, const void* src, size_t elements,
+                                    Conversion conversion, GpuStream stream) = 0;
 
   // cudaEventQuery: true when done, false when not yet, or the error of the
   // work it captured. Never blocks.

@@ -12,6 +12,7 @@
 #include "actstash/copy_engine.h"
 #include "client/tensor_layout.h"
 #include "common/status_macros.h"
+#include "kernels/bf16.h"
 #include "kernels/strided_copy.h"
 
 namespace actstash {
@@ -147,6 +148,24 @@ class HostCopyEngine final : public CopyEngine {
                               client_internal::CheckScatter(src, src_bytes, dst, layout));
     return SubmitAfter(stream, deps, [dst, src, src_bytes, strided] {
       return kernels::ScatterCpu(src, src_bytes, dst, strided);
+    });
+  }
+
+  absl::StatusOr<std::shared_ptr<CopyEvent>> ConvertAsync(CopyStream stream, void* dst,
+                                                          const void* src, size_t elements,
+                                                          Conversion conversion,
+                                                          StreamHandle /*after*/,
+                                                          CopyDeps deps) override {
+    ACTSTASH_RETURN_IF_ERROR(client_internal::CheckConversion(dst, src, elements, conversion));
+    return SubmitAfter(stream, deps, [dst, src, elements, conversion] {
+      if (conversion == Conversion::kFp32ToBf16) {
+        kernels::Fp32ToBf16Cpu(static_cast<const float*>(src), static_cast<uint16_t*>(dst),
+                               elements);
+      } else {
+        kernels::Bf16ToFp32Cpu(static_cast<const uint16_t*>(src), static_cast<float*>(dst),
+                               elements);
+      }
+      return absl::OkStatus();
     });
   }
 

@@ -49,4 +49,25 @@ absl::StatusOr<kernels::StridedLayout> CheckScatter(const void* src, size_t src_
   return strided;
 }
 
+absl::Status CheckConversion(void* dst, const void* src, size_t elements, Conversion conversion) {
+  if (elements == 0) return absl::OkStatus();
+  const size_t in = conversion == Conversion::kFp32ToBf16 ? 4 : 2;
+  const size_t out = conversion == Conversion::kFp32ToBf16 ? 2 : 4;
+  if (dst == nullptr || src == nullptr) {
+    return absl::InvalidArgumentError("ConvertAsync: null pointer with a non-empty conversion");
+  }
+  const auto s = reinterpret_cast<uintptr_t>(src);
+  const auto d = reinterpret_cast<uintptr_t>(dst);
+  if (s % in != 0 || d % out != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ConvertAsync: pointers must be aligned to their element sizes (", in, " and ",
+                     out, " bytes)"));
+  }
+  if (elements > SIZE_MAX / 4) return absl::InvalidArgumentError("ConvertAsync: too many elements");
+  if (s < d + elements * out && d < s + elements * in) {
+    return absl::InvalidArgumentError("ConvertAsync: source and destination overlap");
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace actstash::client_internal

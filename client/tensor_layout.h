@@ -30,6 +30,10 @@ absl::StatusOr<kernels::StridedLayout> CheckGather(const void* src, const Tensor
 absl::StatusOr<kernels::StridedLayout> CheckScatter(const void* src, size_t src_bytes,
                                                     const void* dst, const TensorLayout& layout);
 
+// ConvertAsync's argument checks: non-null, aligned to the element sizes,
+// non-overlapping (`elements` == 0 is always fine).
+absl::Status CheckConversion(void* dst, const void* src, size_t elements, Conversion conversion);
+
 }  // namespace actstash::client_internal
 
 #endif  // ACTSTASH_CLIENT_TENSOR_LAYOUT_H_

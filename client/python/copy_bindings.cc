@@ -32,8 +32,8 @@ using TicketPair = std::pair<uint64_t, uint64_t>;  // (id, nbytes)
 // Thread-safe.
 class PendingStore {
  public:
-  PendingStore(std::shared_ptr<Client> client, bool placed)
-      : client_(std::move(client)), placed_(placed) {}
+  PendingStore(std::shared_ptr<Client> client, bool placed, bool bf16 = false)
+      : client_(std::move(client)), placed_(placed), bf16_(bf16) {}
   void SetEvent(std::shared_ptr<CopyEvent> event) { event_ = std::move(event); }
   void SetTicket(Ticket ticket) {
     absl::MutexLock lock(&mu_);
@@ -56,12 +56,15 @@ class PendingStore {
     return ticket_;
   }
   bool placed() const { return placed_; }
+  // Stored as bf16 (downcast from fp32): fetches convert back.
+  bool bf16() const { return bf16_; }
   const std::shared_ptr<CopyEvent>& event() const { return event_; }
   const std::shared_ptr<Client>& client() const { return client_; }
 
  private:
   const std::shared_ptr<Client> client_;
   const bool placed_;
+  const bool bf16_;
   std::shared_ptr<CopyEvent> event_;  // set once, before the store is shared
   mutable absl::Mutex mu_;
   Ticket ticket_ ABSL_GUARDED_BY(mu_);
@@ -90,9 +93,15 @@ std::shared_ptr<CopyEngine> ValueOrRaise(absl::StatusOr<std::unique_ptr<CopyEngi
 py::object StoreTensorAsync(CopyEngine& engine, std::shared_ptr<Client> client, uintptr_t ptr,
                             uint64_t nbytes, std::optional<std::vector<int64_t>> sizes,
                             std::optional<std::vector<int64_t>> strides, int element_size,
-                            uintptr_t stream, bool gather_needs_pinned, int device_pool) {
+                            uintptr_t stream, bool gather_needs_pinned, int device_pool,
+                            const std::string& downcast) {
   NotNone(client, "client");
-  auto pending = std::make_shared<PendingStore>(client, /*placed=*/true);
+  const bool bf16 = downcast == "bf16";
+  if (!bf16 && !downcast.empty()) throw py::value_error("downcast must be '' or 'bf16'");
+  if (bf16 && (sizes.has_value() || nbytes % 2 != 0)) {
+    throw py::value_error("a bf16 downcast stores a dense fp32 tensor: nbytes = elements * 2");
+  }
+  auto pending = std::make_shared<PendingStore>(client, /*placed=*/true, bf16);
   absl::Status status;
   bool unpinned_gather = false;
   {
@@ -112,6 +121,9 @@ py::object StoreTensorAsync(CopyEngine& engine, std::shared_ptr<Client> client, 
         TensorLayout layout{*sizes, strides.value_or(std::vector<int64_t>{}), element_size};
         event = engine.GatherAsync(CopyStream::kStore, reserved->data, nbytes, src, layout,
                                    StreamHandle{stream});
+      } else if (bf16) {
+        event = engine.ConvertAsync(CopyStream::kStore, reserved->data, src, nbytes / 2,
+                                    Conversion::kFp32ToBf16, StreamHandle{stream});
       } else {
         event =
             engine.CopyAsync(CopyStream::kStore, reserved->data, src, nbytes, StreamHandle{stream});
@@ -147,9 +159,15 @@ std::shared_ptr<CopyEvent> FetchAsync(CopyEngine& engine, PendingPtr stored, uin
     absl::StatusOr<StoredBytes> where = stored->client()->Locate(stored->ticket());
     if (!where.ok()) {
       event = where.status();
-    } else if (where->nbytes > capacity) {
+    } else if ((stored->bf16() ? where->nbytes * 2 : where->nbytes) > capacity) {
       event = absl::OutOfRangeError(absl::StrCat("stored tensor holds ", where->nbytes,
-                                                 " bytes; the destination holds ", capacity));
+                                                 stored->bf16() ? " bytes of bf16" : " bytes",
+                                                 "; the destination holds ", capacity));
+    } else if (stored->bf16()) {
+      const std::shared_ptr<CopyEvent> deps[] = {stored->event()};
+      event = engine.ConvertAsync(CopyStream::kFetch, reinterpret_cast<void*>(dst), where->data,
+                                  where->nbytes / 2, Conversion::kBf16ToFp32, StreamHandle{stream},
+                                  deps);
     } else {
       const std::shared_ptr<CopyEvent> deps[] = {stored->event()};
       event = engine.CopyAsync(CopyStream::kFetch, reinterpret_cast<void*>(dst), where->data,
@@ -234,6 +252,7 @@ void BindCopyEngines(py::module_& m) {
            py::arg("nbytes"), py::arg("sizes") = py::none(), py::arg("strides") = py::none(),
            py::arg("element_size") = 1, py::arg("stream") = 0,
            py::arg("gather_needs_pinned") = false, py::arg("device_pool") = -1,
+           py::arg("downcast") = "",
            "Reserves nbytes in leased memory and copies the tensor at ptr into it on the store "
            "stream after the caller's stream; sizes/strides (elements) gather a non-dense "
            "tensor. The caller keeps the source alive until the store is done. Needs an "

@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <cstring>
+#include <limits>
 #include <numeric>
 #include <thread>
 #include <vector>
@@ -181,6 +182,65 @@ TEST(HostCopyEngineTest, OrderAfterAsyncWaitsForTheEvent) {
 
 // Without a device (this machine, or a build without CUDA) the CUDA engine
 // cannot be created, and says why.
+// The bf16 downcast and back through the engine: the kernels' rounding
+// (tested against torch in tests/kernels), ordered after a dep, and the
+// argument checks.
+TEST(HostCopyEngineTest, ConvertAsyncRoundTripsThroughBf16) {
+  auto engine = CreateHostCopyEngine();
+  std::vector<float> src(10001);
+  for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<float>(i) * 0.37f - 1000.0f;
+  src[0] = std::numeric_limits<float>::infinity();
+  src[1] = -0.0f;
+  std::vector<float> staged(src.size());
+  std::vector<uint16_t> bf16(src.size());
+  std::vector<float> back(src.size());
+  auto copied = engine->CopyAsync(CopyStream::kStore, staged.data(), src.data(),
+                                  src.size() * sizeof(float), StreamHandle{});
+  ASSERT_TRUE(copied.ok());
+  const std::shared_ptr<CopyEvent> deps[] = {*copied};
+  auto down = engine->ConvertAsync(CopyStream::kFetch, bf16.data(), staged.data(), src.size(),
+                                   Conversion::kFp32ToBf16, StreamHandle{}, deps);
+  ASSERT_TRUE(down.ok()) << down.status();
+  const std::shared_ptr<CopyEvent> after_down[] = {*down};
+  auto up = engine->ConvertAsync(CopyStream::kFetch, back.data(), bf16.data(), src.size(),
+                                 Conversion::kBf16ToFp32, StreamHandle{}, after_down);
+  ASSERT_TRUE(up.ok()) << up.status();
+  ASSERT_TRUE((*up)->Wait().ok());
+  for (size_t i = 0; i < src.size(); ++i) {
+    uint32_t bits = 0;
+    std::memcpy(&bits, &src[i], 4);
+    // Round to nearest even on the upper 16 bits (no NaNs in this input).
+    const uint32_t rounded = (bits + 0x7fff + ((bits >> 16) & 1)) & 0xffff0000u;
+    uint32_t got = 0;
+    std::memcpy(&got, &back[i], 4);
+    ASSERT_EQ(got, i == 0 ? bits : rounded) << "element " << i;
+  }
+  // Misaligned, null and overlapping arguments: rejected, nothing runs.
+  auto* bytes = reinterpret_cast<char*>(bf16.data());
+  EXPECT_EQ(engine
+                ->ConvertAsync(CopyStream::kStore, bytes + 1, src.data(), 4,
+                               Conversion::kFp32ToBf16, StreamHandle{})
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(engine
+                ->ConvertAsync(CopyStream::kStore, nullptr, src.data(), 4, Conversion::kFp32ToBf16,
+                               StreamHandle{})
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(engine
+                ->ConvertAsync(CopyStream::kStore, src.data(), src.data(), 4,
+                               Conversion::kFp32ToBf16, StreamHandle{})
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(engine
+                  ->ConvertAsync(CopyStream::kStore, nullptr, nullptr, 0, Conversion::kBf16ToFp32,
+                                 StreamHandle{})
+                  .ok());
+}
+
 TEST(CudaCopyEngineTest, CreationFailsWithoutADevice) {
   if (CudaDeviceAvailable()) GTEST_SKIP() << "a CUDA device is present";
   auto engine = CreateCudaCopyEngine();

@@ -259,6 +259,47 @@ TEST(GpuCopyEngineTest, InFlightCopiesStayBounded) {
   EXPECT_GE(sim.device->max_copies_in_flight(kStoreStream), 2);  // the bound was exercised
 }
 
+// The downcast is ordered like a copy: after the (slow) compute stream that
+// produces its input, and the consumer after it.
+TEST(GpuCopyEngineTest, ConvertAsyncRunsAfterTheProducerAndBeforeTheConsumer) {
+  Sim sim = MakeSim(microseconds(10));
+  sim.device->SetStreamDelay(sim.compute, microseconds(2000));
+  std::vector<float> activation(4096, 0.0f);
+  std::vector<uint16_t> stored(activation.size());
+  std::vector<float> restored(activation.size());
+  for (int round = 1; round <= 20; ++round) {
+    ASSERT_TRUE(sim.device
+                    ->LaunchHostAsync(sim.compute,
+                                      [&, round] {
+                                        for (float& v : activation) v = 1.0f + round;
+                                        return absl::OkStatus();
+                                      })
+                    .ok());
+    auto down = sim.engine->ConvertAsync(CopyStream::kStore, stored.data(), activation.data(),
+                                         activation.size(), Conversion::kFp32ToBf16,
+                                         StreamHandle{sim.compute});
+    ASSERT_TRUE(down.ok()) << down.status();
+    const std::shared_ptr<CopyEvent> deps[] = {*down};
+    auto up =
+        sim.engine->ConvertAsync(CopyStream::kFetch, restored.data(), stored.data(), stored.size(),
+                                 Conversion::kBf16ToFp32, StreamHandle{sim.compute}, deps);
+    ASSERT_TRUE(up.ok()) << up.status();
+    ASSERT_TRUE(sim.engine->OrderAfterAsync(StreamHandle{sim.compute}, **up).ok());
+    std::atomic<bool> fresh{false};
+    ASSERT_TRUE(sim.device
+                    ->LaunchHostAsync(sim.compute,
+                                      [&, round] {
+                                        fresh = restored.front() == 1.0f + round &&
+                                                restored.back() == 1.0f + round;
+                                        return absl::OkStatus();
+                                      })
+                    .ok());
+    sim.engine->Synchronize();
+    sim.device->SynchronizeStream(sim.compute);
+    EXPECT_TRUE(fresh) << "round " << round << ": the consumer saw stale values";
+  }
+}
+
 TEST(GpuCopyEngineTest, ZeroMaxInFlightIsInvalid) {
   CudaCopyEngineOptions options;
   options.max_in_flight = 0;

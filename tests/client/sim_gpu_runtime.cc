@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/bf16.h"
 #include "kernels/strided_copy.h"
 
 namespace actstash::client_internal::testing {
@@ -238,6 +239,21 @@ absl::Status SimGpuRuntime::GatherAsync(const void* src, const kernels::StridedL
   return Enqueue(stream, std::move(op));
 }
 
+absl::Status SimGpuRuntime::ConvertAsync(void* dst, const void* src, size_t elements,
+                                         Conversion conversion, GpuStream stream) {
+  Op op;
+  op.kind = Op::Kind::kCopy;
+  op.work = [=] {
+    if (conversion == Conversion::kFp32ToBf16) {
+      kernels::Fp32ToBf16Cpu(static_cast<const float*>(src), static_cast<uint16_t*>(dst), elements);
+    } else {
+      kernels::Bf16ToFp32Cpu(static_cast<const uint16_t*>(src), static_cast<float*>(dst), elements);
+    }
+    return absl::OkStatus();
+  };
+  return Enqueue(stream, std::move(op));
+}
+
 absl::Status SimGpuRuntime::ScatterAsync(const void* src, size_t src_bytes, void* dst,
                                          const kernels::StridedLayout& dst_layout,
                                          GpuStream stream) {
@@ -346,6 +362,10 @@ class SharedRuntime final : public GpuRuntime {
   absl::Status GatherAsync(const void* src, const kernels::StridedLayout& layout, void* dst,
                            size_t dst_bytes, GpuStream s) override {
     return r_->GatherAsync(src, layout, dst, dst_bytes, s);
+  }
+  absl::Status ConvertAsync(void* dst, const void* src, size_t n, Conversion c,
+                            GpuStream s) override {
+    return r_->ConvertAsync(dst, src, n, c, s);
   }
   absl::Status ScatterAsync(const void* src, size_t src_bytes, void* dst,
                             const kernels::StridedLayout& layout, GpuStream s) override {

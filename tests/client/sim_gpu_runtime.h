@@ -60,6 +60,8 @@ class SimGpuRuntime final : public GpuRuntime {
   absl::Status MemcpyAsync(void* dst, const void* src, size_t nbytes, GpuStream stream) override;
   absl::Status GatherAsync(const void* src, const kernels::StridedLayout& src_layout, void* dst,
                            size_t dst_bytes, GpuStream stream) override;
+  absl::Status ConvertAsync(void* dst, const void* src, size_t elements, Conversion conversion,
+                            GpuStream stream) override;
   absl::Status ScatterAsync(const void* src, size_t src_bytes, void* dst,
                             const kernels::StridedLayout& dst_layout, GpuStream stream) override;
   absl::StatusOr<bool> QueryEvent(GpuEvent event) override;

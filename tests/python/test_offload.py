@@ -238,3 +238,42 @@ def test_in_place_change_of_a_saved_input_fails_backward(stash):
     x.add_(1)
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         loss.backward()
+
+
+def test_bf16_downcast_stores_half_the_bytes_and_restores_the_rounded_values(daemon):
+    stash = actstash.connect(daemon.socket, downcast="bf16")
+    captured = []
+
+    class Save(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.save_for_backward(x)
+            return x * 1
+
+        @staticmethod
+        def backward(ctx, g):
+            (x,) = ctx.saved_tensors
+            captured.append(x.clone())
+            return g
+
+    try:
+        special = torch.tensor([float("nan"), float("inf"), -float("inf"), 0.0, -0.0, 1e-40,
+                                3.4e38, -3.4e38, 1.0 + 2 ** -8, 1.0 + 3 * 2 ** -8])
+        base = torch.cat([torch.randn(50_000), special]).requires_grad_()
+        y = base * 1  # not a leaf: offloaded
+        with stash.offload(min_bytes=0):
+            loss = Save.apply(y).sum()
+        loss.backward()
+        assert stash.stats()["bytes_offloaded"] == y.numel() * 2
+        got, want = captured[0], y.detach().bfloat16().float()
+        nan = torch.isnan(want)
+        assert torch.equal(torch.isnan(got), nan)
+        assert torch.equal(got[~nan].view(torch.int32), want[~nan].view(torch.int32))
+        assert got.dtype == torch.float32 and got.shape == y.shape
+    finally:
+        stash.close()
+
+
+def test_downcast_value_is_checked(daemon):
+    with pytest.raises(ValueError, match="downcast"):
+        actstash.connect(daemon.socket, downcast="fp8")

@@ -56,6 +56,11 @@ struct TensorLayout {
   int element_size = 1;
 };
 
+// Element conversions a copy can apply (kernels/bf16.cuh): the lossy fp32 →
+// bf16 downcast (round to nearest even; NaN stays NaN, ±Inf and ±0 kept)
+// that halves offloaded bytes, and the exact way back.
+enum class Conversion { kFp32ToBf16, kBf16ToFp32 };
+
 // Work that must wait for earlier events besides the caller's stream.
 using CopyDeps = absl::Span<const std::shared_ptr<CopyEvent>>;
 
@@ -95,6 +100,16 @@ class CopyEngine {
   virtual absl::StatusOr<std::shared_ptr<CopyEvent>> ScatterAsync(CopyStream stream, void* dst,
                                                                   const TensorLayout& layout,
                                                                   const void* src, size_t src_bytes,
+                                                                  StreamHandle after,
+                                                                  CopyDeps deps = {}) = 0;
+
+  // Converts `elements` contiguous elements from `src` into `dst` (fp32 is 4
+  // bytes, bf16 2), ordered like CopyAsync. CUDA: either side may be device
+  // or registered host memory. INVALID_ARGUMENT for a null or misaligned
+  // pointer or overlapping ranges (nothing enqueued).
+  virtual absl::StatusOr<std::shared_ptr<CopyEvent>> ConvertAsync(CopyStream stream, void* dst,
+                                                                  const void* src, size_t elements,
+                                                                  Conversion conversion,
                                                                   StreamHandle after,
                                                                   CopyDeps deps = {}) = 0;
 

@@ -16,7 +16,7 @@ _DEFAULT_SOCKET_HINT = (
 
 def connect(address=None, quota=None, on_unavailable="raise", *, name=None, attach="auto",
             timeout=30.0, connect_timeout=5.0, prefetch=2, copy_delay_us=0, seed=0, pin="auto",
-            cuda=True, device_pool=None):
+            cuda=True, device_pool=None, downcast=None):
     """Opens a session with actstashd and returns a Stash.
 
     address: socket path, unix:///path or host:port; default ACTSTASH_ADDRESS, else the
@@ -31,7 +31,12 @@ def connect(address=None, quota=None, on_unavailable="raise", *, name=None, atta
     device_pool: a GPU ordinal of the daemon's device pool (actstashd --device-pool GPU:SIZE):
       CUDA tensors then go to that GPU's memory (peer to peer) instead of pinned host memory.
       Importing the pool maps all of it: for trainers that trust each other (same user).
+    downcast: None (default: bytes come back exactly) or "bf16": dense fp32 activations are
+      stored as bfloat16 (round to nearest even; NaN/Inf kept) and restored as fp32 — half
+      the bytes, LOSSY: gradients then differ from plain autograd. Needs the zero-copy path.
     """
+    if downcast not in (None, "bf16"):
+        raise ValueError("downcast must be None or 'bf16'")
     if on_unavailable not in ("raise", "keep"):
         raise ValueError("on_unavailable must be 'raise' or 'keep'")
     address = address or os.environ.get("ACTSTASH_ADDRESS", "")
@@ -57,7 +62,7 @@ def connect(address=None, quota=None, on_unavailable="raise", *, name=None, atta
                              f"{pools or 'none; start actstashd with --device-pool GPU:SIZE '}"
                              f"{'' if pools else '--allow-uid UID'})")
     return Stash(client, engine, on_unavailable=on_unavailable, prefetch=prefetch, cuda=cuda,
-                 device_pool=device_pool)
+                 device_pool=device_pool, downcast=downcast)
 
 
 def _current_cuda_device():
@@ -70,7 +75,7 @@ class _Packed:
 
     __slots__ = ("stash", "engine", "device", "pending", "src", "dtype", "shape", "stride",
                  "dense", "nbytes", "fetched", "fetch_event", "index", "version", "saved",
-                 "src_version", "modified", "__weakref__")
+                 "src_version", "modified", "downcast", "__weakref__")
 
     def __del__(self):
         stash = self.stash
@@ -105,10 +110,11 @@ class Stash:
     """
 
     def __init__(self, client, engine, on_unavailable="raise", prefetch=2, cuda=True,
-                 device_pool=None):
+                 device_pool=None, downcast=None):
         self._client = client
         self._engine = engine     # host engine: CPU tensors
         self._cuda = cuda
+        self._downcast = downcast
         self._device_pool = -1 if device_pool is None else int(device_pool)
         # The device whose context imported the pool: only its tensors go there.
         self._pool_importer = _current_cuda_device() if device_pool is not None else -1
@@ -283,7 +289,11 @@ class Stash:
         p.device = t.device
         p.dtype, p.shape, p.stride = t.dtype, t.shape, t.stride()
         p.dense = _is_dense(t)
-        p.nbytes = t.numel() * t.element_size()
+        # Lossy bf16 storage (opt-in) for dense fp32 tensors on the zero-copy path.
+        downcast = (self._downcast == "bf16" and t.dtype == torch.float32 and p.dense and
+                    self._client.attached)
+        p.nbytes = t.numel() * (2 if downcast else t.element_size())  # bytes stored
+        p.downcast = downcast
         p.fetched = None
         p.fetch_event = None
         # torch checks saved versions only for tensors saved without hooks: an in-place
@@ -305,7 +315,8 @@ class Stash:
                                                     stream=stream, gather_needs_pinned=t.is_cuda,
                                                     device_pool=self._device_pool
                                                     if t.device.index == self._pool_importer
-                                                    else -1, **layout)
+                                                    else -1, downcast="bf16" if downcast else "",
+                                                    **layout)
             if p.pending is None:  # unpinned memory: a GPU kernel cannot gather into it
                 src = src.contiguous()
                 p.pending = p.engine.store_tensor_async(self._client, src.data_ptr(), p.nbytes,
@@ -380,7 +391,8 @@ class Stash:
         out = self._materialize(p)
         p.fetched = out
         # After the work on the current stream (which may still use out's memory).
-        p.fetch_event = p.engine.fetch_async(p.pending, out.data_ptr(), p.nbytes,
+        p.fetch_event = p.engine.fetch_async(p.pending, out.data_ptr(),
+                                             out.numel() * out.element_size(),
                                              stream=_stream_of(p.device))
 
     def _unpack(self, p):
@@ -400,8 +412,14 @@ class Stash:
             self._pending_error = self._pending_error or error
         if src is not None:
             # Still in flight, kept after a failed store, or done but not yet dropped:
-            # the source has the bytes, and is already where it belongs.
-            return self._restride(p, src)
+            # the source has the bytes, and is already where it belongs. A downcast
+            # tensor must come back rounded, whatever the timing: wait for its store.
+            if not p.downcast:
+                return self._restride(p, src)
+            try:
+                p.pending.wait()
+            except _native.StashError:
+                return self._restride(p, src)  # not stored: the exact tensor stays
         start = time.perf_counter()
         with self._lock:
             hit = p.fetch_event is not None
