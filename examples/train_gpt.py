@@ -23,6 +23,7 @@ import time
 
 MODES = ["none", "torch-checkpoint", "save_on_cpu", "actstash-offload",
          "actstash-checkpoint+offload"]
+# Not run by default: "actstash-offload-bf16" (offload with the lossy bf16 downcast).
 
 
 def rss_anon():
@@ -79,8 +80,12 @@ def run_mode(args):
         ctx = lambda: torch.autograd.graph.save_on_cpu(pin_memory=cuda)  # noqa: E731
     elif args.mode.startswith("actstash"):
         import actstash
-        stash = actstash.connect(args.address or None, copy_delay_us=args.copy_delay_us)
-        mode = "offload" if args.mode == "actstash-offload" else "checkpoint+offload"
+        # "-bf16": the opt-in lossy downcast (half the bytes; gradients not bitwise equal).
+        downcast = "bf16" if args.mode.endswith("-bf16") else None
+        stash = actstash.connect(args.address or None, copy_delay_us=args.copy_delay_us,
+                                 downcast=downcast)
+        mode = ("offload" if args.mode.startswith("actstash-offload")
+                else "checkpoint+offload")
         actstash.wrap(model, stash, blocks=Block, mode=mode, min_bytes=args.min_bytes)
 
     times, held = [], []
