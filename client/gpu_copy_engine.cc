@@ -18,6 +18,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
+#include "client/host_event.h"
 #include "client/tensor_layout.h"
 #include "common/status_macros.h"
 
@@ -77,30 +78,6 @@ class GpuCopyEvent final : public CopyEvent {
   mutable absl::Status status_ ABSL_GUARDED_BY(mu_);
 };
 
-// SubmitAsync's result: completed by a lane's completion thread.
-class HostWorkEvent final : public CopyEvent {
- public:
-  bool Done() const override {
-    absl::MutexLock lock(&mu_);
-    return done_;
-  }
-  absl::Status Wait() const override {
-    absl::MutexLock lock(&mu_);
-    mu_.Await(absl::Condition(&done_));
-    return status_;
-  }
-  void Complete(absl::Status status) {
-    absl::MutexLock lock(&mu_);
-    status_ = std::move(status);
-    done_ = true;
-  }
-
- private:
-  mutable absl::Mutex mu_;
-  bool done_ ABSL_GUARDED_BY(mu_) = false;
-  absl::Status status_ ABSL_GUARDED_BY(mu_);
-};
-
 // Enqueues the copy itself on the given stream.
 using EnqueueFn = std::function<absl::Status(GpuStream)>;
 
@@ -152,7 +129,7 @@ class Lane {
   }
 
   std::shared_ptr<CopyEvent> Submit(std::function<absl::Status()> work) {
-    auto result = std::make_shared<HostWorkEvent>();
+    auto result = std::make_shared<HostEvent>();
     absl::StatusOr<GpuEvent> created = runtime_->CreateEvent();
     if (!created.ok()) {
       result->Complete(created.status());
@@ -197,7 +174,7 @@ class Lane {
   struct HostWork {
     std::shared_ptr<GpuCopyEvent> marker;  // recorded on the stream at submission
     std::function<absl::Status()> work;
-    std::shared_ptr<HostWorkEvent> result;
+    std::shared_ptr<HostEvent> result;
   };
 
   Lane(std::shared_ptr<GpuRuntime> runtime, GpuStream stream, GpuEvent after_event,

@@ -10,6 +10,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "actstash/copy_engine.h"
+#include "client/host_event.h"
 #include "client/tensor_layout.h"
 #include "common/status_macros.h"
 #include "kernels/bf16.h"
@@ -17,29 +18,6 @@
 
 namespace actstash {
 namespace {
-
-class HostCopyEvent final : public CopyEvent {
- public:
-  bool Done() const override {
-    absl::MutexLock lock(&mu_);
-    return done_;
-  }
-  absl::Status Wait() const override {
-    absl::MutexLock lock(&mu_);
-    mu_.Await(absl::Condition(&done_));
-    return status_;
-  }
-  void Complete(absl::Status status) {
-    absl::MutexLock lock(&mu_);
-    status_ = std::move(status);
-    done_ = true;
-  }
-
- private:
-  mutable absl::Mutex mu_;
-  bool done_ ABSL_GUARDED_BY(mu_) = false;
-  absl::Status status_ ABSL_GUARDED_BY(mu_);
-};
 
 // One stream: a thread and its queue. The delay RNG is used by the worker only.
 class Stream {
@@ -55,7 +33,7 @@ class Stream {
   }
 
   std::shared_ptr<CopyEvent> Submit(std::function<absl::Status()> work) {
-    auto event = std::make_shared<HostCopyEvent>();
+    auto event = std::make_shared<client_internal::HostEvent>();
     absl::MutexLock lock(&mu_);
     queue_.emplace_back(std::move(work), event);
     return event;
@@ -71,7 +49,7 @@ class Stream {
  private:
   void Run() {
     while (true) {
-      std::pair<std::function<absl::Status()>, std::shared_ptr<HostCopyEvent>> item;
+      std::pair<std::function<absl::Status()>, std::shared_ptr<client_internal::HostEvent>> item;
       {
         absl::MutexLock lock(&mu_);
         mu_.Await(absl::Condition(
@@ -95,8 +73,8 @@ class Stream {
   const std::chrono::microseconds max_delay_;
   std::mt19937_64 rng_;
   absl::Mutex mu_;
-  std::deque<std::pair<std::function<absl::Status()>, std::shared_ptr<HostCopyEvent>>> queue_
-      ABSL_GUARDED_BY(mu_);
+  std::deque<std::pair<std::function<absl::Status()>, std::shared_ptr<client_internal::HostEvent>>>
+      queue_ ABSL_GUARDED_BY(mu_);
   bool busy_ ABSL_GUARDED_BY(mu_) = false;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;  // last: starts after the members it uses
