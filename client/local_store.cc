@@ -19,11 +19,15 @@ absl::Status DeviceTierError(absl::string_view what) {
                    "engine (Reserve/Locate)"));
 }
 
-absl::Status Lost() {
-  return absl::UnavailableError(
+// Host leases stay mapped (the daemon renews its pages, this mapping keeps
+// the old ones); device segments are zeroed and granted again in place.
+absl::Status Lost(bool device_tier) {
+  return absl::UnavailableError(absl::StrCat(
       "actstashd went away (its attach connection closed): this session and its leases are "
-      "gone; buffers stored before can still be fetched, new ones cannot be stored. Connect a "
-      "new client.");
+      "gone; ",
+      device_tier ? "buffers in its device pool are gone too (the daemon reclaims that memory)"
+                  : "buffers stored before can still be fetched",
+      ", new ones cannot be stored. Connect a new client."));
 }
 
 // Maps one lease's segment fds back to back; closes the fds either way.
@@ -249,7 +253,7 @@ absl::StatusOr<Located> LocalStore::Locate(uint64_t ticket) {
 }
 
 absl::StatusOr<Placed> LocalStore::Place(size_t nbytes) {
-  if (backend_.Lost()) return Lost();
+  if (backend_.Lost()) return Lost(importer_ != nullptr);
   Placement placement;
   uint64_t ticket = 0;
   if (nbytes > segment_bytes_) {
