@@ -10,9 +10,9 @@ import torch
 from torch import nn
 
 import actstash
-from actstash import _native
+from actstash import _lib
 
-CUDA = torch.cuda.is_available() and _native.cuda_available()
+CUDA = torch.cuda.is_available() and _lib.cuda_available()
 needs_gpu = pytest.mark.skipif(not CUDA, reason="needs a CUDA device (torch and actstash)")
 
 

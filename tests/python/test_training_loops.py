@@ -169,8 +169,15 @@ def test_adamw_twenty_steps_bitwise(daemon):
 def test_autocast_bf16_offloads_both_dtypes(daemon):
     stash = actstash.connect(daemon.socket)
     seen = set()
-    store = stash._store
-    stash._store = lambda t: (seen.add(t.dtype), store(t))[1]
+    pack = stash._pack
+
+    def spy(t, *args, **kwargs):
+        packed = pack(t, *args, **kwargs)
+        if packed is not t:  # offloaded
+            seen.add(t.dtype)
+        return packed
+
+    stash._pack = spy
     grads = []
     for use_stash in (False, True):
         model = _model()

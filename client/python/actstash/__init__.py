@@ -8,10 +8,10 @@
     y = actstash.checkpoint(block, x, stash=stash)   # recompute inside, offload the input
     actstash.wrap(model, stash, blocks=Block, mode="checkpoint+offload")
 
-The native module (actstash._native) does not link torch; this package
-imports torch lazily where it needs it.
+The native library (libactstash.so, loaded through ctypes) links neither
+Python nor torch: one build serves every CPython version and torch >= 1.13.
 """
-from actstash._native import StashError, StashFull, StashNotFound, StashUnavailable
+from actstash._lib import StashError, StashFull, StashNotFound, StashUnavailable
 from actstash._stash import Stash, connect
 from actstash._checkpoint import checkpoint
 from actstash._wrap import unwrap, wrap

@@ -6,6 +6,7 @@ forward and recomputation (torch keeps them in the trainer); inputs that are
 parameters, smaller than min_bytes, or not tensors are kept as torch keeps
 them. RNG state and autocast state are captured and replayed as torch does.
 """
+import contextlib
 import weakref
 
 import torch
@@ -26,40 +27,67 @@ def _autocast_kwargs():
     return gpu, cpu
 
 
-def checkpoint(function, *args, stash=None, preserve_rng_state=True, min_bytes=0, **kwargs):
+def checkpoint(function, *args, use_reentrant=None, context_fn=None,
+               determinism_check="default", debug=False, preserve_rng_state=True, stash=None,
+               min_bytes=0, **kwargs):
     """Runs function(*args, **kwargs) without saving its interior for backward; the
     interior is recomputed when backward needs it. With `stash`, the tensor inputs
-    (the boundary) are offloaded until then."""
+    (the boundary, positional and keyword) are offloaded until then.
+
+    torch.utils.checkpoint's keywords: use_reentrant (None or False; this is the
+    non-reentrant form, True is refused), preserve_rng_state, context_fn (a function
+    returning two context managers: the forward runs in the first, the recomputation in
+    the second), determinism_check ("default": the recomputation must save tensors of the
+    forward's shapes, dtypes and devices, else RuntimeError; "none"), debug (accepted,
+    no effect). Other keyword arguments go to `function`, as in torch."""
+    if use_reentrant:
+        raise ValueError("actstash.checkpoint has the semantics of torch.utils.checkpoint("
+                         "use_reentrant=False); use_reentrant=True is not supported")
+    if determinism_check not in ("default", "none"):
+        raise ValueError("determinism_check should be one of ['default', 'none'], but got "
+                         f"{determinism_check}")
+    if context_fn is None:
+        forward_context, recompute_context = contextlib.nullcontext(), contextlib.nullcontext()
+    else:
+        forward_context, recompute_context = context_fn()
     gpu_autocast, cpu_autocast = _autocast_kwargs()
     if preserve_rng_state:
         fwd_cpu_state = torch.get_rng_state()
         had_cuda_in_fwd = bool(torch.cuda._initialized)
         if had_cuda_in_fwd:
-            fwd_gpu_devices, fwd_gpu_states = get_device_states(*args)
+            fwd_gpu_devices, fwd_gpu_states = get_device_states(*args, *kwargs.values())
 
     # The boundary: tensors go to the stash; the closure keeps only handles.
-    boundary = []
-    for a in args:
-        if stash is not None and isinstance(a, torch.Tensor) and _offloadable(stash, a, min_bytes):
-            boundary.append(("stored", stash._store(a.detach()), a.requires_grad))
-        else:
-            boundary.append(("kept", a, None))
+    def stash_input(a):
+        if stash is not None and isinstance(a, torch.Tensor):
+            packed = stash._pack(a, min_bytes, boundary=True)
+            if packed is not a:
+                return ("stored", packed, a.requires_grad)
+        return ("kept", a, None)
+
+    boundary = [stash_input(a) for a in args]
+    keyword_boundary = {k: stash_input(v) for k, v in kwargs.items()}
+
+    def restore(kind, value, requires_grad):
+        if kind == "kept":
+            return value
+        t = stash._unpack(value)
+        # Same requires_grad as in forward: it decides what autograd saves.
+        return t.detach().requires_grad_(requires_grad)
 
     def inputs():
-        restored = []
-        for kind, value, requires_grad in boundary:
-            if kind == "kept":
-                restored.append(value)
-            else:
-                t = stash._unpack(value)
-                # Same requires_grad as in forward: it decides what autograd saves.
-                restored.append(t.detach().requires_grad_(requires_grad))
-        return restored
+        return ([restore(*b) for b in boundary],
+                {k: restore(*b) for k, b in keyword_boundary.items()})
+
+    check = determinism_check == "default"
+    forward_meta = []
 
     storage = weakref.WeakKeyDictionary()
     weak_holders = []
 
     def pack(x):
+        if check:
+            forward_meta.append((x.shape, x.dtype, x.device))
         holder = _Holder()
         weak_holders.append(weakref.ref(holder))
         return holder
@@ -71,6 +99,14 @@ def checkpoint(function, *args, stash=None, preserve_rng_state=True, min_bytes=0
             def inner_pack(inner):
                 nonlocal counter
                 counter += 1
+                if check and (counter > len(forward_meta) or forward_meta[counter - 1] !=
+                              (inner.shape, inner.dtype, inner.device)):
+                    raise RuntimeError(
+                        "actstash.checkpoint: recomputed values differ in metadata from the "
+                        f"forward pass (saved tensor {counter - 1}: recomputed "
+                        f"{(tuple(inner.shape), inner.dtype, inner.device)}, forward "
+                        f"{_describe(forward_meta, counter - 1)}); pass "
+                        "determinism_check='none' to skip this check")
                 if weak_holders[counter - 1]() is None:
                     return
                 storage[weak_holders[counter - 1]()] = inner.detach()
@@ -85,19 +121,19 @@ def checkpoint(function, *args, stash=None, preserve_rng_state=True, min_bytes=0
                     torch.set_rng_state(fwd_cpu_state)
                     if had_cuda_in_fwd:
                         set_device_states(fwd_gpu_devices, fwd_gpu_states)
-                recompute_args = inputs()
-                with torch.enable_grad(), \
+                recompute_args, recompute_kwargs = inputs()
+                with torch.enable_grad(), recompute_context, \
                         torch.cuda.amp.autocast(**gpu_autocast), \
                         torch.cpu.amp.autocast(**cpu_autocast), \
                         torch.autograd.graph.saved_tensors_hooks(inner_pack, inner_unpack):
-                    function(*recompute_args, **kwargs)
+                    function(*recompute_args, **recompute_kwargs)
         if holder not in storage:
             raise RuntimeError(
                 "actstash.checkpoint: a saved tensor was read twice without recomputation in "
                 "between (as torch.utils.checkpoint, this is not supported)")
         return storage[holder]
 
-    with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+    with torch.autograd.graph.saved_tensors_hooks(pack, unpack), forward_context:
         output = function(*args, **kwargs)
         if torch.cuda._initialized and preserve_rng_state and not had_cuda_in_fwd:
             raise RuntimeError("CUDA was initialized inside a checkpointed forward; "
@@ -105,10 +141,8 @@ def checkpoint(function, *args, stash=None, preserve_rng_state=True, min_bytes=0
     return output
 
 
-def _offloadable(stash, t, min_bytes):
-    previous = stash._min_bytes
-    stash._min_bytes = min_bytes
-    try:
-        return stash._should_offload(t)
-    finally:
-        stash._min_bytes = previous
+def _describe(meta, index):
+    if index >= len(meta):
+        return "nothing (the forward saved fewer tensors)"
+    shape, dtype, device = meta[index]
+    return str((tuple(shape), dtype, device))

@@ -1,0 +1,121 @@
+/* actstash's stable C ABI: the client and the saved-tensor engine
+ * (actstash/saved_tensors.h) behind opaque handles, for front-ends that load
+ * a shared library instead of linking C++ (the Python package, through
+ * ctypes: one library serves every CPython version and any torch).
+ *
+ * Conventions: functions returning int return 0 on success, else an
+ * absl::StatusCode value (3 INVALID_ARGUMENT, 5 NOT_FOUND, 8
+ * RESOURCE_EXHAUSTED, 9 FAILED_PRECONDITION, 11 OUT_OF_RANGE, 14
+ * UNAVAILABLE, ...), with the message in actstash_last_error() of the same
+ * thread until its next failing call. Strings returned as char* are the
+ * caller's, freed with actstash_free_string. Every function may be called
+ * from any thread; handles are freed once, after every other call on them.
+ * Calls that wait (connect, close, stats, fetch_into, finish, reap with
+ * wait, synchronize) may block; the others do not wait for copies. The
+ * engine calls the owner functions given at creation only inside
+ * actstash_engine_pack, _unpack, _release, _view_done, _reap and _free, on the
+ * calling thread. */
+#ifndef ACTSTASH_C_API_H_
+#define ACTSTASH_C_API_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define ACTSTASH_C_API_VERSION 1
+
+#if defined(__GNUC__)
+#define ACTSTASH_API __attribute__((visibility("default")))
+#else
+#define ACTSTASH_API
+#endif
+
+typedef struct actstash_client actstash_client;
+typedef struct actstash_engine actstash_engine;
+
+ACTSTASH_API int actstash_c_api_version(void);
+ACTSTASH_API const char* actstash_last_error(void);
+ACTSTASH_API void actstash_free_string(char* s);
+/* Whether this build has CUDA and a usable device. */
+ACTSTASH_API int actstash_cuda_available(void);
+
+/* attach: "auto", "required", "off"; pin: "auto", "on", "off". */
+ACTSTASH_API int actstash_client_connect(const char* address, uint64_t quota, const char* name,
+                            const char* attach, int64_t rpc_timeout_ms,
+                            int64_t connect_timeout_ms, uint32_t lease_batch, const char* pin,
+                            int cuda_device, actstash_client** out);
+ACTSTASH_API int actstash_client_close(actstash_client* client);
+ACTSTASH_API void actstash_client_free(actstash_client* client);
+/* JSON object: session_id, quota, address, attached, attach_error, pin_error,
+ * device_pools [{device, total_bytes, segment_bytes}], zero_copy {leases,
+ * leased_bytes, pinned_bytes, unpinned_leases, objects, bytes}. No RPC. */
+ACTSTASH_API char* actstash_client_info_json(actstash_client* client);
+/* The daemon's stats as JSON (*out, the caller's): pool_* and node counters,
+ * "self" and, with all_sessions, "all_sessions" (session objects). */
+ACTSTASH_API int actstash_client_stats_json(actstash_client* client, int all_sessions, char** out);
+
+/* Flags of actstash_engine_pack. */
+#define ACTSTASH_ELEMENT_SIZE_MASK 0xF /* bits 0-3: element size in bytes */
+#define ACTSTASH_FP32 (1 << 4)         /* the tensor is float32 (downcast eligible) */
+#define ACTSTASH_DENSE (1 << 5)        /* elements fill [data, data + nbytes) */
+#define ACTSTASH_KEEP_SHIFT 8          /* bits 8-11: a keep reason + 1, 0 for none */
+#define ACTSTASH_NDIM_SHIFT 12         /* bits 12-15: ndim (sizes/strides when not dense) */
+#define ACTSTASH_DEVICE_SHIFT 16       /* bits 16-31: CUDA ordinal + 1, 0 for the CPU */
+
+/* Keep reasons (actstash::KeepReason), also the order of kept_* stats. */
+#define ACTSTASH_KEEP_SMALL 0
+#define ACTSTASH_KEEP_PARAMETER 1
+#define ACTSTASH_KEEP_LISTED 2
+#define ACTSTASH_KEEP_LAYOUT 3
+#define ACTSTASH_KEEP_DEVICE 4
+
+/* client may be NULL (no daemon: everything is kept). on_failure: 0 raise, 1
+ * keep. copy_delay_us > 0 injects random delays into the host engine's
+ * copies (tests). acquire/release: owner reference functions (both or
+ * neither). */
+ACTSTASH_API int actstash_engine_create(actstash_client* client, uint64_t inline_store_bytes, int cpu_views,
+                           int prefetch, int cuda, int device_pool, int pool_importer,
+                           int downcast_bf16, int on_failure, int64_t copy_delay_us,
+                           uint64_t seed, void (*acquire)(void*), void (*release)(void*),
+                           actstash_engine** out);
+/* Waits for every copy, releases every owner it holds. */
+ACTSTASH_API void actstash_engine_free(actstash_engine* engine);
+/* The saved tensor's id (> 0), or 0 when kept. Never fails: errors are held
+ * for actstash_engine_take_error. */
+ACTSTASH_API uint64_t actstash_engine_pack(actstash_engine* engine, uintptr_t data, uint64_t nbytes,
+                              uint64_t flags, const int64_t* sizes, const int64_t* strides,
+                              uintptr_t stream, uint64_t version, void* owner, void* cookie,
+                              uint64_t min_bytes);
+/* out[0] kind (0 source, 1 view, 2 destination, 3 prefetched); out[1] the
+ * owner (source/prefetched, a reference now the caller's) or the view's
+ * address; out[2] bytes of the restored tensor; out[3] 1 when downcast;
+ * out[4] n prefetch candidates, then n pairs (id, cookie; each cookie an
+ * acquired reference, now the caller's). out_len >= 5 + 2 * prefetch.
+ * version: the saved tensor's version now, or UINT64_MAX when unknown. */
+ACTSTASH_API int actstash_engine_unpack(actstash_engine* engine, uint64_t id, uint64_t version, uint64_t* out,
+                           int out_len);
+ACTSTASH_API int actstash_engine_fetch_into(actstash_engine* engine, uint64_t id, uintptr_t dst,
+                               uint64_t capacity, uintptr_t stream);
+ACTSTASH_API int actstash_engine_prefetch(actstash_engine* engine, uint64_t id, uintptr_t dst,
+                             uint64_t capacity, void* owner, uintptr_t stream);
+ACTSTASH_API int actstash_engine_finish(actstash_engine* engine, uint64_t id, uintptr_t stream);
+ACTSTASH_API void actstash_engine_view_done(actstash_engine* engine, uint64_t id);
+ACTSTASH_API void actstash_engine_release(actstash_engine* engine, uint64_t id);
+ACTSTASH_API int actstash_engine_reap(actstash_engine* engine, int wait);
+ACTSTASH_API int actstash_engine_take_error(actstash_engine* engine);
+ACTSTASH_API void actstash_engine_synchronize(actstash_engine* engine);
+ACTSTASH_API int actstash_engine_available(actstash_engine* engine);
+/* Comma-separated names of the engine's counters, in the order
+ * actstash_engine_stats writes them. */
+ACTSTASH_API const char* actstash_engine_stat_names(void);
+/* Writes up to n counters; returns how many there are. */
+ACTSTASH_API int actstash_engine_stats(actstash_engine* engine, uint64_t* values, int n);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* ACTSTASH_C_API_H_ */

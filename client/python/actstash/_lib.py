@@ -1,0 +1,199 @@
+"""The native library (libactstash.so, C ABI actstash/c_api.h) through ctypes.
+
+One library serves every CPython version and any torch: it links neither. Two
+handles on it: `_c` releases the GIL for the call (calls that may wait), `_py`
+keeps it (calls that may hand Python references back and forth: the engine
+acquires and releases owner references with Py_IncRef/Py_DecRef only inside
+those).
+"""
+import ctypes
+import json
+import os
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_PATH = os.environ.get("ACTSTASH_LIBRARY") or os.path.join(_HERE, "libactstash.so")
+
+
+class StashError(RuntimeError):
+    """An actstash operation failed (base class)."""
+
+
+class StashUnavailable(StashError):
+    """The daemon cannot be reached (or went away)."""
+
+
+class StashFull(StashError):
+    """The session's quota or the daemon's pool has no room."""
+
+
+class StashNotFound(StashError):
+    """An unknown or released handle."""
+
+
+_INVALID_ARGUMENT, _NOT_FOUND, _RESOURCE_EXHAUSTED, _FAILED_PRECONDITION = 3, 5, 8, 9
+_UNAVAILABLE = 14
+
+try:
+    _c = ctypes.CDLL(_PATH)
+    _py = ctypes.PyDLL(_PATH)
+except OSError as error:  # pragma: no cover - a broken installation
+    raise ImportError(f"actstash: cannot load its native library {_PATH}: {error}") from None
+
+_u64, _i64, _int, _vp = ctypes.c_uint64, ctypes.c_int64, ctypes.c_int, ctypes.c_void_p
+_obj = ctypes.py_object
+
+
+def _declare(lib, name, restype, *argtypes):
+    fn = getattr(lib, "actstash_" + name)
+    fn.restype = restype
+    fn.argtypes = list(argtypes)
+    return fn
+
+
+_declare(_c, "c_api_version", _int)
+_last_error = _declare(_py, "last_error", ctypes.c_char_p)
+_free_string = _declare(_c, "free_string", None, _vp)
+cuda_available_fn = _declare(_c, "cuda_available", _int)
+client_connect = _declare(_c, "client_connect", _int, ctypes.c_char_p, _u64, ctypes.c_char_p,
+                          ctypes.c_char_p, _i64, _i64, ctypes.c_uint32, ctypes.c_char_p, _int,
+                          ctypes.POINTER(_vp))
+client_close = _declare(_c, "client_close", _int, _vp)
+client_free = _declare(_c, "client_free", None, _vp)
+client_info_json = _declare(_c, "client_info_json", _vp, _vp)
+client_stats_json = _declare(_c, "client_stats_json", _int, _vp, _int, ctypes.POINTER(_vp))
+
+engine_create = _declare(_c, "engine_create", _int, _vp, _u64, _int, _int, _int, _int, _int, _int,
+                         _int, _i64, _u64, _vp, _vp, ctypes.POINTER(_vp))
+engine_free = _declare(_py, "engine_free", None, _vp)  # releases owners: the GIL is held
+engine_pack = _declare(_py, "engine_pack", _u64, _vp, _u64, _u64, _u64, _vp, _vp, _u64, _u64,
+                       _obj, _obj, _u64)
+engine_unpack = _declare(_py, "engine_unpack", _int, _vp, _u64, _u64, _vp, _int)
+engine_fetch_into = _declare(_c, "engine_fetch_into", _int, _vp, _u64, _u64, _u64, _u64)
+engine_prefetch = _declare(_py, "engine_prefetch", _int, _vp, _u64, _u64, _u64, _obj, _u64)
+engine_finish = _declare(_c, "engine_finish", _int, _vp, _u64, _u64)
+engine_view_done = _declare(_py, "engine_view_done", None, _vp, _u64)
+engine_release = _declare(_py, "engine_release", None, _vp, _u64)
+engine_reap = _declare(_py, "engine_reap", _int, _vp, _int)
+engine_take_error = _declare(_py, "engine_take_error", _int, _vp)
+engine_synchronize_wait = _declare(_c, "engine_synchronize", None, _vp)
+engine_available = _declare(_py, "engine_available", _int, _vp)
+engine_stat_names = _declare(_py, "engine_stat_names", ctypes.c_char_p)
+engine_stats = _declare(_py, "engine_stats", _int, _vp, _vp, _int)
+
+# Owner references: Python objects, counted with the interpreter's own functions.
+_pyapi = ctypes.pythonapi
+PY_INCREF = ctypes.cast(_pyapi.Py_IncRef, _vp).value
+PY_DECREF = ctypes.cast(_pyapi.Py_DecRef, _vp).value
+_decref = _pyapi.Py_DecRef
+_decref.argtypes = [_vp]
+_decref.restype = None
+
+STAT_NAMES = tuple(engine_stat_names().decode().split(","))
+
+
+def take_object(address):
+    """The object at `address` whose reference the engine handed over."""
+    obj = ctypes.cast(address, _obj).value  # a new reference
+    _decref(address)                         # the one handed over
+    return obj
+
+
+def raise_for(code, context=""):
+    """Raises the exception for a non-zero status code of the last call."""
+    message = _last_error().decode(errors="replace")
+    if context:
+        message = f"{context}: {message}"
+    if code == _UNAVAILABLE:
+        raise StashUnavailable(message)
+    if code == _RESOURCE_EXHAUSTED:
+        raise StashFull(message)
+    if code == _NOT_FOUND:
+        raise StashNotFound(message)
+    if code == _INVALID_ARGUMENT:
+        raise ValueError(message)
+    raise StashError(message)
+
+
+def error_for(code):
+    try:
+        raise_for(code)
+    except (StashError, ValueError) as error:
+        return error
+    return None
+
+
+def cuda_available():
+    """Whether this build has CUDA and a device can be used."""
+    return bool(cuda_available_fn())
+
+
+def _string(address):
+    try:
+        return ctypes.string_at(address).decode()
+    finally:
+        _free_string(address)
+
+
+class Client:
+    """A session with actstashd (actstash::Client). Thread-safe."""
+
+    def __init__(self, address="", quota=0, name="", attach="auto", rpc_timeout_ms=30000,
+                 connect_timeout_ms=5000, lease_batch=4, pin="auto", cuda_device=0):
+        if attach not in ("auto", "required", "off"):
+            raise ValueError("attach must be 'auto', 'required' or 'off'")
+        if pin not in ("auto", "on", "off"):
+            raise ValueError("pin must be 'auto', 'on' or 'off'")
+        handle = _vp()
+        code = client_connect(address.encode(), int(quota), name.encode(), attach.encode(),
+                              int(rpc_timeout_ms), int(connect_timeout_ms), int(lease_batch),
+                              pin.encode(), int(cuda_device), ctypes.byref(handle))
+        if code:
+            raise_for(code)
+        self._handle = handle.value
+
+    @property
+    def handle(self):
+        return self._handle
+
+    def _info(self):
+        if self._handle is None:
+            raise StashError("the session is closed")
+        return json.loads(_string(client_info_json(self._handle)))
+
+    attached = property(lambda self: self._info()["attached"])
+    attach_error = property(lambda self: self._info()["attach_error"])
+    session_id = property(lambda self: self._info()["session_id"])
+    quota = property(lambda self: self._info()["quota"])
+    address = property(lambda self: self._info()["address"])
+    pin_error = property(lambda self: self._info()["pin_error"])
+
+    def device_pools(self):
+        return self._info()["device_pools"]
+
+    def zero_copy_usage(self):
+        return self._info()["zero_copy"]
+
+    def stats(self, all_sessions=False):
+        """The daemon's counters: pool_*, sessions, objects, "self" and, when asked,
+        "all_sessions"."""
+        if self._handle is None:
+            raise StashError("the session is closed")
+        out = _vp()
+        code = client_stats_json(self._handle, int(bool(all_sessions)), ctypes.byref(out))
+        if code:
+            raise_for(code)
+        return json.loads(_string(out.value))
+
+    def close(self):
+        if self._handle is not None:
+            code = client_close(self._handle)
+            if code:
+                raise_for(code)
+
+    def __del__(self):
+        handle, self._handle = getattr(self, "_handle", None), None
+        if handle is not None:
+            try:
+                client_free(handle)
+            except Exception:  # interpreter shutdown
+                pass

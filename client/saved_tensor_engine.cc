@@ -1,0 +1,740 @@
+// SavedTensorEngine (actstash/saved_tensors.h). One mutex guards the table of
+// saved tensors; copies run on CopyEngine streams and never touch the table;
+// owners are released only after the mutex is dropped, on the calling thread.
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <utility>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "actstash/saved_tensors.h"
+#include "kernels/bf16.h"
+#include "kernels/strided_copy.h"
+#include "kernels/strided_layout.h"
+
+namespace actstash {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+EngineOptions WithHostEngine(EngineOptions options) {
+  if (options.host_engine == nullptr) options.host_engine = CreateHostCopyEngine();
+  return options;
+}
+
+// The ticket of a store through Client::Store, known once its work ran.
+struct InlineTicket {
+  Ticket ticket;  // written by the store work before its event completes
+};
+
+struct Entry {
+  uint64_t nbytes = 0;        // bytes of the tensor as restored
+  uint64_t stored_bytes = 0;  // bytes held by the daemon
+  bool placed = false;        // in leased memory (Reserve); else Client::Store
+  bool bf16 = false;
+  int device = -1;
+  CopyEngine* engine = nullptr;
+  Ticket ticket;                         // placed stores
+  std::shared_ptr<InlineTicket> inline_ticket;  // Client::Store stores
+  std::shared_ptr<CopyEvent> store;      // null: stored on the calling thread
+  void* owner = nullptr;                 // source, while stored asynchronously or after a failure
+  void* cookie = nullptr;
+  uint64_t version = 0;
+  bool failed = false;
+  bool released = false;
+  bool fetch_queued = false;             // a copy or Client::Fetch ran on the fetch stream
+  bool prefetch_offered = false;
+  int busy = 0;                          // views and fetches being enqueued
+  std::shared_ptr<CopyEvent> fetch;      // a prefetch not yet finished
+  void* fetch_owner = nullptr;           // its destination
+};
+
+}  // namespace
+
+class SavedTensorEngine::Impl {
+ public:
+  Impl(std::shared_ptr<Client> client, EngineOptions options)
+      : client_(std::move(client)),
+        options_(WithHostEngine(std::move(options))),
+        cuda_engines_(options_.cuda_engines) {
+    available_ = client_ != nullptr;
+  }
+
+  ~Impl() {
+    Synchronize();
+    std::vector<void*> owners;
+    {
+      absl::MutexLock lock(&mu_);
+      for (auto& [id, e] : entries_) {
+        if (e.owner != nullptr) owners.push_back(e.owner);
+        if (e.fetch_owner != nullptr) owners.push_back(e.fetch_owner);
+      }
+      for (auto& [event, owner] : orphans_) owners.push_back(owner);
+      entries_.clear();
+      orphans_.clear();
+    }
+    ReleaseOwners(owners);
+  }
+
+  uint64_t Pack(const SavedTensorInfo& info, KeepReason keep, uint64_t min_bytes) {
+    ReapNoError();
+    KeepReason reason = keep;
+    CopyEngine* engine = nullptr;
+    {
+      absl::MutexLock lock(&mu_);
+      if (reason == KeepReason::kCount) reason = Decide(info, min_bytes, &engine);
+      if (reason != KeepReason::kCount) {
+        CountKept(info.nbytes, reason);
+        return 0;
+      }
+    }
+    return Store(info, engine);
+  }
+
+  absl::StatusOr<UnpackResult> UnpackBegin(uint64_t id, uint64_t version, int max_prefetch) {
+    ReapNoError();
+    UnpackResult result;
+    std::shared_ptr<CopyEvent> wait_for;
+    {
+      absl::MutexLock lock(&mu_);
+      Entry* e = Find(id);
+      if (e == nullptr) return absl::NotFoundError(absl::StrCat("saved tensor ", id, " is gone"));
+      if (version != kUnknownVersion && version != e->version) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "one of the variables needed for gradient computation has been modified by an "
+            "inplace operation: saved at version ",
+            e->version, ", is at version ", version, " (tensor saved with actstash hooks)"));
+      }
+      if (e->owner != nullptr && (!e->bf16 || e->failed)) {
+        // In flight or kept after a failure: the source has the exact bytes.
+        Acquire(e->owner);
+        result.kind = UnpackKind::kSource;
+        result.owner = e->owner;
+        stats_.unpacked_from_source += 1;
+        return result;
+      }
+      if (e->owner != nullptr) wait_for = e->store;  // downcast: must come back rounded
+    }
+    if (wait_for != nullptr) {
+      (void)wait_for->Wait();
+      ReapNoError();
+      return UnpackBegin(id, version, max_prefetch);
+    }
+    absl::MutexLock lock(&mu_);
+    Entry* e = Find(id);
+    if (e == nullptr) return absl::NotFoundError(absl::StrCat("saved tensor ", id, " is gone"));
+    result.nbytes = e->nbytes;
+    result.downcast = e->bf16;
+    if (e->fetch_owner != nullptr) {
+      result.kind = UnpackKind::kPrefetched;
+      result.owner = e->fetch_owner;  // the engine's reference becomes the caller's
+      e->fetch_owner = nullptr;
+      stats_.prefetch_hits += 1;
+    } else if (e->placed && e->device < 0 && options_.cpu_views && !e->bf16) {
+      absl::StatusOr<StoredBytes> where = client_->Locate(e->ticket);
+      if (!where.ok()) return where.status();
+      e->busy += 1;
+      result.kind = UnpackKind::kView;
+      result.data = where->data;
+      stats_.views += 1;
+      stats_.tensors_fetched += 1;
+      stats_.bytes_fetched += e->nbytes;
+    } else {
+      result.kind = UnpackKind::kDestination;
+    }
+    OfferPrefetch(id, std::min(max_prefetch, options_.prefetch), &result);
+    return result;
+  }
+
+  absl::Status FetchInto(uint64_t id, uintptr_t dst, uint64_t capacity, uintptr_t stream) {
+    absl::StatusOr<std::shared_ptr<CopyEvent>> event = StartFetch(id, dst, capacity, stream);
+    if (!event.ok()) return event.status();
+    return WaitFetch(id, **event, stream, /*prefetched=*/false);
+  }
+
+  absl::Status Prefetch(uint64_t id, uintptr_t dst, uint64_t capacity, void* owner,
+                        uintptr_t stream) {
+    absl::StatusOr<std::shared_ptr<CopyEvent>> event = StartFetch(id, dst, capacity, stream);
+    if (!event.ok()) return event.status();
+    absl::MutexLock lock(&mu_);
+    Entry* e = Find(id);
+    Acquire(owner);
+    if (e == nullptr || e->released) {
+      orphans_.emplace_back(*event, owner);  // the copy may still write it
+      return absl::OkStatus();
+    }
+    if (e->fetch_owner != nullptr) orphans_.emplace_back(e->fetch, e->fetch_owner);
+    e->fetch = *event;
+    e->fetch_owner = owner;
+    stats_.prefetch_issued += 1;
+    return absl::OkStatus();
+  }
+
+  absl::Status Finish(uint64_t id, uintptr_t stream) {
+    std::shared_ptr<CopyEvent> event;
+    {
+      absl::MutexLock lock(&mu_);
+      Entry* e = Find(id);
+      if (e == nullptr || e->fetch == nullptr) {
+        return absl::FailedPreconditionError(absl::StrCat("saved tensor ", id,
+                                                          " has no prefetch to finish"));
+      }
+      event = std::move(e->fetch);
+    }
+    return WaitFetch(id, *event, stream, /*prefetched=*/true);
+  }
+
+  void ViewDone(uint64_t id) { Unbusy(id); }
+
+  void Release(uint64_t id) {
+    std::vector<void*> owners;
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = entries_.find(id);
+      if (it == entries_.end() || it->second.released) return;
+      Entry& e = it->second;
+      e.released = true;
+      e.cookie = nullptr;
+      if (!e.failed) {
+        stats_.live_tensors -= 1;
+        stats_.live_bytes -= e.stored_bytes;
+      }
+      if (e.fetch_owner != nullptr) {
+        orphans_.emplace_back(std::move(e.fetch), e.fetch_owner);  // outlives its copy
+        e.fetch_owner = nullptr;
+      }
+      if (e.owner != nullptr && !e.failed) return;  // the store still reads it: reaped later
+      if (e.owner != nullptr) owners.push_back(e.owner);
+      e.owner = nullptr;
+      if (e.busy == 0) FreeLocked(it);
+    }
+    ReleaseOwners(owners);
+  }
+
+  absl::Status Reap(bool wait) {
+    std::vector<std::pair<uint64_t, std::shared_ptr<CopyEvent>>> done;
+    std::vector<void*> owners;
+    {
+      absl::MutexLock lock(&mu_);
+      std::vector<uint64_t> still;
+      for (uint64_t id : in_flight_) {
+        Entry& e = entries_.at(id);
+        if (wait || e.store->Done()) {
+          done.emplace_back(id, e.store);
+        } else {
+          still.push_back(id);
+        }
+      }
+      in_flight_ = std::move(still);
+      std::vector<std::pair<std::shared_ptr<CopyEvent>, void*>> keep;
+      for (auto& orphan : orphans_) {
+        if (orphan.first == nullptr || wait || orphan.first->Done()) {
+          owners.push_back(orphan.second);
+        } else {
+          keep.push_back(std::move(orphan));
+        }
+      }
+      orphans_ = std::move(keep);
+    }
+    std::vector<absl::Status> statuses;
+    statuses.reserve(done.size());
+    for (auto& [id, event] : done) statuses.push_back(event->Wait());
+    absl::Status first;
+    {
+      absl::MutexLock lock(&mu_);
+      for (size_t i = 0; i < done.size(); ++i) {
+        auto it = entries_.find(done[i].first);
+        Entry& e = it->second;
+        stats_.in_flight -= 1;
+        if (statuses[i].ok()) {
+          owners.push_back(e.owner);  // the daemon has the bytes
+          e.owner = nullptr;
+          if (e.released && e.busy == 0) FreeLocked(it);
+          continue;
+        }
+        stats_.store_failures += 1;
+        e.failed = true;
+        if (!e.released) {
+          stats_.live_tensors -= 1;
+          stats_.live_bytes -= e.stored_bytes;
+        }
+        if (e.placed) FreeTicketLocked(e);  // the reservation exists; nothing good in it
+        if (e.released) {
+          owners.push_back(e.owner);
+          entries_.erase(it);
+          continue;  // nobody needs that tensor any more
+        }
+        HandleFailureLocked(statuses[i]);  // e.owner stays: unpack returns the source
+        if (first.ok()) first = statuses[i];
+      }
+    }
+    ReleaseOwners(owners);
+    return options_.on_failure == FailurePolicy::kRaise ? first : absl::OkStatus();
+  }
+
+  absl::Status TakeError() {
+    absl::MutexLock lock(&mu_);
+    return std::exchange(pending_error_, absl::OkStatus());
+  }
+
+  void Synchronize() {
+    std::vector<CopyEngine*> engines = Engines();
+    for (CopyEngine* engine : engines) engine->Synchronize();
+    (void)Reap(/*wait=*/true);
+    for (CopyEngine* engine : engines) engine->Synchronize();
+    (void)Reap(/*wait=*/true);
+  }
+
+  EngineStats stats() const {
+    absl::MutexLock lock(&mu_);
+    return stats_;
+  }
+
+  bool available() const {
+    absl::MutexLock lock(&mu_);
+    return available_;
+  }
+
+ private:
+  Entry* Find(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    auto it = entries_.find(id);
+    return it == entries_.end() || it->second.released ? nullptr : &it->second;
+  }
+
+  void Acquire(void* owner) const {
+    if (owner != nullptr && options_.acquire_owner != nullptr) options_.acquire_owner(owner);
+  }
+
+  void ReleaseOwners(const std::vector<void*>& owners) const {
+    if (options_.release_owner == nullptr) return;
+    for (void* owner : owners) {
+      if (owner != nullptr) options_.release_owner(owner);
+    }
+  }
+
+  void ReapNoError() {
+    absl::Status status = Reap(/*wait=*/false);
+    if (!status.ok()) {
+      absl::MutexLock lock(&mu_);
+      if (pending_error_.ok()) pending_error_ = status;
+    }
+  }
+
+  // The reason to keep `info`, or kCount to store it (with the engine for
+  // its device in *engine).
+  KeepReason Decide(const SavedTensorInfo& info, uint64_t min_bytes, CopyEngine** engine)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (client_ == nullptr) return KeepReason::kUnavailable;
+    if (!available_ || !pending_error_.ok()) return KeepReason::kFailed;
+    if (info.nbytes == 0 || info.nbytes < std::max<uint64_t>(min_bytes, 1)) {
+      return KeepReason::kSmall;
+    }
+    if (!info.dense && (info.ndim > kernels::kMaxDims || info.sizes == nullptr ||
+                        info.strides == nullptr)) {
+      return KeepReason::kLayout;
+    }
+    if (info.device < 0) {
+      *engine = options_.host_engine.get();
+      return KeepReason::kCount;
+    }
+    if (!options_.cuda || !client_->attached()) return KeepReason::kDevice;
+    *engine = CudaEngineLocked(info.device);
+    return *engine == nullptr ? KeepReason::kDevice : KeepReason::kCount;
+  }
+
+  CopyEngine* CudaEngineLocked(int device) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (device >= 64) return nullptr;
+    if (static_cast<size_t>(device) >= cuda_engines_.size()) cuda_engines_.resize(device + 1);
+    if (cuda_engines_[device] == nullptr && !cuda_tried_[device]) {
+      cuda_tried_[device] = true;
+      CudaCopyEngineOptions cuda;
+      cuda.device = device;
+      absl::StatusOr<std::unique_ptr<CopyEngine>> created = CreateCudaCopyEngine(cuda);
+      if (created.ok()) {
+        cuda_engines_[device] = std::move(*created);
+      } else {
+        cuda_error_ = created.status();
+      }
+    }
+    return cuda_engines_[device].get();
+  }
+
+  std::vector<CopyEngine*> Engines() {
+    absl::MutexLock lock(&mu_);
+    std::vector<CopyEngine*> engines{options_.host_engine.get()};
+    for (const auto& engine : cuda_engines_) {
+      if (engine != nullptr) engines.push_back(engine.get());
+    }
+    return engines;
+  }
+
+  void CountKept(uint64_t nbytes, KeepReason reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    stats_.tensors_kept += 1;
+    stats_.bytes_kept += nbytes;
+    stats_.kept_by_reason[static_cast<int>(reason)] += 1;
+  }
+
+  void HandleFailureLocked(const absl::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (options_.on_failure == FailurePolicy::kKeep) {
+      if (available_) failure_ = status;
+      available_ = false;
+    } else if (pending_error_.ok()) {
+      pending_error_ = status;
+    }
+  }
+
+  uint64_t Store(const SavedTensorInfo& info, CopyEngine* engine);
+  absl::StatusOr<std::shared_ptr<CopyEvent>> StartFetch(uint64_t id, uintptr_t dst,
+                                                        uint64_t capacity, uintptr_t stream);
+  absl::Status WaitFetch(uint64_t id, const CopyEvent& event, uintptr_t stream, bool prefetched);
+  void OfferPrefetch(uint64_t id, int depth, UnpackResult* result)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Unbusy(uint64_t id);
+  void FreeLocked(absl::flat_hash_map<uint64_t, Entry>::iterator it)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FreeTicketLocked(Entry& e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const std::shared_ptr<Client> client_;
+  mutable absl::Mutex mu_;
+  const EngineOptions options_;  // host_engine always set
+  std::vector<std::shared_ptr<CopyEngine>> cuda_engines_ ABSL_GUARDED_BY(mu_);  // by device
+  bool cuda_tried_[64] ABSL_GUARDED_BY(mu_) = {};
+  absl::Status cuda_error_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uint64_t, Entry> entries_ ABSL_GUARDED_BY(mu_);
+  std::vector<uint64_t> in_flight_ ABSL_GUARDED_BY(mu_);  // ids of asynchronous stores
+  // Destinations of fetches whose saved tensor is gone: held until the copy is done.
+  std::vector<std::pair<std::shared_ptr<CopyEvent>, void*>> orphans_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  bool available_ ABSL_GUARDED_BY(mu_) = true;
+  absl::Status pending_error_ ABSL_GUARDED_BY(mu_);
+  absl::Status failure_ ABSL_GUARDED_BY(mu_);
+  EngineStats stats_ ABSL_GUARDED_BY(mu_);
+
+  friend class SavedTensorEngine;
+};
+
+namespace {
+
+// Copies a CPU tensor into reserved memory on the calling thread.
+absl::Status CopyNow(const SavedTensorInfo& info, bool bf16, void* dst, uint64_t dst_bytes) {
+  const void* src = reinterpret_cast<const void*>(info.data);
+  if (info.dense && !bf16) {
+    std::memcpy(dst, src, info.nbytes);
+    return absl::OkStatus();
+  }
+  if (info.dense) {
+    kernels::Fp32ToBf16Cpu(static_cast<const float*>(src), static_cast<uint16_t*>(dst),
+                           info.nbytes / 4);
+    return absl::OkStatus();
+  }
+  kernels::StridedLayout layout{};
+  layout.ndim = info.ndim;
+  layout.elem_size = info.element_size;
+  for (int d = 0; d < info.ndim; ++d) {
+    layout.sizes[d] = info.sizes[d];
+    layout.strides[d] = info.strides[d];
+  }
+  return kernels::GatherCpu(src, layout, dst, dst_bytes);
+}
+
+TensorLayout LayoutOf(const SavedTensorInfo& info) {
+  TensorLayout layout;
+  layout.sizes.assign(info.sizes, info.sizes + info.ndim);
+  layout.strides.assign(info.strides, info.strides + info.ndim);
+  layout.element_size = info.element_size;
+  return layout;
+}
+
+}  // namespace
+
+uint64_t SavedTensorEngine::Impl::Store(const SavedTensorInfo& info, CopyEngine* engine) {
+  Entry e;
+  e.nbytes = info.nbytes;
+  e.device = info.device;
+  e.engine = engine;
+  e.version = info.version;
+  e.cookie = info.cookie;
+  const bool attached = client_->attached();
+  e.bf16 = options_.downcast_bf16 && info.is_fp32 && info.dense && attached;
+  e.stored_bytes = e.bf16 ? info.nbytes / 2 : info.nbytes;
+  bool inline_store = false;
+  absl::Status status;
+  if (attached) {
+    const bool to_pool = info.device >= 0 && options_.device_pool >= 0 &&
+                         info.device == options_.pool_importer;
+    absl::StatusOr<Reservation> reserved =
+        to_pool ? client_->ReserveOnDevice(e.stored_bytes, options_.device_pool)
+                : client_->Reserve(e.stored_bytes);
+    status = reserved.status();
+    if (status.ok()) {
+      e.placed = true;
+      e.ticket = reserved->ticket;
+      if (info.device < 0 && e.stored_bytes <= options_.inline_store_bytes) {
+        status = CopyNow(info, e.bf16, reserved->data, e.stored_bytes);
+        inline_store = true;
+      } else if (info.device >= 0 && !info.dense && !reserved->pinned && !reserved->on_device) {
+        // A GPU kernel cannot gather into unpinned host memory.
+        (void)client_->Release(e.ticket);
+        absl::MutexLock lock(&mu_);
+        CountKept(info.nbytes, KeepReason::kLayout);
+        return 0;
+      } else {
+        const StreamHandle after{info.stream};
+        void* dst = reserved->data;
+        const void* src = reinterpret_cast<const void*>(info.data);
+        absl::StatusOr<std::shared_ptr<CopyEvent>> event =
+            !info.dense ? engine->GatherAsync(CopyStream::kStore, dst, e.stored_bytes, src,
+                                              LayoutOf(info), after)
+            : e.bf16    ? engine->ConvertAsync(CopyStream::kStore, dst, src, info.nbytes / 4,
+                                               Conversion::kFp32ToBf16, after)
+                        : engine->CopyAsync(CopyStream::kStore, dst, src, info.nbytes, after);
+        status = event.status();
+        if (status.ok()) e.store = *std::move(event);
+      }
+      if (!status.ok()) (void)client_->Release(e.ticket);  // nothing was written or enqueued
+    }
+  } else {
+    // Through Client::Store (the inline gRPC path): CPU tensors only.
+    auto ticket = std::make_shared<InlineTicket>();
+    e.inline_ticket = ticket;
+    std::shared_ptr<std::vector<char>> packed;
+    const void* src = reinterpret_cast<const void*>(info.data);
+    if (!info.dense) {
+      packed = std::make_shared<std::vector<char>>(info.nbytes);
+      status = CopyNow(info, false, packed->data(), info.nbytes);
+      src = packed->data();
+    }
+    if (status.ok()) {
+      e.store = engine->SubmitAsync(
+          CopyStream::kStore,
+          [client = client_, src, nbytes = info.nbytes, ticket, packed]() -> absl::Status {
+            absl::StatusOr<Ticket> stored = client->Store(src, nbytes);
+            if (!stored.ok()) return stored.status();
+            ticket->ticket = *stored;
+            return absl::OkStatus();
+          });
+    }
+  }
+  absl::MutexLock lock(&mu_);
+  if (!status.ok()) {
+    HandleFailureLocked(status);
+    CountKept(info.nbytes, KeepReason::kFailed);
+    return 0;
+  }
+  if (e.store != nullptr) {
+    e.owner = info.owner;  // read by the copy: held until it is done
+    Acquire(e.owner);
+    stats_.in_flight += 1;
+  }
+  const uint64_t id = next_id_++;
+  if (e.store != nullptr) in_flight_.push_back(id);
+  entries_.emplace(id, std::move(e));
+  stats_.inline_stores += inline_store ? 1 : 0;
+  stats_.tensors_offloaded += 1;
+  stats_.bytes_offloaded += entries_[id].stored_bytes;
+  stats_.live_tensors += 1;
+  stats_.live_bytes += entries_[id].stored_bytes;
+  stats_.peak_live_bytes = std::max(stats_.peak_live_bytes, stats_.live_bytes);
+  return id;
+}
+
+absl::StatusOr<std::shared_ptr<CopyEvent>> SavedTensorEngine::Impl::StartFetch(
+    uint64_t id, uintptr_t dst, uint64_t capacity, uintptr_t stream) {
+  Entry copy;
+  {
+    absl::MutexLock lock(&mu_);
+    Entry* e = Find(id);
+    if (e == nullptr) return absl::NotFoundError(absl::StrCat("saved tensor ", id, " is gone"));
+    if (e->failed) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("saved tensor ", id, " was not stored (its store failed)"));
+    }
+    if (capacity < e->nbytes) {
+      return absl::OutOfRangeError(absl::StrCat("saved tensor ", id, " holds ", e->nbytes,
+                                                " bytes; the destination holds ", capacity));
+    }
+    e->busy += 1;
+    e->fetch_queued = true;
+    copy.placed = e->placed;
+    copy.bf16 = e->bf16;
+    copy.engine = e->engine;
+    copy.ticket = e->ticket;
+    copy.inline_ticket = e->inline_ticket;
+    copy.store = e->store;
+    copy.stored_bytes = e->stored_bytes;
+  }
+  absl::StatusOr<std::shared_ptr<CopyEvent>> event;
+  void* out = reinterpret_cast<void*>(dst);
+  if (copy.placed) {
+    absl::StatusOr<StoredBytes> where = client_->Locate(copy.ticket);
+    if (!where.ok()) {
+      event = where.status();
+    } else {
+      std::vector<std::shared_ptr<CopyEvent>> deps;
+      if (copy.store != nullptr) deps.push_back(copy.store);
+      event = copy.bf16 ? copy.engine->ConvertAsync(CopyStream::kFetch, out, where->data,
+                                                    copy.stored_bytes / 2, Conversion::kBf16ToFp32,
+                                                    StreamHandle{stream}, deps)
+                        : copy.engine->CopyAsync(CopyStream::kFetch, out, where->data,
+                                                 copy.stored_bytes, StreamHandle{stream}, deps);
+    }
+  } else {
+    event = copy.engine->SubmitAsync(
+        CopyStream::kFetch, [client = client_, ticket = copy.inline_ticket, store = copy.store,
+                             out, capacity]() -> absl::Status {
+          if (absl::Status s = store->Wait(); !s.ok()) return s;
+          return client->Fetch(ticket->ticket, out, capacity);
+        });
+  }
+  Unbusy(id);
+  return event;
+}
+
+absl::Status SavedTensorEngine::Impl::WaitFetch(uint64_t id, const CopyEvent& event,
+                                                uintptr_t stream, bool prefetched) {
+  CopyEngine* engine = nullptr;
+  uint64_t nbytes = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = entries_.find(id);
+    if (it == entries_.end()) return absl::NotFoundError(absl::StrCat("saved tensor ", id, " is gone"));
+    engine = it->second.engine;
+    nbytes = it->second.nbytes;
+  }
+  const Clock::time_point start = Clock::now();
+  absl::Status status = engine->OrderAfterAsync(StreamHandle{stream}, event);
+  const uint64_t waited =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count();
+  absl::MutexLock lock(&mu_);
+  stats_.wait_ns += waited;
+  if (status.ok()) {
+    stats_.tensors_fetched += 1;
+    stats_.bytes_fetched += nbytes;
+  }
+  (void)prefetched;
+  return status;
+}
+
+void SavedTensorEngine::Impl::OfferPrefetch(uint64_t id, int depth, UnpackResult* result) {
+  if (depth <= 0) return;
+  const uint64_t lowest = id > 8u * depth ? id - 8u * depth : 1;  // bounded scan
+  int offered = 0;
+  for (uint64_t i = id - 1; i >= lowest && i > 0 && offered < depth; --i) {
+    Entry* e = Find(i);
+    if (e == nullptr || e->prefetch_offered || e->owner != nullptr || e->failed ||
+        e->fetch_owner != nullptr || e->cookie == nullptr) {
+      continue;
+    }
+    if (e->placed && e->device < 0 && options_.cpu_views && !e->bf16) continue;  // a view
+    e->prefetch_offered = true;
+    Acquire(e->cookie);
+    result->prefetch_cookies.push_back(e->cookie);
+    result->prefetch_ids.push_back(i);
+    ++offered;
+  }
+}
+
+void SavedTensorEngine::Impl::Unbusy(uint64_t id) {
+  absl::MutexLock lock(&mu_);
+  auto it = entries_.find(id);
+  if (it == entries_.end()) return;
+  Entry& e = it->second;
+  e.busy -= 1;
+  if (e.busy == 0 && e.released && e.owner == nullptr) FreeLocked(it);
+}
+
+void SavedTensorEngine::Impl::FreeLocked(absl::flat_hash_map<uint64_t, Entry>::iterator it) {
+  Entry& e = it->second;
+  if (!e.failed) FreeTicketLocked(e);
+  entries_.erase(it);
+}
+
+void SavedTensorEngine::Impl::FreeTicketLocked(Entry& e) {
+  if (e.placed && !e.fetch_queued && e.device < 0) {
+    (void)client_->Release(e.ticket);  // no copy uses it: an arena free
+    return;
+  }
+  // Behind the fetches of it (FIFO fetch stream), so no copy still reads it.
+  if (e.placed) {
+    e.engine->SubmitAsync(CopyStream::kFetch, [client = client_, ticket = e.ticket]() {
+      return client->Release(ticket);
+    });
+  } else {
+    e.engine->SubmitAsync(CopyStream::kFetch,
+                          [client = client_, ticket = e.inline_ticket, store = e.store]() {
+                            if (!store->Wait().ok()) return absl::OkStatus();
+                            return client->Release(ticket->ticket);
+                          });
+  }
+}
+
+// --- SavedTensorEngine -----------------------------------------------------------------------
+
+absl::StatusOr<std::unique_ptr<SavedTensorEngine>> SavedTensorEngine::Create(
+    std::shared_ptr<Client> client, EngineOptions options) {
+  if (options.prefetch < 0) return absl::InvalidArgumentError("prefetch must be >= 0");
+  if (options.device_pool >= 0 && options.pool_importer < 0) {
+    return absl::InvalidArgumentError("a device pool needs the importing device (pool_importer)");
+  }
+  if ((options.acquire_owner == nullptr) != (options.release_owner == nullptr)) {
+    return absl::InvalidArgumentError("give both owner functions or neither");
+  }
+  return std::unique_ptr<SavedTensorEngine>(
+      new SavedTensorEngine(std::make_unique<Impl>(std::move(client), std::move(options))));
+}
+
+SavedTensorEngine::SavedTensorEngine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+SavedTensorEngine::~SavedTensorEngine() = default;
+
+uint64_t SavedTensorEngine::Pack(const SavedTensorInfo& info, KeepReason keep,
+                                 uint64_t min_bytes) {
+  return impl_->Pack(info, keep, min_bytes);
+}
+absl::StatusOr<UnpackResult> SavedTensorEngine::UnpackBegin(uint64_t id, uint64_t version,
+                                                             int max_prefetch) {
+  return impl_->UnpackBegin(id, version, max_prefetch);
+}
+absl::Status SavedTensorEngine::FetchInto(uint64_t id, uintptr_t dst, uint64_t capacity,
+                                          uintptr_t stream) {
+  return impl_->FetchInto(id, dst, capacity, stream);
+}
+absl::Status SavedTensorEngine::Prefetch(uint64_t id, uintptr_t dst, uint64_t capacity,
+                                         void* owner, uintptr_t stream) {
+  return impl_->Prefetch(id, dst, capacity, owner, stream);
+}
+absl::Status SavedTensorEngine::Finish(uint64_t id, uintptr_t stream) {
+  return impl_->Finish(id, stream);
+}
+void SavedTensorEngine::ViewDone(uint64_t id) { impl_->ViewDone(id); }
+void SavedTensorEngine::Release(uint64_t id) { impl_->Release(id); }
+absl::Status SavedTensorEngine::Reap(bool wait) { return impl_->Reap(wait); }
+absl::Status SavedTensorEngine::TakeError() { return impl_->TakeError(); }
+void SavedTensorEngine::Synchronize() { impl_->Synchronize(); }
+EngineStats SavedTensorEngine::stats() const { return impl_->stats(); }
+bool SavedTensorEngine::available() const { return impl_->available(); }
+
+const std::vector<std::string>& EngineStatNames() {
+  static const std::vector<std::string> names = {
+      "tensors_offloaded", "bytes_offloaded", "tensors_kept", "bytes_kept",
+      "kept_small", "kept_parameter", "kept_keep_listed", "kept_layout", "kept_device",
+      "kept_failed", "kept_unavailable", "tensors_fetched", "bytes_fetched", "views",
+      "prefetch_issued", "prefetch_hits", "unpacked_from_source", "store_failures",
+      "live_tensors", "live_bytes", "peak_live_bytes", "in_flight", "inline_stores", "wait_ns"};
+  return names;
+}
+
+std::vector<uint64_t> EngineStatValues(const EngineStats& s) {
+  std::vector<uint64_t> values = {s.tensors_offloaded, s.bytes_offloaded, s.tensors_kept,
+                                  s.bytes_kept};
+  values.insert(values.end(), std::begin(s.kept_by_reason), std::end(s.kept_by_reason));
+  values.insert(values.end(),
+                {s.tensors_fetched, s.bytes_fetched, s.views, s.prefetch_issued, s.prefetch_hits,
+                 s.unpacked_from_source, s.store_failures, s.live_tensors, s.live_bytes,
+                 s.peak_live_bytes, s.in_flight, s.inline_stores, s.wait_ns});
+  return values;
+}
+
+}  // namespace actstash
