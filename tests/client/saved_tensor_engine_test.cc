@@ -1,0 +1,434 @@
+// SavedTensorEngine against a real actstashd: every path of a saved tensor's
+// life (inline and asynchronous stores, views, fetches, prefetch, release,
+// version check, downcast, failure policies) with byte checks, owner
+// reference counts and the daemon's own accounting.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "actstash/client.h"
+#include "actstash/saved_tensors.h"
+#include "kernels/bf16.h"
+#include "tests/support/daemon_process.h"
+
+namespace actstash {
+namespace {
+
+// An owner reference: the engine acquires and releases it through the
+// functions below; the test checks every acquire was released.
+struct Owner {
+  std::atomic<int> refs{0};
+  std::atomic<int> acquired{0};
+};
+void AcquireOwner(void* p) {
+  static_cast<Owner*>(p)->refs += 1;
+  static_cast<Owner*>(p)->acquired += 1;
+}
+void ReleaseOwner(void* p) { static_cast<Owner*>(p)->refs -= 1; }
+
+class SavedTensorEngineTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    testing::DaemonProcessOptions options;
+    options.pool_size = "256MiB";
+    options.segment_size = "8MiB";
+    auto daemon = testing::DaemonProcess::Start(options);
+    ASSERT_TRUE(daemon.ok()) << daemon.status();
+    daemon_ = std::move(*daemon).release();
+  }
+  static void TearDownTestSuite() {
+    delete daemon_;
+    daemon_ = nullptr;
+  }
+
+  std::shared_ptr<Client> Connect(uint64_t quota = 0) {
+    ClientOptions options;
+    options.address = daemon_->address();
+    options.quota_bytes = quota;
+    auto client = Client::Connect(options);
+    EXPECT_TRUE(client.ok()) << client.status();
+    return std::shared_ptr<Client>(std::move(*client));
+  }
+
+  std::unique_ptr<SavedTensorEngine> Engine(std::shared_ptr<Client> client,
+                                            EngineOptions options = {}) {
+    options.acquire_owner = &AcquireOwner;
+    options.release_owner = &ReleaseOwner;
+    auto engine = SavedTensorEngine::Create(std::move(client), std::move(options));
+    EXPECT_TRUE(engine.ok()) << engine.status();
+    return std::move(*engine);
+  }
+
+  static SavedTensorInfo Dense(const std::vector<float>& v, Owner* owner = nullptr,
+                               uint64_t version = 0) {
+    SavedTensorInfo info;
+    info.data = reinterpret_cast<uintptr_t>(v.data());
+    info.nbytes = v.size() * sizeof(float);
+    info.element_size = 4;
+    info.is_fp32 = true;
+    info.owner = owner;
+    info.version = version;
+    return info;
+  }
+
+  static std::vector<float> Iota(size_t n, float start = 0.5f) {
+    std::vector<float> v(n);
+    std::iota(v.begin(), v.end(), start);
+    return v;
+  }
+
+  static testing::DaemonProcess* daemon_;
+};
+
+testing::DaemonProcess* SavedTensorEngineTest::daemon_ = nullptr;
+
+constexpr KeepReason kNone = KeepReason::kCount;
+
+TEST_F(SavedTensorEngineTest, SmallCpuTensorIsStoredInlineAndReadAsAView) {
+  auto client = Connect();
+  auto engine = Engine(client);
+  const std::vector<float> v = Iota(1024);
+  Owner owner;
+  const uint64_t id = engine->Pack(Dense(v, &owner), kNone, 0);
+  ASSERT_GT(id, 0u);
+  EXPECT_EQ(owner.acquired, 0) << "an inline store holds no source";
+  EXPECT_EQ(client->zero_copy_usage().bytes, v.size() * 4) << "the bytes are in leased memory";
+  auto r = engine->UnpackBegin(id, 0);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->kind, UnpackKind::kView);
+  EXPECT_EQ(std::memcmp(r->data, v.data(), v.size() * 4), 0);
+  EngineStats s = engine->stats();
+  EXPECT_EQ(s.tensors_offloaded, 1u);
+  EXPECT_EQ(s.inline_stores, 1u);
+  EXPECT_EQ(s.views, 1u);
+  engine->Release(id);  // autograd dropped it; the view still reads the bytes
+  EXPECT_EQ(client->zero_copy_usage().objects, 1u);
+  EXPECT_EQ(std::memcmp(r->data, v.data(), v.size() * 4), 0);
+  engine->ViewDone(id);
+  EXPECT_EQ(client->zero_copy_usage().objects, 0u);
+  EXPECT_EQ(engine->stats().live_bytes, 0u);
+}
+
+TEST_F(SavedTensorEngineTest, AsyncStoreHoldsItsSourceUntilDoneAndUnpackUsesItMeanwhile) {
+  auto client = Connect();
+  EngineOptions options;
+  options.inline_store_bytes = 0;
+  HostCopyEngineOptions slow;
+  slow.max_injected_delay = std::chrono::milliseconds(200);
+  slow.seed = 7;
+  options.host_engine = CreateHostCopyEngine(slow);
+  auto engine = Engine(client, options);
+  std::vector<std::vector<float>> sources;
+  std::vector<Owner> owners(20);
+  std::vector<uint64_t> ids;
+  for (int i = 0; i < 20; ++i) sources.push_back(Iota(4096, i));
+  for (int i = 0; i < 20; ++i) ids.push_back(engine->Pack(Dense(sources[i], &owners[i]), kNone, 0));
+  int from_source = 0;
+  for (int i = 19; i >= 0; --i) {
+    auto r = engine->UnpackBegin(ids[i], 0);
+    ASSERT_TRUE(r.ok()) << r.status();
+    if (r->kind == UnpackKind::kSource) {
+      EXPECT_EQ(r->owner, &owners[i]);
+      ReleaseOwner(r->owner);  // the reference handed over
+      ++from_source;
+    } else {
+      ASSERT_EQ(r->kind, UnpackKind::kView);
+      EXPECT_EQ(std::memcmp(r->data, sources[i].data(), 4096 * 4), 0) << i;
+      engine->ViewDone(ids[i]);
+    }
+    engine->Release(ids[i]);
+  }
+  EXPECT_GT(from_source, 0) << "with 200 ms delays some stores were still in flight";
+  engine->Synchronize();
+  for (int i = 0; i < 20; ++i) {
+    EXPECT_EQ(owners[i].refs, 0) << i;
+    EXPECT_GE(owners[i].acquired, 1) << i;
+  }
+  EXPECT_EQ(engine->stats().unpacked_from_source, static_cast<uint64_t>(from_source));
+  EXPECT_EQ(engine->stats().live_bytes, 0u);
+  EXPECT_EQ(client->zero_copy_usage().objects, 0u);
+}
+
+TEST_F(SavedTensorEngineTest, ViewWithGapsIsGatheredInlineAndAsynchronously) {
+  auto client = Connect();
+  for (uint64_t inline_bytes : {uint64_t{1} << 20, uint64_t{0}}) {
+    EngineOptions options;
+    options.inline_store_bytes = inline_bytes;
+    auto engine = Engine(client, options);
+    // A [8, 16] view with a row stride of 32 (every other half row unused), transposed.
+    const std::vector<float> base = Iota(8 * 32);
+    const int64_t sizes[] = {16, 8};
+    const int64_t strides[] = {1, 32};
+    SavedTensorInfo info = Dense(base);
+    info.dense = false;
+    info.nbytes = 16 * 8 * 4;
+    info.ndim = 2;
+    info.sizes = sizes;
+    info.strides = strides;
+    Owner owner;
+    info.owner = &owner;
+    const uint64_t id = engine->Pack(info, kNone, 0);
+    ASSERT_GT(id, 0u);
+    engine->Synchronize();
+    auto r = engine->UnpackBegin(id, 0);
+    ASSERT_TRUE(r.ok()) << r.status();
+    ASSERT_EQ(r->kind, UnpackKind::kView);
+    const float* got = static_cast<const float*>(r->data);
+    for (int i = 0; i < 16; ++i) {
+      for (int j = 0; j < 8; ++j) ASSERT_EQ(got[i * 8 + j], base[i + j * 32]) << i << "," << j;
+    }
+    engine->ViewDone(id);
+    engine->Release(id);
+    EXPECT_EQ(owner.refs, 0);
+  }
+}
+
+TEST_F(SavedTensorEngineTest, FetchIntoAndPrefetchInReverseSaveOrder) {
+  auto client = Connect();
+  EngineOptions options;
+  options.cpu_views = false;
+  options.prefetch = 2;
+  HostCopyEngineOptions delays;
+  delays.max_injected_delay = std::chrono::microseconds(500);
+  options.host_engine = CreateHostCopyEngine(delays);
+  auto engine = Engine(client, options);
+  std::vector<std::vector<float>> sources;
+  std::vector<Owner> cookies(6);
+  std::vector<uint64_t> ids;
+  for (int i = 0; i < 6; ++i) sources.push_back(Iota(2048, 10 * i));
+  for (int i = 0; i < 6; ++i) {
+    SavedTensorInfo info = Dense(sources[i]);
+    info.cookie = &cookies[i];
+    ids.push_back(engine->Pack(info, kNone, 0));
+  }
+  engine->Synchronize();
+  std::vector<std::vector<float>> prefetched(6);
+  std::vector<Owner> dst_owners(6);
+  for (int i = 5; i >= 0; --i) {
+    auto r = engine->UnpackBegin(ids[i], 0);
+    ASSERT_TRUE(r.ok()) << r.status();
+    for (size_t k = 0; k < r->prefetch_ids.size(); ++k) {
+      // Offered in reverse save order, just below the one unpacked.
+      const uint64_t pid = r->prefetch_ids[k];
+      const int j = static_cast<int>(pid - ids[0]);
+      EXPECT_LT(j, i);
+      EXPECT_EQ(r->prefetch_cookies[k], &cookies[j]);
+      ReleaseOwner(r->prefetch_cookies[k]);
+      prefetched[j].resize(2048);
+      ASSERT_TRUE(engine
+                      ->Prefetch(pid, reinterpret_cast<uintptr_t>(prefetched[j].data()),
+                                 2048 * 4, &dst_owners[j], 0)
+                      .ok());
+    }
+    std::vector<float> out(2048);
+    if (i == 5) {
+      ASSERT_EQ(r->kind, UnpackKind::kDestination);
+      ASSERT_TRUE(engine->FetchInto(ids[i], reinterpret_cast<uintptr_t>(out.data()), 2048 * 4, 0)
+                      .ok());
+    } else {
+      ASSERT_EQ(r->kind, UnpackKind::kPrefetched) << i;
+      EXPECT_EQ(r->owner, &dst_owners[i]);
+      ReleaseOwner(r->owner);
+      ASSERT_TRUE(engine->Finish(ids[i], 0).ok());
+      out = prefetched[i];
+    }
+    EXPECT_EQ(out, sources[i]) << i;
+    engine->Release(ids[i]);
+  }
+  const EngineStats s = engine->stats();
+  EXPECT_EQ(s.prefetch_issued, 5u);
+  EXPECT_EQ(s.prefetch_hits, 5u);
+  EXPECT_EQ(s.tensors_fetched, 6u);
+  engine->Synchronize();
+  for (int i = 0; i < 6; ++i) EXPECT_EQ(dst_owners[i].refs, 0) << i;
+  for (int i = 0; i < 6; ++i) EXPECT_EQ(cookies[i].refs, 0) << i;
+  EXPECT_EQ(client->zero_copy_usage().objects, 0u);
+}
+
+TEST_F(SavedTensorEngineTest, ReleasedBeforeItsPrefetchFinishedKeepsTheDestinationUntilDone) {
+  auto client = Connect();
+  EngineOptions options;
+  options.cpu_views = false;
+  HostCopyEngineOptions slow;
+  slow.max_injected_delay = std::chrono::milliseconds(50);
+  options.host_engine = CreateHostCopyEngine(slow);
+  auto engine = Engine(client, options);
+  const std::vector<float> v = Iota(1024);
+  const uint64_t id = engine->Pack(Dense(v), kNone, 0);
+  std::vector<float> dst(1024);
+  Owner dst_owner;
+  ASSERT_TRUE(
+      engine->Prefetch(id, reinterpret_cast<uintptr_t>(dst.data()), 4096, &dst_owner, 0).ok());
+  engine->Release(id);
+  EXPECT_EQ(dst_owner.refs, 1) << "the copy may still write it";
+  engine->Synchronize();
+  EXPECT_EQ(dst_owner.refs, 0);
+  EXPECT_EQ(client->zero_copy_usage().objects, 0u);
+}
+
+TEST_F(SavedTensorEngineTest, ChangedVersionFailsTheUnpack) {
+  auto engine = Engine(Connect());
+  const std::vector<float> v = Iota(64);
+  const uint64_t id = engine->Pack(Dense(v, nullptr, 3), kNone, 0);
+  auto r = engine->UnpackBegin(id, 4);
+  ASSERT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(r.status().message().find("modified by an inplace operation"), std::string::npos);
+  EXPECT_TRUE(engine->UnpackBegin(id, SavedTensorEngine::kUnknownVersion).ok());
+  EXPECT_TRUE(engine->UnpackBegin(id, 3).ok());
+}
+
+TEST_F(SavedTensorEngineTest, Bf16DowncastStoresHalfAndRestoresRounded) {
+  auto client = Connect();
+  for (uint64_t inline_bytes : {uint64_t{1} << 20, uint64_t{0}}) {
+    EngineOptions options;
+    options.downcast_bf16 = true;
+    options.inline_store_bytes = inline_bytes;
+    auto engine = Engine(client, options);
+    std::vector<float> v(1000);
+    std::mt19937 rng(1);
+    std::normal_distribution<float> normal;
+    for (float& x : v) x = normal(rng);
+    Owner owner;
+    const uint64_t id = engine->Pack(Dense(v, &owner), kNone, 0);
+    ASSERT_GT(id, 0u);
+    EXPECT_EQ(engine->stats().bytes_offloaded, 2000u);
+    auto r = engine->UnpackBegin(id, 0);  // waits for an asynchronous store: rounded, always
+    ASSERT_TRUE(r.ok()) << r.status();
+    ASSERT_EQ(r->kind, UnpackKind::kDestination);
+    EXPECT_TRUE(r->downcast);
+    std::vector<float> out(1000);
+    ASSERT_TRUE(engine->FetchInto(id, reinterpret_cast<uintptr_t>(out.data()), 4000, 0).ok());
+    std::vector<uint16_t> bf16(1000);
+    std::vector<float> expected(1000);
+    kernels::Fp32ToBf16Cpu(v.data(), bf16.data(), 1000);
+    kernels::Bf16ToFp32Cpu(bf16.data(), expected.data(), 1000);
+    EXPECT_EQ(out, expected);
+    engine->Release(id);
+    engine->Synchronize();
+    EXPECT_EQ(owner.refs, 0);
+  }
+}
+
+TEST_F(SavedTensorEngineTest, KeepReasonsAreCounted) {
+  auto engine = Engine(Connect());
+  const std::vector<float> v = Iota(64);
+  EXPECT_EQ(engine->Pack(Dense(v), kNone, 1 << 20), 0u);
+  EXPECT_EQ(engine->Pack(Dense(v), KeepReason::kParameter, 0), 0u);
+  EXPECT_EQ(engine->Pack(Dense(v), KeepReason::kKeepListed, 0), 0u);
+  SavedTensorInfo cuda = Dense(v);
+  cuda.device = 0;
+  EngineOptions no_cuda;
+  no_cuda.cuda = false;
+  auto engine2 = Engine(Connect(), no_cuda);
+  EXPECT_EQ(engine2->Pack(cuda, kNone, 0), 0u);
+  const EngineStats s = engine->stats();
+  EXPECT_EQ(s.tensors_kept, 3u);
+  EXPECT_EQ(s.kept_by_reason[static_cast<int>(KeepReason::kSmall)], 1u);
+  EXPECT_EQ(s.kept_by_reason[static_cast<int>(KeepReason::kParameter)], 1u);
+  EXPECT_EQ(s.kept_by_reason[static_cast<int>(KeepReason::kKeepListed)], 1u);
+  EXPECT_EQ(engine2->stats().kept_by_reason[static_cast<int>(KeepReason::kDevice)], 1u);
+  auto no_daemon = Engine(nullptr);
+  EXPECT_EQ(no_daemon->Pack(Dense(v), kNone, 0), 0u);
+  EXPECT_EQ(no_daemon->stats().kept_by_reason[static_cast<int>(KeepReason::kUnavailable)], 1u);
+  EXPECT_FALSE(no_daemon->available());
+}
+
+TEST_F(SavedTensorEngineTest, FullQuotaRaisesOnceOrTurnsOffloadOff) {
+  const std::vector<float> big = Iota(3 << 20);  // 12 MiB > the 8 MiB quota
+  const std::vector<float> small = Iota(1024);
+  for (FailurePolicy policy : {FailurePolicy::kRaise, FailurePolicy::kKeep}) {
+    EngineOptions options;
+    options.on_failure = policy;
+    auto engine = Engine(Connect(8 << 20), options);
+    const uint64_t kept_id = engine->Pack(Dense(small), kNone, 0);
+    ASSERT_GT(kept_id, 0u);
+    EXPECT_EQ(engine->Pack(Dense(big), kNone, 0), 0u) << "kept: it does not fit";
+    EXPECT_EQ(engine->stats().kept_by_reason[static_cast<int>(KeepReason::kFailed)], 1u);
+    if (policy == FailurePolicy::kRaise) {
+      EXPECT_EQ(engine->TakeError().code(), absl::StatusCode::kResourceExhausted);
+      EXPECT_TRUE(engine->TakeError().ok()) << "taken once";
+      EXPECT_TRUE(engine->available());
+      EXPECT_GT(engine->Pack(Dense(small), kNone, 0), 0u) << "offload goes on after the error";
+    } else {
+      EXPECT_TRUE(engine->TakeError().ok());
+      EXPECT_FALSE(engine->available());
+      EXPECT_EQ(engine->Pack(Dense(small), kNone, 0), 0u) << "offload is off";
+    }
+    // What was stored before the failure is still there.
+    auto r = engine->UnpackBegin(kept_id, 0);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(std::memcmp(r->data, small.data(), 4096), 0);
+    engine->ViewDone(kept_id);
+  }
+}
+
+TEST_F(SavedTensorEngineTest, ThreadsPackUnpackAndReleaseConcurrently) {
+  auto client = Connect();
+  EngineOptions options;
+  options.inline_store_bytes = 16 << 10;  // a mix of inline and asynchronous stores
+  HostCopyEngineOptions delays;
+  delays.max_injected_delay = std::chrono::microseconds(200);
+  options.host_engine = CreateHostCopyEngine(delays);
+  auto engine = Engine(client, options);
+  std::vector<std::thread> threads;
+  std::atomic<int> mismatches{0};
+  std::vector<Owner> owners(4 * 300);
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      std::mt19937 rng(t);
+      // Sources stay alive until stored (what the owners do for a front-end).
+      std::vector<std::vector<float>> sources;
+      sources.reserve(300);
+      std::vector<std::pair<uint64_t, const std::vector<float>*>> live;
+      for (int i = 0; i < 300; ++i) {
+        sources.push_back(Iota(1 + rng() % 12000, t * 1000 + i));
+        const uint64_t id = engine->Pack(Dense(sources.back(), &owners[t * 300 + i]), kNone, 0);
+        if (id == 0) continue;
+        live.emplace_back(id, &sources.back());
+        if (live.size() > 8 || rng() % 3 == 0) {
+          auto [lid, source] = live.back();
+          const std::vector<float>& expected = *source;
+          live.pop_back();
+          auto r = engine->UnpackBegin(lid, 0);
+          if (!r.ok()) {
+            mismatches += 1;
+          } else if (r->kind == UnpackKind::kView) {
+            if (std::memcmp(r->data, expected.data(), expected.size() * 4) != 0) mismatches += 1;
+            engine->ViewDone(lid);
+          } else if (r->kind == UnpackKind::kSource) {
+            ReleaseOwner(r->owner);
+          }
+          engine->Release(lid);
+        }
+      }
+      for (auto& [id, v] : live) engine->Release(id);
+      engine->Synchronize();  // sources are read until stored
+    });
+  }
+  for (auto& t : threads) t.join();
+  engine->Synchronize();
+  EXPECT_EQ(mismatches, 0);
+  for (const Owner& o : owners) ASSERT_EQ(o.refs, 0);
+  EXPECT_EQ(engine->stats().live_bytes, 0u);
+  EXPECT_EQ(client->zero_copy_usage().objects, 0u);
+}
+
+TEST(SavedTensorEngineOptions, BadOptionsAreRefused) {
+  EngineOptions half;
+  half.acquire_owner = &AcquireOwner;
+  EXPECT_EQ(SavedTensorEngine::Create(nullptr, half).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EngineOptions prefetch;
+  prefetch.prefetch = -1;
+  EXPECT_EQ(SavedTensorEngine::Create(nullptr, prefetch).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(EngineStatNames().size(), EngineStatValues(EngineStats{}).size());
+}
+
+}  // namespace
+}  // namespace actstash
