@@ -1,12 +1,14 @@
-// Checkpoint: a custom autograd Function that saves only fn's inputs and
-// recomputes fn in backward (torch.utils.checkpoint, reentrant variant).
+// Checkpoint: torch.utils.checkpoint(use_reentrant=False) for libtorch. The
+// forward runs fn under a frame whose saved-variable hooks drop what fn saves
+// (keeping an empty holder per saved tensor); the first unpack of any of them
+// recomputes fn under a second frame whose hooks fill the holders in save
+// order. The boundary inputs go through the offloader when one is given.
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
-#include <ATen/core/ivalue.h>
 #include <c10/util/Exception.h>
-#include <torch/csrc/autograd/autograd.h>
-#include <torch/csrc/autograd/custom_function.h>
+#include <torch/csrc/autograd/saved_variable_hooks.h>
 
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <utility>
@@ -16,16 +18,7 @@
 namespace actstash::torch {
 namespace {
 
-using ::torch::autograd::AutogradContext;
-using ::torch::autograd::variable_list;
-
-// Everything backward needs besides the saved inputs (kept in ctx->saved_data
-// as a capsule: AutogradContext stores only IValues).
-struct CheckpointState : ::torch::CustomClassHolder {
-  CheckpointFn fn;
-  at::Tensor rng_state;             // the CPU generator's state before fn ran
-  std::vector<bool> requires_grad;  // of each input, in forward
-};
+using ::torch::autograd::SavedVariableHooks;
 
 at::Tensor GetCpuRngState() {
   at::Generator gen = at::detail::getDefaultCPUGenerator();
@@ -53,82 +46,157 @@ class ForkCpuRng {
   at::Tensor previous_;
 };
 
-class CheckpointFunction : public ::torch::autograd::Function<CheckpointFunction> {
- public:
-  // `anchor` is a tensor that requires grad, passed when no input does, so
-  // that the graph (and the parameters inside fn) is still reached.
-  static variable_list forward(AutogradContext* ctx, c10::intrusive_ptr<CheckpointState> state,
-                               at::TensorList inputs, c10::optional<at::Tensor> anchor) {
-    ctx->set_materialize_grads(false);  // unused outputs get no gradient, as in plain autograd
-    state->rng_state = GetCpuRngState();
-    std::vector<at::Tensor> outputs;
-    {
-      at::NoGradGuard no_grad;  // (Function::apply has already turned grad off)
-      outputs = state->fn(inputs.vec());
-    }
-    ctx->save_for_backward(inputs.vec());  // saved, hooks included, by apply()
-    ctx->saved_data["state"] = at::IValue::make_capsule(std::move(state));
-    return outputs;
-  }
+// One tensor fn saved in forward: its metadata, and its value once recomputed.
+struct Holder {
+  std::vector<int64_t> sizes;
+  at::ScalarType dtype;
+  at::Tensor value;  // filled by the recomputation, taken by the unpack
+};
 
-  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
-    auto state =
-        c10::static_intrusive_pointer_cast<CheckpointState>(ctx->saved_data["state"].toCapsule());
-    // Unpacking fetches offloaded inputs back from the daemon.
-    const variable_list saved = ctx->get_saved_variables();
-    std::vector<at::Tensor> inputs;
-    inputs.reserve(saved.size());
-    for (size_t i = 0; i < saved.size(); ++i) {
-      inputs.push_back(saved[i].detach().requires_grad_(state->requires_grad[i]));
-    }
-    std::vector<at::Tensor> outputs;
-    {
-      ForkCpuRng rng(state->rng_state);  // the same dropout masks as in forward
-      OffloadScope no_offload(nullptr);  // the recomputation is used right away
-      at::AutoGradMode grad(true);
-      outputs = state->fn(inputs);
-    }
-    TORCH_CHECK(outputs.size() == grad_outputs.size(), "actstash::torch::Checkpoint: fn returned ",
-                outputs.size(), " tensors in recomputation, ", grad_outputs.size(), " in forward");
-    variable_list roots;
-    variable_list grads;
-    for (size_t i = 0; i < outputs.size(); ++i) {
-      if (outputs[i].defined() && outputs[i].requires_grad() && grad_outputs[i].defined()) {
-        roots.push_back(outputs[i]);
-        grads.push_back(grad_outputs[i]);
-      }
-    }
-    if (!roots.empty()) ::torch::autograd::backward(roots, grads);
-    // One gradient per forward argument: state, each input, anchor.
-    variable_list result;
-    result.reserve(inputs.size() + 2);
-    result.emplace_back();
-    for (const at::Tensor& input : inputs) {
-      result.push_back(input.requires_grad() ? input.grad() : at::Tensor());
-    }
-    result.emplace_back();
-    return result;
+// A boundary input: kept, or saved through an offloader's hooks.
+struct BoundaryInput {
+  at::Tensor kept;
+  std::unique_ptr<SavedVariableHooks> stored;
+  bool requires_grad = false;
+
+  at::Tensor Restore() const {
+    at::Tensor t = stored != nullptr ? stored->call_unpack_hook() : kept;
+    return t.detach().requires_grad_(requires_grad);
   }
 };
+
+// Shared by the hooks of the tensors fn saved; lives as long as any of them.
+class Frame : public internal::HookSource, public std::enable_shared_from_this<Frame> {
+ public:
+  Frame(CheckpointFn fn, std::vector<BoundaryInput> inputs)
+      : fn_(std::move(fn)), inputs_(std::move(inputs)), rng_state_(GetCpuRngState()) {}
+
+  std::unique_ptr<SavedVariableHooks> MakeHooks() override;
+
+  std::shared_ptr<Holder> NewHolder(const at::Tensor& t) {
+    auto holder = std::make_shared<Holder>();
+    holder->sizes = t.sizes().vec();
+    holder->dtype = t.scalar_type();
+    std::lock_guard<std::mutex> lock(mu_);
+    holders_.push_back(holder);
+    return holder;
+  }
+
+  // Runs fn again (grad on, the forward's RNG state) and fills every holder
+  // still alive, in save order.
+  void Recompute();
+
+ private:
+  class Refill;
+
+  const CheckpointFn fn_;
+  const std::vector<BoundaryInput> inputs_;
+  const at::Tensor rng_state_;
+  std::mutex mu_;  // holders_: the forward appends, a backward thread recomputes
+  std::vector<std::weak_ptr<Holder>> holders_;
+};
+
+// The hooks of a tensor fn saved in forward: nothing is kept but the holder.
+class DropHooks final : public SavedVariableHooks {
+ public:
+  explicit DropHooks(std::shared_ptr<Frame> frame) : frame_(std::move(frame)) {}
+  void call_pack_hook(const at::Tensor& tensor) override { holder_ = frame_->NewHolder(tensor); }
+  at::Tensor call_unpack_hook() override {
+    if (!holder_->value.defined()) frame_->Recompute();
+    TORCH_CHECK(holder_->value.defined(),
+                "actstash::torch::Checkpoint: the recomputation saved fewer tensors than the "
+                "forward");
+    return std::exchange(holder_->value, at::Tensor());  // a second read recomputes again
+  }
+
+ private:
+  std::shared_ptr<Frame> frame_;
+  std::shared_ptr<Holder> holder_;
+};
+
+std::unique_ptr<SavedVariableHooks> Frame::MakeHooks() {
+  return std::make_unique<DropHooks>(shared_from_this());
+}
+
+// The recomputation's hooks: the i-th tensor saved fills the i-th holder.
+class Frame::Refill final : public internal::HookSource {
+ public:
+  explicit Refill(std::vector<std::weak_ptr<Holder>> holders) : holders_(std::move(holders)) {}
+  std::unique_ptr<SavedVariableHooks> MakeHooks() override;
+  void Fill(const at::Tensor& t) {
+    const size_t index = next_++;
+    if (index >= holders_.size()) return;  // saved after the forward's last: unused
+    std::shared_ptr<Holder> holder = holders_[index].lock();
+    if (holder == nullptr) return;  // that saved variable is gone
+    TORCH_CHECK(holder->sizes == t.sizes().vec() && holder->dtype == t.scalar_type(),
+                "actstash::torch::Checkpoint: recomputed values differ in metadata from the "
+                "forward pass (saved tensor ",
+                index, ": recomputed ", t.sizes(), " ", t.scalar_type(), ", forward ",
+                at::IntArrayRef(holder->sizes), " ", holder->dtype, ")");
+    holder->value = t.detach();
+  }
+
+ private:
+  class Hooks;
+  std::vector<std::weak_ptr<Holder>> holders_;
+  size_t next_ = 0;
+};
+
+class Frame::Refill::Hooks final : public SavedVariableHooks {
+ public:
+  explicit Hooks(Refill* refill) : refill_(refill) {}
+  void call_pack_hook(const at::Tensor& tensor) override { refill_->Fill(tensor); }
+  at::Tensor call_unpack_hook() override {
+    TORCH_CHECK(false, "actstash::torch::Checkpoint: backward through a recomputed tensor");
+    return at::Tensor();
+  }
+
+ private:
+  Refill* refill_;  // outlives the recomputed graph, which is dropped at once
+};
+
+std::unique_ptr<SavedVariableHooks> Frame::Refill::MakeHooks() {
+  return std::make_unique<Hooks>(this);
+}
+
+void Frame::Recompute() {
+  std::vector<std::weak_ptr<Holder>> holders;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    holders = holders_;
+  }
+  std::vector<at::Tensor> inputs;
+  inputs.reserve(inputs_.size());
+  for (const BoundaryInput& input : inputs_) inputs.push_back(input.Restore());
+  auto refill = std::make_shared<Refill>(std::move(holders));
+  ForkCpuRng rng(rng_state_);  // the same dropout masks as in forward
+  at::AutoGradMode grad(true);
+  internal::ScopedHookSource scope(refill);
+  fn_(inputs);  // its outputs and graph are dropped: only the holders matter
+}
 
 }  // namespace
 
 std::vector<at::Tensor> Checkpoint(CheckpointFn fn, const std::vector<at::Tensor>& inputs,
                                    std::shared_ptr<Offloader> offloader) {
   if (!at::GradMode::is_enabled()) return fn(inputs);  // nothing to recompute for
-  auto state = c10::make_intrusive<CheckpointState>();
-  state->fn = std::move(fn);
-  bool any_requires_grad = false;
-  for (const at::Tensor& input : inputs) {
-    TORCH_CHECK(input.defined(), "actstash::torch::Checkpoint: undefined input tensor");
-    state->requires_grad.push_back(input.requires_grad());
-    any_requires_grad = any_requires_grad || input.requires_grad();
+  const absl::Status installed = InstallSavedVariableHooks();
+  TORCH_CHECK(installed.ok(), installed.ToString());
+  if (offloader == nullptr) offloader = CurrentOffloader();
+  std::vector<BoundaryInput> boundary(inputs.size());
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    TORCH_CHECK(inputs[i].defined(), "actstash::torch::Checkpoint: undefined input tensor");
+    boundary[i].requires_grad = inputs[i].requires_grad();
+    if (offloader != nullptr) {
+      boundary[i].stored = offloader->MakeHooks();
+      boundary[i].stored->call_pack_hook(inputs[i]);
+    } else {
+      boundary[i].kept = inputs[i].detach();
+    }
   }
-  c10::optional<at::Tensor> anchor;
-  if (!any_requires_grad) anchor = at::empty({0}).requires_grad_(true);
-  std::optional<OffloadScope> scope;
-  if (offloader != nullptr) scope.emplace(std::move(offloader));
-  return CheckpointFunction::apply(std::move(state), at::TensorList(inputs), std::move(anchor));
+  auto frame = std::make_shared<Frame>(fn, std::move(boundary));
+  internal::ScopedHookSource scope(frame);
+  return fn(inputs);
 }
 
 at::Tensor Checkpoint(std::function<at::Tensor(const at::Tensor&)> fn, const at::Tensor& input,

@@ -21,8 +21,8 @@ namespace {
 using ::torch::autograd::Engine;
 using ::torch::autograd::SavedVariableHooks;
 
-// This thread's scopes, innermost last; a null entry turns offload off.
-thread_local std::vector<std::shared_ptr<Offloader>> tls_scopes;
+// This thread's hook sources, innermost last; a null entry turns hooks off.
+thread_local std::vector<std::shared_ptr<internal::HookSource>> tls_scopes;
 
 std::unique_ptr<SavedVariableHooks> MakeHooks();
 
@@ -66,258 +66,211 @@ bool NonOverlapping(const at::Tensor& t) {
   return true;
 }
 
+// Owner references for the engine: TensorImpls and SavedMeta, both
+// intrusively counted.
+void IncRef(void* p) { c10::raw::intrusive_ptr::incref(static_cast<c10::intrusive_ptr_target*>(p)); }
+void DecRef(void* p) { c10::raw::intrusive_ptr::decref(static_cast<c10::intrusive_ptr_target*>(p)); }
+
+void* OwnerOf(const at::Tensor& t) {
+  return static_cast<c10::intrusive_ptr_target*>(t.unsafeGetTensorImpl());
+}
+
+// A tensor from a reference the engine handed over.
+at::Tensor TakeTensor(void* owner) {
+  auto* impl = static_cast<c10::TensorImpl*>(static_cast<c10::intrusive_ptr_target*>(owner));
+  return at::Tensor(c10::intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>::reclaim(impl));
+}
+
+// What a prefetch needs to allocate a saved tensor's destination (the engine's
+// cookie of that tensor).
+struct SavedMeta : c10::intrusive_ptr_target {
+  std::vector<int64_t> sizes;
+  std::vector<int64_t> strides;
+  at::TensorOptions options;
+  bool dense = true;
+  uint64_t nbytes = 0;
+
+  at::Tensor Allocate() const {
+    return dense ? at::empty_strided(sizes, strides, options) : at::empty(sizes, options);
+  }
+  // Gives a contiguous copy of a view with gaps that view's strides back, so
+  // backward's kernels see the layout they would have seen.
+  at::Tensor Restride(const at::Tensor& t) const {
+    if (dense || t.strides() == at::IntArrayRef(strides)) return t;
+    at::Tensor out = at::empty_strided(sizes, strides, options);
+    out.copy_(t);
+    return out;
+  }
+};
+
 }  // namespace
 
 namespace internal {
 
-// One saved tensor: either kept (a detached alias) or stored in the daemon.
-// Autograd calls pack once on the saving thread, unpack any number of times
-// from backward, and destroys the hooks with the saved variable.
+// One saved tensor: kept (a detached alias) or handed to the engine. Autograd
+// calls pack once on the saving thread, unpack any number of times from
+// backward, and destroys the hooks with the saved variable.
 class OffloadHooks final : public SavedVariableHooks {
  public:
   explicit OffloadHooks(std::shared_ptr<Offloader> offloader) : offloader_(std::move(offloader)) {}
 
   ~OffloadHooks() override {
-    if (!stored_) return;
-    // The Offloader (which owns the client) outlives this work: its
-    // destructor waits for the engines.
-    Client* client = offloader_->client_.get();
-    if (engine_ != nullptr) {
-      // Placed: behind the fetches of it (fetch stream) and its store (waited
-      // for), so no copy still uses the memory; released even if the copy
-      // failed (the reservation exists).
-      engine_->SubmitAsync(
-          CopyStream::kFetch, [client, nbytes = nbytes_, state = state_, stored = stored_,
-                               counters = offloader_->counters_]() {
-            if (stored->Wait().ok()) {  // a failed copy was counted out by its drop work
-              counters->live_tensors -= 1;
-              counters->live_bytes -= nbytes;
-            }
-            return client->Release(*state->ticket);
-          });
-      return;
-    }
-    // Behind the store on the same stream: never blocks the freeing thread.
-    offloader_->options_.copy_engine->SubmitAsync(
-        CopyStream::kStore,
-        [client, nbytes = nbytes_, state = state_,
-         counters = offloader_->counters_]() -> absl::Status {
-          if (!state->ticket.ok()) return absl::OkStatus();  // counted out when it failed
-          counters->live_tensors -= 1;
-          counters->live_bytes -= nbytes;
-          return client->Release(*state->ticket);
-        });
+    if (id_ != 0) offloader_->engine_->Release(id_);
   }
 
   void call_pack_hook(const at::Tensor& tensor) override {
     // Autograd checks versions only for tensors saved without hooks.
     version_ = tensor.unsafeGetTensorImpl()->version_counter();
-    saved_version_ = version_.current_version();
+    const uint64_t saved_version = version_.current_version();
     const uint64_t nbytes = static_cast<uint64_t>(tensor.numel()) * tensor.element_size();
-    Offloader::Counters& counters = *offloader_->counters_;
-    if (!Eligible(tensor, nbytes)) {
+    const OffloadOptions& options = offloader_->options_;
+    SavedTensorEngine& engine = *offloader_->engine_;
+    const KeepReason keep = KeepReasonOf(tensor);
+    kept_version_ = saved_version;
+    if (keep != KeepReason::kCount || nbytes < options.min_bytes) {
       kept_ = tensor.detach();  // detached: no cycle through its grad_fn
-      counters.tensors_kept += 1;
-      counters.bytes_kept += nbytes;
+      SavedTensorInfo info;
+      info.nbytes = nbytes;
+      engine.Pack(info, keep == KeepReason::kCount ? KeepReason::kSmall : keep, options.min_bytes);
       return;
     }
-    sizes_ = tensor.sizes().vec();
-    strides_ = tensor.strides().vec();
-    options_ = tensor.options();
-    dense_ = tensor.is_non_overlapping_and_dense();
-    nbytes_ = nbytes;
-    state_ = std::make_shared<State>();
-    // Counted before the work that may count a failure out.
-    counters.tensors_offloaded += 1;
-    counters.bytes_offloaded += nbytes;
-    counters.live_tensors += 1;
-    const uint64_t live = (counters.live_bytes += nbytes);
-    uint64_t peak = counters.peak_live_bytes.load();
-    while (live > peak && !counters.peak_live_bytes.compare_exchange_weak(peak, live)) {
-    }
-    Client* client = offloader_->client_.get();
-    std::shared_ptr<Offloader::Counters> shared_counters = offloader_->counters_;
-    if (client->attached()) {
-      StorePlaced(tensor);
-      return;
-    }
-    state_->src = dense_ ? tensor.detach() : tensor.contiguous();
-    stored_ = offloader_->options_.copy_engine->SubmitAsync(
-        CopyStream::kStore, [client, nbytes, state = state_, shared_counters]() -> absl::Status {
-          state->ticket = client->Store(state->src.data_ptr(), nbytes);
-          if (!state->ticket.ok()) {
-            shared_counters->store_failures += 1;
-            shared_counters->live_tensors -= 1;
-            shared_counters->live_bytes -= nbytes;
-            return state->ticket.status();  // src stays: unpack returns it
-          }
-          state->src.reset();  // the daemon has the bytes
-          return absl::OkStatus();
-        });
+    meta_ = c10::make_intrusive<SavedMeta>();
+    meta_->sizes = tensor.sizes().vec();
+    meta_->strides = tensor.strides().vec();
+    meta_->options = tensor.options();
+    meta_->dense = tensor.is_non_overlapping_and_dense();
+    meta_->nbytes = nbytes;
+    device_ = tensor.device();
+    at::Tensor source = tensor.detach();  // held by the engine while it copies
+    SavedTensorInfo info;
+    info.data = reinterpret_cast<uintptr_t>(source.data_ptr());
+    info.nbytes = nbytes;
+    info.element_size = static_cast<int>(tensor.element_size());
+    info.is_fp32 = tensor.scalar_type() == at::kFloat;
+    info.dense = meta_->dense;
+    info.ndim = static_cast<int>(tensor.dim());
+    info.sizes = meta_->sizes.data();
+    info.strides = meta_->strides.data();
+    info.device = device_.is_cuda() ? device_.index() : -1;
+    info.stream = StreamOf(device_);
+    info.version = saved_version;
+    info.owner = OwnerOf(source);
+    info.cookie = static_cast<c10::intrusive_ptr_target*>(meta_.get());
+    id_ = engine.Pack(info, KeepReason::kCount, options.min_bytes);
+    // A failed reservation keeps the tensor here, as autograd would.
+    (void)engine.TakeError();
+    if (id_ == 0) kept_ = std::move(source);
   }
 
   at::Tensor call_unpack_hook() override {
-    TORCH_CHECK(version_.current_version() == saved_version_,
-                "one of the variables needed for gradient computation has been modified by an "
-                "inplace operation: saved at version ",
-                saved_version_, ", is at version ", version_.current_version(),
-                " (tensor saved with actstash hooks)");
-    if (!stored_) return kept_;
-    if (engine_ != nullptr) return FetchPlaced();
-    stored_->Wait().IgnoreError();  // a failed store left the tensor in state_->src
-    if (!state_->ticket.ok()) return Restride(state_->src);
-    at::Tensor out =
-        dense_ ? at::empty_strided(sizes_, strides_, options_) : at::empty(sizes_, options_);
-    const absl::Status status =
-        offloader_->client_->Fetch(*state_->ticket, out.data_ptr(), nbytes_);
+    if (id_ == 0) {
+      TORCH_CHECK(!kept_.defined() || version_.current_version() == kept_version(),
+                  "one of the variables needed for gradient computation has been modified by an "
+                  "inplace operation (tensor saved with actstash hooks)");
+      return kept_;
+    }
+    SavedTensorEngine& engine = *offloader_->engine_;
+    absl::StatusOr<UnpackResult> r =
+        engine.UnpackBegin(id_, version_.current_version(), offloader_->options_.prefetch);
+    TORCH_CHECK(r.ok(), r.status().code() == absl::StatusCode::kFailedPrecondition
+                            ? std::string(r.status().message())
+                            : "actstash: fetching a saved tensor failed: " + r.status().ToString());
+    Prefetch(*r);
+    const uintptr_t stream = StreamOf(device_);
+    switch (r->kind) {
+      case UnpackKind::kSource:
+        return meta_->Restride(TakeTensor(r->owner));
+      case UnpackKind::kView: {
+        // Reads the leased bytes in place; the engine frees them once the
+        // saved variable and every tensor on this memory are gone.
+        std::shared_ptr<Offloader> keep_alive = offloader_;
+        auto done = [keep_alive, id = id_](void*) { keep_alive->engine_->ViewDone(id); };
+        void* data = const_cast<void*>(r->data);
+        at::Tensor view = meta_->dense
+                              ? at::from_blob(data, meta_->sizes, meta_->strides, done, meta_->options)
+                              : at::from_blob(data, meta_->sizes, done, meta_->options);
+        return meta_->Restride(view);
+      }
+      case UnpackKind::kPrefetched: {
+        at::Tensor out = TakeTensor(r->owner);
+        const absl::Status status = engine.Finish(id_, stream);
+        TORCH_CHECK(status.ok(), "actstash: fetching a saved tensor failed: ", status.ToString());
+        return meta_->Restride(out);
+      }
+      case UnpackKind::kDestination:
+        break;
+    }
+    at::Tensor out = meta_->Allocate();
+    const absl::Status status = engine.FetchInto(
+        id_, reinterpret_cast<uintptr_t>(out.data_ptr()), meta_->nbytes, stream);
     TORCH_CHECK(status.ok(), "actstash: fetching a saved tensor failed: ", status.ToString());
-    offloader_->counters_->tensors_fetched += 1;
-    offloader_->counters_->bytes_fetched += nbytes_;
-    return Restride(out);
+    return meta_->Restride(out);
   }
 
  private:
-  // Shared by these hooks and their copy work.
-  struct State {
-    at::Tensor src;  // until stored; kept when the store failed
-    absl::StatusOr<Ticket> ticket = absl::UnavailableError("not stored yet");
-  };
+  uint64_t kept_version() const { return kept_version_; }
 
-  // Reserves memory in the client's leases and has the engine of the
-  // tensor's device copy (dense) or gather (a view with gaps) it there after
-  // the current stream. The source is dropped once the copy is done; a
-  // failure keeps it (unpack returns it) and is counted out.
-  void StorePlaced(const at::Tensor& tensor) {
-    engine_ = EngineFor(tensor.device());
-    stream_ = StreamOf(tensor.device());
-    Client* client = offloader_->client_.get();
-    std::shared_ptr<Offloader::Counters> counters = offloader_->counters_;
-    state_->src = tensor.detach();
-    absl::StatusOr<Reservation> reserved = client->Reserve(nbytes_);
-    absl::StatusOr<std::shared_ptr<CopyEvent>> event =
-        reserved.ok() ? absl::UnknownError("not started") : reserved.status();
-    if (reserved.ok()) {
-      state_->ticket = reserved->ticket;
-      if (!dense_ && tensor.is_cuda() && !reserved->pinned) {
-        // A GPU kernel cannot gather into unpinned host memory: pack on the
-        // device (a temporary, held until copied) and copy that.
-        state_->src = tensor.contiguous();
-        event = engine_->CopyAsync(CopyStream::kStore, reserved->data, state_->src.data_ptr(),
-                                   nbytes_, stream_);
-      } else if (dense_) {
-        event = engine_->CopyAsync(CopyStream::kStore, reserved->data, tensor.data_ptr(), nbytes_,
-                                   stream_);
-      } else {
-        const TensorLayout layout{sizes_, strides_, static_cast<int>(tensor.element_size())};
-        event = engine_->GatherAsync(CopyStream::kStore, reserved->data, nbytes_, tensor.data_ptr(),
-                                     layout, stream_);
-      }
-      if (!event.ok()) (void)client->Release(reserved->ticket);
-    }
-    if (!event.ok()) {  // nothing in flight: keep the tensor, as autograd would
-      counters->store_failures += 1;
-      counters->live_tensors -= 1;
-      counters->live_bytes -= nbytes_;
-      kept_ = tensor.detach();
-      state_.reset();
-      engine_ = nullptr;
-      return;
-    }
-    stored_ = *std::move(event);
-    // Drops the source once copied (host work after the store stream's
-    // copies); a failed copy keeps it for unpack.
-    engine_->SubmitAsync(
-        CopyStream::kStore,
-        [state = state_, stored = stored_, counters, nbytes = nbytes_]() -> absl::Status {
-          if (stored->Wait().ok()) {
-            state->src.reset();
-          } else {
-            counters->store_failures += 1;
-            counters->live_tensors -= 1;
-            counters->live_bytes -= nbytes;
-          }
-          return absl::OkStatus();
-        });
-  }
-
-  at::Tensor FetchPlaced() {
-    // The store is normally long done by backward; a failed one left the
-    // tensor in state_->src (its drop work does not touch it then).
-    if (!stored_->Wait().ok()) return Restride(state_->src);
-    at::Tensor out =
-        dense_ ? at::empty_strided(sizes_, strides_, options_) : at::empty(sizes_, options_);
-    const StreamHandle stream = StreamOf(out.device());
-    absl::StatusOr<StoredBytes> where = offloader_->client_->Locate(*state_->ticket);
-    absl::StatusOr<std::shared_ptr<CopyEvent>> fetched =
-        where.ok() ? absl::UnknownError("not started") : where.status();
-    if (where.ok()) {
-      fetched =
-          engine_->CopyAsync(CopyStream::kFetch, out.data_ptr(), where->data, nbytes_, stream);
-    }
-    absl::Status status = fetched.status();
-    if (status.ok()) status = engine_->OrderAfterAsync(stream, **fetched);
-    TORCH_CHECK(status.ok(), "actstash: fetching a saved tensor failed: ", status.ToString());
-    offloader_->counters_->tensors_fetched += 1;
-    offloader_->counters_->bytes_fetched += nbytes_;
-    return Restride(out);
-  }
-
-  CopyEngine* EngineFor(const c10::Device& device) const {
-    return device.is_cuda() ? offloader_->options_.cuda_engine.get()
-                            : offloader_->options_.copy_engine.get();
-  }
-
-  StreamHandle StreamOf(const c10::Device& device) const {
-    if (!device.is_cuda() || !offloader_->options_.current_stream) return StreamHandle{0};
-    return StreamHandle{offloader_->options_.current_stream(device.index())};
-  }
-
-  bool Eligible(const at::Tensor& t, uint64_t nbytes) const {
-    if (nbytes == 0 || nbytes < offloader_->options_.min_bytes) return false;
-    // A CUDA tensor only on the engine's own device: its streams and events
-    // order copies against that device's streams, not another's.
+  KeepReason KeepReasonOf(const at::Tensor& t) const {
     const OffloadOptions& options = offloader_->options_;
-    const bool device_ok =
-        t.device().is_cpu() ||
-        (t.device().is_cuda() && options.cuda_engine != nullptr &&
-         t.device().index() == options.cuda_engine->device() && offloader_->client_->attached());
-    if (t.layout() != at::kStrided || !device_ok || t.is_quantized() || t.is_nested() ||
-        t.is_conj() || t.is_neg() || !t.has_storage()) {
-      return false;
+    if (t.layout() != at::kStrided || t.is_quantized() || t.is_nested() || t.is_conj() ||
+        t.is_neg() || !t.has_storage() || !NonOverlapping(t)) {
+      return KeepReason::kLayout;
     }
-    if (t.is_leaf() && t.requires_grad()) return false;  // a parameter: kept anyway
+    if (t.is_leaf() && t.requires_grad()) return KeepReason::kParameter;  // kept anyway
     if (t.is_view()) {
       const at::TensorBase& base = t._base();  // e.g. weight.t(): aliases a parameter
-      if (base.is_leaf() && base.requires_grad()) return false;
+      if (base.is_leaf() && base.requires_grad()) return KeepReason::kParameter;
     }
-    return NonOverlapping(t);
+    // A CUDA tensor only on the engine's own device: its streams and events
+    // order copies against that device's streams, not another's.
+    if (!t.device().is_cpu() &&
+        !(t.device().is_cuda() && options.cuda_engine != nullptr &&
+          t.device().index() == options.cuda_engine->device() &&
+          offloader_->client_->attached())) {
+      return KeepReason::kDevice;
+    }
+    return KeepReason::kCount;
   }
 
-  // Gives a contiguous copy of a view with gaps that view's strides back, so
-  // backward's kernels see the layout they would have seen.
-  at::Tensor Restride(const at::Tensor& t) const {
-    if (dense_ || t.strides() == at::IntArrayRef(strides_)) return t;
-    at::Tensor out = at::empty_strided(sizes_, strides_, options_);
-    out.copy_(t);
-    return out;
+  uintptr_t StreamOf(const c10::Device& device) const {
+    if (!device.is_cuda() || !offloader_->options_.current_stream) return 0;
+    return offloader_->options_.current_stream(device.index());
+  }
+
+  // Starts the fetches the engine offered (the next tensors backward reads).
+  void Prefetch(const UnpackResult& r) const {
+    for (size_t i = 0; i < r.prefetch_ids.size(); ++i) {
+      auto meta = c10::intrusive_ptr<SavedMeta>::reclaim(static_cast<SavedMeta*>(
+          static_cast<c10::intrusive_ptr_target*>(r.prefetch_cookies[i])));
+      at::Tensor dst = meta->Allocate();
+      // Speculative: a failure here leaves the fetch to that tensor's unpack.
+      (void)offloader_->engine_->Prefetch(r.prefetch_ids[i],
+                                          reinterpret_cast<uintptr_t>(dst.data_ptr()),
+                                          meta->nbytes, OwnerOf(dst), StreamOf(dst.device()));
+    }
   }
 
   std::shared_ptr<Offloader> offloader_;
   c10::VariableVersion version_;  // the saved tensor's counter
-  uint32_t saved_version_ = 0;
+  uint64_t kept_version_ = 0;
   at::Tensor kept_;  // not offloaded
-  // Offloaded:
-  std::shared_ptr<State> state_;
-  std::shared_ptr<CopyEvent> stored_;
-  // Placed stores only: the engine that copied it (the Offloader's).
-  CopyEngine* engine_ = nullptr;
-  StreamHandle stream_;
-  std::vector<int64_t> sizes_;
-  std::vector<int64_t> strides_;
-  at::TensorOptions options_;
-  bool dense_ = true;
-  uint64_t nbytes_ = 0;
+  uint64_t id_ = 0;  // offloaded: the engine's id
+  c10::intrusive_ptr<SavedMeta> meta_;
+  c10::Device device_ = c10::Device(c10::kCPU);
 };
+
+ScopedHookSource::ScopedHookSource(std::shared_ptr<HookSource> source)
+    : depth_(tls_scopes.size()) {
+  tls_scopes.push_back(std::move(source));
+}
+
+ScopedHookSource::~ScopedHookSource() {
+  if (tls_scopes.size() != depth_ + 1) {
+    std::fprintf(stderr, "actstash: scopes destroyed out of order or on another thread\n");
+    std::abort();
+  }
+  tls_scopes.pop_back();
+}
 
 }  // namespace internal
 
@@ -326,7 +279,7 @@ namespace {
 std::unique_ptr<SavedVariableHooks> MakeHooks() {
   if (tls_scopes.empty() || tls_scopes.back() == nullptr) return nullptr;
   if (!at::SavedTensorDefaultHooks::is_enabled()) return nullptr;  // a torch feature opted out
-  return std::make_unique<internal::OffloadHooks>(tls_scopes.back());
+  return tls_scopes.back()->MakeHooks();
 }
 
 }  // namespace
@@ -359,52 +312,67 @@ absl::StatusOr<std::shared_ptr<Offloader>> Offloader::Create(std::shared_ptr<Cli
         "actstash: OffloadOptions.cuda_engine needs current_stream (e.g. [](int d) { return "
         "reinterpret_cast<uintptr_t>(c10::cuda::getCurrentCUDAStream(d).stream()); })");
   }
-  return std::shared_ptr<Offloader>(new Offloader(std::move(client), std::move(options)));
+  EngineOptions engine_options;
+  engine_options.inline_store_bytes = options.inline_store_bytes;
+  engine_options.cpu_views = options.cpu_views;
+  engine_options.prefetch = options.prefetch;
+  engine_options.downcast_bf16 = options.downcast_bf16;
+  engine_options.on_failure = FailurePolicy::kRaise;  // taken per tensor: it stays in memory
+  engine_options.host_engine = options.copy_engine;
+  if (options.cuda_engine != nullptr && options.cuda_engine->device() >= 0) {
+    engine_options.cuda_engines.resize(options.cuda_engine->device() + 1);
+    engine_options.cuda_engines[options.cuda_engine->device()] = options.cuda_engine;
+  }
+  engine_options.cuda = options.cuda_engine != nullptr;
+  engine_options.acquire_owner = &IncRef;
+  engine_options.release_owner = &DecRef;
+  absl::StatusOr<std::unique_ptr<SavedTensorEngine>> engine =
+      SavedTensorEngine::Create(client, std::move(engine_options));
+  if (!engine.ok()) return engine.status();
+  return std::shared_ptr<Offloader>(
+      new Offloader(std::move(client), std::move(options), std::move(*engine)));
 }
 
-Offloader::Offloader(std::shared_ptr<Client> client, OffloadOptions options)
-    : client_(std::move(client)),
-      options_(std::move(options)),
-      counters_(std::make_shared<Counters>()) {}
+Offloader::Offloader(std::shared_ptr<Client> client, OffloadOptions options,
+                     std::unique_ptr<SavedTensorEngine> engine)
+    : client_(std::move(client)), options_(std::move(options)), engine_(std::move(engine)) {}
 
-Offloader::~Offloader() { Synchronize(); }  // queued work uses client_
+Offloader::~Offloader() { engine_.reset(); }  // waits for its copies (they use client_)
 
-void Offloader::Synchronize() {
-  options_.copy_engine->Synchronize();
-  if (options_.cuda_engine != nullptr) options_.cuda_engine->Synchronize();
+void Offloader::Synchronize() { engine_->Synchronize(); }
+
+std::unique_ptr<SavedVariableHooks> Offloader::MakeHooks() {
+  return std::make_unique<internal::OffloadHooks>(shared_from_this());
 }
 
 OffloadStats Offloader::stats() const {
-  const Counters& c = *counters_;
+  const EngineStats e = engine_->stats();
   OffloadStats s;
-  s.tensors_offloaded = c.tensors_offloaded;
-  s.bytes_offloaded = c.bytes_offloaded;
-  s.tensors_kept = c.tensors_kept;
-  s.bytes_kept = c.bytes_kept;
-  s.tensors_fetched = c.tensors_fetched;
-  s.bytes_fetched = c.bytes_fetched;
-  s.store_failures = c.store_failures;
-  s.live_tensors = c.live_tensors;
-  s.live_bytes = c.live_bytes;
-  s.peak_live_bytes = c.peak_live_bytes;
+  s.tensors_offloaded = e.tensors_offloaded;
+  s.bytes_offloaded = e.bytes_offloaded;
+  s.tensors_kept = e.tensors_kept;
+  s.bytes_kept = e.bytes_kept;
+  s.tensors_fetched = e.tensors_fetched;
+  s.bytes_fetched = e.bytes_fetched;
+  s.views = e.views;
+  s.prefetch_issued = e.prefetch_issued;
+  s.prefetch_hits = e.prefetch_hits;
+  s.unpacked_from_source = e.unpacked_from_source;
+  s.store_failures = e.store_failures + e.kept_by_reason[static_cast<int>(KeepReason::kFailed)];
+  s.live_tensors = e.live_tensors;
+  s.live_bytes = e.live_bytes;
+  s.peak_live_bytes = e.peak_live_bytes;
+  s.engine = e;
   return s;
 }
 
 OffloadScope::OffloadScope(std::shared_ptr<Offloader> offloader)
-    : depth_(tls_scopes.size()), active_(HookEngineIsDefault()) {
-  tls_scopes.push_back(std::move(offloader));
-}
+    : scope_(std::move(offloader)), active_(HookEngineIsDefault()) {}
 
-OffloadScope::~OffloadScope() {
-  if (tls_scopes.size() != depth_ + 1) {
-    std::fprintf(stderr, "actstash: OffloadScopes destroyed out of order or on another thread\n");
-    std::abort();
-  }
-  tls_scopes.pop_back();
-}
+OffloadScope::~OffloadScope() = default;
 
 std::shared_ptr<Offloader> CurrentOffloader() {
-  return tls_scopes.empty() ? nullptr : tls_scopes.back();
+  return tls_scopes.empty() ? nullptr : std::dynamic_pointer_cast<Offloader>(tls_scopes.back());
 }
 
 }  // namespace actstash::torch

@@ -55,6 +55,11 @@
 #include "absl/status/statusor.h"
 #include "actstash/client.h"
 #include "actstash/copy_engine.h"
+#include "actstash/saved_tensors.h"
+
+namespace torch::autograd {
+struct SavedVariableHooks;
+}  // namespace torch::autograd
 
 namespace actstash::torch {
 
@@ -79,45 +84,81 @@ struct OffloadOptions {
   // with CUDA: c10::cuda::getCurrentCUDAStream(device).stream()). Required
   // with a cuda_engine (INVALID_ARGUMENT otherwise).
   std::function<uintptr_t(int device)> current_stream;
+  // CPU stores up to this size are copied on the packing thread (no thread
+  // hand-off); larger ones on the copy engine's store stream. 0: all on the
+  // engine (tests that inject copy delays).
+  uint64_t inline_store_bytes = 1 << 20;
+  // Backward reads offloaded CPU tensors in place in leased memory (no copy);
+  // false: copied into fresh tensors, prefetched.
+  bool cpu_views = true;
+  // Fetches started ahead, in reverse save order (copies into fresh tensors).
+  int prefetch = 2;
+  // Dense fp32 tensors stored as bf16 (lossy: half the bytes).
+  bool downcast_bf16 = false;
 };
 
+// The engine's counters (SavedTensorEngine), for this offloader.
 struct OffloadStats {
   uint64_t tensors_offloaded = 0;  // stores started
   uint64_t bytes_offloaded = 0;
-  uint64_t tensors_kept = 0;  // saved tensors left in memory (not eligible)
+  uint64_t tensors_kept = 0;  // saved tensors left in memory (not eligible, or failed)
   uint64_t bytes_kept = 0;
-  uint64_t tensors_fetched = 0;  // unpacks served from the daemon
+  uint64_t tensors_fetched = 0;  // unpacks served from the daemon (views or copies)
   uint64_t bytes_fetched = 0;
+  uint64_t views = 0;                 // of those, read in place
+  uint64_t prefetch_issued = 0;
+  uint64_t prefetch_hits = 0;
+  uint64_t unpacked_from_source = 0;  // store still in flight: the source served it
   uint64_t store_failures = 0;  // stores that failed: the tensor stayed in memory
   // Offloaded (store queued or done, not failed) and not yet released.
   uint64_t live_tensors = 0;
   uint64_t live_bytes = 0;
   uint64_t peak_live_bytes = 0;
+  EngineStats engine;  // everything, kept reasons included
 };
 
 namespace internal {
 class OffloadHooks;
+// What an OffloadScope or a Checkpoint frame pushes on the calling thread:
+// the source of the hooks autograd attaches to each saved variable.
+class HookSource {
+ public:
+  virtual ~HookSource() = default;
+  virtual std::unique_ptr<::torch::autograd::SavedVariableHooks> MakeHooks() = 0;
+};
+// Pushes `source` on this thread's stack for its lifetime (LIFO).
+class ScopedHookSource {
+ public:
+  explicit ScopedHookSource(std::shared_ptr<HookSource> source);
+  ~ScopedHookSource();
+  ScopedHookSource(const ScopedHookSource&) = delete;
+  ScopedHookSource& operator=(const ScopedHookSource&) = delete;
+
+ private:
+  size_t depth_;
+};
 }  // namespace internal
 
-// Stores saved tensors through one Client. A saved tensor is offloaded when
-// it is on the CPU (or on a GPU, with a cuda_engine), strided, at least min_bytes, not a leaf that
-// requires grad (a parameter) nor a view of one, not quantized/conjugated/nested, and its elements
-// do not overlap (dense, or a view with gaps: gathered, and given its strides back when fetched).
-// Others are kept as autograd keeps them. With an attached client, memory is reserved in the
-// client's leases on the packing thread and the engine copies (or gathers) the tensor into it on
-// its store stream; otherwise Client::Store runs on the store stream. The source tensor is held
-// until its store is done and then dropped. A failed store (quota, daemon gone) keeps the tensor in
-// memory instead (store_failures). Fetches are issued by the thread that unpacks (backward's) after
-// its store is done (a host wait), on the engine's fetch stream; CPU: the unpack waits for the
-// copy, CUDA: the current stream does. There is no prefetch. Each stored buffer is released (queued
-// behind its store) when autograd drops the saved variable: after backward, or with the graph.
-class Offloader {
+// Stores saved tensors through one Client, on a SavedTensorEngine (the same
+// engine the Python package uses). A saved tensor is offloaded when it is on
+// the CPU (or on the cuda_engine's GPU), strided, at least min_bytes, not a
+// leaf that requires grad (a parameter) nor a view of one, not
+// quantized/conjugated/nested, and its elements do not overlap (dense, or a
+// view with gaps: gathered, and given its strides back when fetched). Others
+// are kept as autograd keeps them. The engine stores small CPU tensors on the
+// packing thread and others on the copy engine after the producer's stream,
+// holding the source until stored; backward reads CPU tensors in place
+// (cpu_views) or fetches them, prefetching in reverse save order; each
+// stored buffer is released when autograd drops the saved variable and no
+// view reads it. A failed store keeps the tensor in memory (store_failures).
+class Offloader : public internal::HookSource,
+                  public std::enable_shared_from_this<Offloader> {
  public:
   // `client` must be non-null; it is shared with the caller.
   static absl::StatusOr<std::shared_ptr<Offloader>> Create(std::shared_ptr<Client> client,
                                                            OffloadOptions options = {});
   // Waits for the copy work submitted so far (stores and releases).
-  ~Offloader();
+  ~Offloader() override;
   Offloader(const Offloader&) = delete;
   Offloader& operator=(const Offloader&) = delete;
 
@@ -126,21 +167,15 @@ class Offloader {
   void Synchronize();
   Client& client() const { return *client_; }
   const OffloadOptions& options() const { return options_; }
+  std::unique_ptr<::torch::autograd::SavedVariableHooks> MakeHooks() override;
 
  private:
   friend class internal::OffloadHooks;
-  struct Counters {
-    std::atomic<uint64_t> tensors_offloaded{0}, bytes_offloaded{0}, tensors_kept{0}, bytes_kept{0},
-        tensors_fetched{0}, bytes_fetched{0}, store_failures{0}, live_tensors{0}, live_bytes{0},
-        peak_live_bytes{0};
-  };
-  Offloader(std::shared_ptr<Client> client, OffloadOptions options);
-
+  Offloader(std::shared_ptr<Client> client, OffloadOptions options,
+            std::unique_ptr<SavedTensorEngine> engine);
   std::shared_ptr<Client> client_;
   OffloadOptions options_;  // copy_engine always set
-  // Shared with queued copy work, which never holds the Offloader itself (its
-  // last reference must not drop on a copy thread).
-  std::shared_ptr<Counters> counters_;
+  std::unique_ptr<SavedTensorEngine> engine_;
 };
 
 // While alive, tensors that autograd saves on this thread go through
@@ -160,7 +195,7 @@ class OffloadScope {
   bool active() const { return active_; }
 
  private:
-  size_t depth_;
+  internal::ScopedHookSource scope_;
   bool active_;
 };
 
@@ -169,19 +204,21 @@ std::shared_ptr<Offloader> CurrentOffloader();
 
 using CheckpointFn = std::function<std::vector<at::Tensor>(const std::vector<at::Tensor>&)>;
 
-// Runs fn(inputs) without keeping its interior for backward (fn runs with
-// grad mode off), and recomputes it with grad on, from detached copies of the
-// saved inputs, when backward reaches it; gradients flow to the inputs and to
-// whatever fn uses that requires grad (its parameters). The CPU RNG state of
-// the forward is replayed, so dropout masks match, and restored afterwards.
-// With an offloader, the inputs are saved through it (as in an OffloadScope);
-// without one, through the calling thread's current scope, if any. The
-// recomputation's own saved tensors stay in memory (it runs with offload off).
-// Semantics of torch.utils.checkpoint(use_reentrant=True), except that the
-// graph is recorded even when no input requires grad (so fn's parameters get
-// gradients). fn must be deterministic given the RNG state; autocast and
-// non-CPU RNG state are not captured. fn may be called twice; it must not
-// keep references across calls. Thread-safety: as fn.
+// Runs fn(inputs) without keeping its interior for backward, and recomputes
+// it when backward first needs one of the tensors it saved: the semantics of
+// torch.utils.checkpoint(use_reentrant=False). fn runs with grad mode on, so
+// the graph runs through it to the inputs and to whatever fn uses that
+// requires grad (its parameters); the tensors fn saves are dropped at once
+// and refilled by the recomputation, which replays the CPU RNG state of the
+// forward (dropout masks match) and restores the state after. The
+// recomputation must save tensors of the same shapes and dtypes in the same
+// order, else backward fails (c10::Error). With an offloader (or, without
+// one, the offloader of the calling thread's current scope), the inputs are
+// stored through it until the recomputation (the boundary); else they are
+// held in memory. Installs this library's engine (InstallSavedVariableHooks;
+// c10::Error where it cannot). The recomputation's own saved tensors stay in
+// memory. Autocast and non-CPU RNG state are not captured. Thread-safety: as
+// fn; the recomputation runs on the thread that runs backward.
 std::vector<at::Tensor> Checkpoint(CheckpointFn fn, const std::vector<at::Tensor>& inputs,
                                    std::shared_ptr<Offloader> offloader = nullptr);
 // One input, one output.
