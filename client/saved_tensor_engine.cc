@@ -280,6 +280,10 @@ class SavedTensorEngine::Impl {
     return std::exchange(pending_error_, absl::OkStatus());
   }
 
+  void WaitForCopies() {
+    for (CopyEngine* engine : Engines()) engine->Synchronize();
+  }
+
   void Synchronize() {
     std::vector<CopyEngine*> engines = Engines();
     for (CopyEngine* engine : engines) engine->Synchronize();
@@ -713,6 +717,7 @@ void SavedTensorEngine::Release(uint64_t id) { impl_->Release(id); }
 absl::Status SavedTensorEngine::Reap(bool wait) { return impl_->Reap(wait); }
 absl::Status SavedTensorEngine::TakeError() { return impl_->TakeError(); }
 void SavedTensorEngine::Synchronize() { impl_->Synchronize(); }
+void SavedTensorEngine::WaitForCopies() { impl_->WaitForCopies(); }
 EngineStats SavedTensorEngine::stats() const { return impl_->stats(); }
 bool SavedTensorEngine::available() const { return impl_->available(); }
 

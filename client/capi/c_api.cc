@@ -289,6 +289,7 @@ void actstash_engine_release(actstash_engine* e, uint64_t id) { e->engine->Relea
 int actstash_engine_reap(actstash_engine* e, int wait) { return Code(e->engine->Reap(wait != 0)); }
 int actstash_engine_take_error(actstash_engine* e) { return Code(e->engine->TakeError()); }
 void actstash_engine_synchronize(actstash_engine* e) { e->engine->Synchronize(); }
+void actstash_engine_wait(actstash_engine* e) { e->engine->WaitForCopies(); }
 int actstash_engine_available(actstash_engine* e) { return e->engine->available() ? 1 : 0; }
 
 const char* actstash_engine_stat_names(void) {

@@ -345,3 +345,105 @@ TEST_F(TorchOffloadTest, ACudaEngineNeedsTheCurrentStreamAndOnlyTakesItsDevice) 
 
 }  // namespace
 }  // namespace actstash::torch
+
+namespace actstash::torch {
+namespace {
+
+// The parity table (the Python suite, tests/python/test_parity.py, runs the
+// same one): mode × injected store delay × how backward reads CPU tensors.
+// Every row: gradients bitwise equal to plain autograd, and the bytes really
+// went to the daemon and came back.
+struct ParityCase {
+  const char* mode;  // "offload", "checkpoint", "checkpoint+offload"
+  int delay_us;
+  bool cpu_views;
+};
+
+class TorchParityTest : public TorchOffloadTest,
+                        public ::testing::WithParamInterface<ParityCase> {};
+
+TEST_P(TorchParityTest, BitwiseEqualAndMovedThroughTheDaemon) {
+  const ParityCase& c = GetParam();
+  const std::string mode = c.mode;
+  const bool offload = mode != "checkpoint";
+  const bool checkpoint = mode != "offload";
+  const Result plain = Train(mlp_, false, nullptr);
+  auto client = Connect();
+  ASSERT_NE(client, nullptr);
+  OffloadOptions options;
+  options.min_bytes = 4 << 10;
+  options.cpu_views = c.cpu_views;
+  options.inline_store_bytes = c.delay_us > 0 ? 0 : options.inline_store_bytes;
+  HostCopyEngineOptions engine;
+  engine.max_injected_delay = std::chrono::microseconds(c.delay_us);
+  engine.seed = 3;
+  options.copy_engine = CreateHostCopyEngine(engine);
+  auto created = Offloader::Create(client, options);
+  ASSERT_TRUE(created.ok()) << created.status();
+  std::shared_ptr<Offloader> offloader = *created;
+  const Result result =
+      mode == "offload" ? Train(mlp_, false, offloader)
+                        : Train(mlp_, true, nullptr, offload ? offloader : nullptr);
+  ExpectBitwiseEqual(plain, result);
+  offloader->Synchronize();
+  const OffloadStats s = offloader->stats();
+  if (!offload) {
+    EXPECT_EQ(s.tensors_offloaded, 0u);
+  } else {
+    EXPECT_GT(s.tensors_offloaded, 0u);
+    // Every stored tensor came back once (or was served by its source while
+    // its delayed store was still in flight).
+    EXPECT_EQ(s.tensors_fetched + s.unpacked_from_source, s.tensors_offloaded);
+    if (checkpoint) {
+      EXPECT_EQ(s.tensors_offloaded, 2u) << "only the block inputs";
+    }
+    if (c.cpu_views) {
+      EXPECT_EQ(s.views, s.tensors_fetched);
+    } else {
+      EXPECT_EQ(s.views, 0u);
+      if (s.tensors_offloaded > 2 && c.delay_us == 0) {
+        EXPECT_GT(s.prefetch_hits, 0u);
+      }
+    }
+  }
+  ExpectAllReleased(*offloader);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Table, TorchParityTest,
+    ::testing::Values(ParityCase{"offload", 0, true}, ParityCase{"offload", 0, false},
+                      ParityCase{"offload", 2000, true}, ParityCase{"offload", 2000, false},
+                      ParityCase{"checkpoint", 0, true},
+                      ParityCase{"checkpoint+offload", 0, true},
+                      ParityCase{"checkpoint+offload", 0, false},
+                      ParityCase{"checkpoint+offload", 2000, true},
+                      ParityCase{"checkpoint+offload", 2000, false}));
+
+TEST_F(TorchOffloadTest, CheckpointKeepsNothingInsideAndRecomputesOnce) {
+  int calls = 0;
+  auto client = Connect();
+  ASSERT_NE(client, nullptr);
+  auto offloader = MakeOffloader(client, std::chrono::microseconds(0));
+  Seed(5);
+  at::Tensor x = at::randn({128, 64});
+  at::Tensor h = at::relu(at::linear(x, mlp_.params[0], mlp_.params[1]));
+  at::Tensor y;
+  {
+    OffloadScope scope(offloader);  // saved tensors inside fn bypass it: fn keeps nothing
+    y = Checkpoint(
+        [&](const at::Tensor& t) {
+          ++calls;
+          return mlp_.Block(t);
+        },
+        h);
+  }
+  EXPECT_EQ(calls, 1);
+  // Only the boundary input went through the scope's offloader.
+  EXPECT_EQ(offloader->stats().tensors_offloaded, 1u);
+  y.sum().backward();
+  EXPECT_EQ(calls, 2) << "recomputed once for all the tensors it saved";
+  ExpectAllReleased(*offloader);
+}
+
+}  // namespace
+}  // namespace actstash::torch

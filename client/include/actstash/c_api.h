@@ -11,7 +11,8 @@
  * caller's, freed with actstash_free_string. Every function may be called
  * from any thread; handles are freed once, after every other call on them.
  * Calls that wait (connect, close, stats, fetch_into, finish, reap with
- * wait, synchronize) may block; the others do not wait for copies. The
+ * wait, synchronize, wait, and unpack of a downcast tensor still being
+ * stored) may block; the others do not wait for copies. The
  * engine calls the owner functions given at creation only inside
  * actstash_engine_pack, _unpack, _release, _view_done, _reap and _free, on the
  * calling thread. */
@@ -106,7 +107,11 @@ ACTSTASH_API void actstash_engine_view_done(actstash_engine* engine, uint64_t id
 ACTSTASH_API void actstash_engine_release(actstash_engine* engine, uint64_t id);
 ACTSTASH_API int actstash_engine_reap(actstash_engine* engine, int wait);
 ACTSTASH_API int actstash_engine_take_error(actstash_engine* engine);
+/* Waits for all copies, then drops the sources they held (releases owners). */
 ACTSTASH_API void actstash_engine_synchronize(actstash_engine* engine);
+/* Waits for all copies and releases, releasing no owner: call it without the
+ * lock the owner functions need, then actstash_engine_reap. */
+ACTSTASH_API void actstash_engine_wait(actstash_engine* engine);
 ACTSTASH_API int actstash_engine_available(actstash_engine* engine);
 /* Comma-separated names of the engine's counters, in the order
  * actstash_engine_stats writes them. */

@@ -189,6 +189,9 @@ class SavedTensorEngine {
   absl::Status TakeError();
   // Waits for every copy and release in flight; drops held sources.
   void Synchronize();
+  // Waits for every copy and release submitted so far, and releases no owner
+  // (a front-end calls it without the lock its owners need, then Reap).
+  void WaitForCopies();
 
   EngineStats stats() const;
   // False once offload was turned off (kKeep after a failure, or no client).

@@ -40,7 +40,8 @@ def connect(address=None, quota=None, on_unavailable="raise", *, name=None, atta
       daemon's default socket. quota: bytes this trainer may hold (default: the daemon's).
     on_unavailable: "raise" (StashUnavailable, within connect_timeout) or "keep" (warn,
       and keep tensors in-process: training goes on without offload).
-    copy_delay_us: test knob; each asynchronous copy of CPU tensors first sleeps up to this long.
+    copy_delay_us: test knob; every store of a CPU tensor then goes through the copy engine
+      (none is copied on the packing thread), and each copy first sleeps up to this long.
     pin: register leased memory with CUDA ("auto": when a GPU is present, falling back to
       unpinned memory with a warning; "on": required; "off").
     cuda: offload CUDA tensors (on a CUDA build with a device, when attached); False keeps
@@ -168,8 +169,9 @@ class Stash:
         self._attached = client is not None and client.attached
         handle = ctypes.c_void_p()
         pool_importer = _current_cuda_device() if device_pool is not None else -1
+        inline_bytes = 0 if copy_delay_us else _INLINE_STORE_BYTES
         code = _lib.engine_create(client.handle if client is not None else None,
-                                  _INLINE_STORE_BYTES, int(cpu_views), int(prefetch), int(cuda),
+                                  inline_bytes, int(cpu_views), int(prefetch), int(cuda),
                                   -1 if device_pool is None else int(device_pool), pool_importer,
                                   int(downcast == "bf16"), 0 if on_unavailable == "raise" else 1,
                                   int(copy_delay_us), int(seed), _lib.PY_INCREF, _lib.PY_DECREF,
@@ -177,6 +179,7 @@ class Stash:
         if code:
             _lib.raise_for(code)
         self._engine = _Engine(handle.value)
+        self._inline_bytes = inline_bytes
         self._unpack_out_len = 5 + 2 * prefetch
         self._keep = {}           # storage address -> weakref of a kept tensor
         self._min_bytes = 0
@@ -226,8 +229,9 @@ class Stash:
     def synchronize(self):
         """Waits for every copy in flight (and drops the sources they held), and for the
         releases that dropping them caused."""
-        _lib.engine_synchronize_wait(self._engine.ptr)
-        _lib.engine_reap(self._engine.ptr, 0)  # owners dropped with the GIL held
+        for _ in range(2):  # the second round: releases queued by dropping the first
+            _lib.engine_wait(self._engine.ptr)    # without the GIL: copies finish
+            _lib.engine_reap(self._engine.ptr, 0)  # with it: sources (owners) dropped
         self._raise_pending()
 
     def stats(self):
@@ -333,7 +337,7 @@ class Stash:
             stream = torch.cuda.current_stream(device).cuda_stream
         # The engine holds the source only while it copies asynchronously; detached so
         # that holding it does not hold its graph (which holds the _Saved).
-        owner = t if (not cuda and self._attached and nbytes <= _INLINE_STORE_BYTES and
+        owner = t if (not cuda and self._attached and nbytes <= self._inline_bytes and
                       not boundary) else t.detach()
         saved = _Saved()
         id_ = _lib.engine_pack(engine.ptr, t.data_ptr(), nbytes, flags, sizes, strides, stream,
