@@ -31,7 +31,7 @@ class StashNotFound(StashError):
 
 
 _INVALID_ARGUMENT, _NOT_FOUND, _RESOURCE_EXHAUSTED, _FAILED_PRECONDITION = 3, 5, 8, 9
-_UNAVAILABLE = 14
+_UNAVAILABLE, _DEADLINE_EXCEEDED = 14, 4
 
 try:
     _c = ctypes.CDLL(_PATH)
@@ -103,7 +103,7 @@ def raise_for(code, context=""):
     message = _last_error().decode(errors="replace")
     if context:
         message = f"{context}: {message}"
-    if code == _UNAVAILABLE:
+    if code in (_UNAVAILABLE, _DEADLINE_EXCEEDED):
         raise StashUnavailable(message)
     if code == _RESOURCE_EXHAUSTED:
         raise StashFull(message)
