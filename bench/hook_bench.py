@@ -42,15 +42,22 @@ Baselines, timed in the same repetition on the same bytes:
   one pre-faulted copy        staging.copy_(a) (what the cpu_views path
                               must at least do: it fetches without a copy)
 Ratios are per repetition (baseline time / extra time = actstash GB/s over
-baseline GB/s), median over repetitions. Keep --big-size above 32 MiB (glibc's
-largest dynamic mmap threshold): smaller blocks may come back from malloc's
-heap already faulted in, and then "fresh" is not fresh, for the baseline and
-for plain autograd alike.
+baseline GB/s), median over repetitions.
 
-Every actstash run is checked against the engine's counters
+Memory: by default (--malloc tuned) the benchmark turns glibc's heap trimming
+off and fixes its mmap threshold at 32 MiB before torch allocates anything.
+Blocks up to 32 MiB are then reused already faulted in (part 1 measures the
+hooks, not page faults: with trimming, every run of a 64 KiB chain faults
+its memory in again, and a variant that frees saved tensors early skips
+that), and blocks above it (part 2's 64 MiB) are fresh mmaps every time, for
+plain autograd and the baselines alike. Keep --big-size above 32 MiB, or
+"fresh" is not fresh. --malloc default leaves glibc as it is.
+
+Checks: the warm-up run of every variant must give plain autograd's gradient
+bit for bit, and every actstash run is checked against the engine's counters
 (tensors/bytes offloaded and fetched, views, nothing kept, nothing read from
-the source, live bytes back to 0 once the graph is freed); the benchmark
-prints its results and then exits 1 if any check failed.
+the source, live tensors/bytes back to 0 once the graph is freed); the
+benchmark prints its results and then exits 1 if any check failed.
 """
 import argparse
 import contextlib
@@ -75,10 +82,10 @@ KIB, MIB = 1 << 10, 1 << 20
 def import_actstash():
     """actstash from PYTHONPATH, else from the build tree."""
     try:
-        import actstash  # noqa: F401
+        import actstash
     except ImportError:
         sys.path.insert(0, os.path.join(BUILD, "python"))
-    import actstash
+        import actstash
     return actstash
 
 
@@ -189,26 +196,49 @@ class Checks:
 
 
 def synchronize(stash):
-    """stash.synchronize(), working around a product bug: the native
-    Synchronize (called by stash.synchronize() with the GIL released) drops
-    the sources of stores still in flight through Py_DecRef without the GIL;
-    with a tensor stored asynchronously (> 1 MiB on the CPU) in flight, that
-    aborts the interpreter ("PyEval_SaveThread: the function must be called
-    with the GIL held"). So first wait here, with the GIL held through the
-    same calls stash.stats() makes (engine_reap without waiting drops the
+    """stash.synchronize(), with a workaround for builds whose native
+    Synchronize (called by stash.synchronize() with the GIL released) drops the
+    sources of stores still in flight through Py_DecRef without the GIL: with a
+    tensor stored asynchronously (> 1 MiB on the CPU) in flight, that aborts
+    the interpreter ("PyEval_SaveThread: the function must be called with the
+    GIL held"). Builds that have actstash_engine_wait (wait without releasing;
+    sources dropped by engine_reap with the GIL held) are fine: plain
+    stash.synchronize(). Otherwise wait here first, with the GIL held, through
+    the calls stash.stats() makes (engine_reap without waiting drops the
     sources of finished stores), until nothing is in flight; then
     stash.synchronize() has no source left to drop."""
     from actstash import _lib
-    ptr = stash._engine.ptr
-    values = (ctypes.c_uint64 * len(_lib.STAT_NAMES))()
-    in_flight = _lib.STAT_NAMES.index("in_flight")
-    while True:
-        _lib.engine_reap(ptr, 0)
-        _lib.engine_stats(ptr, values, len(values))
-        if values[in_flight] == 0:
-            break
-        time.sleep(20e-6)  # lets the copy thread run (2 cores, shared)
+    if not hasattr(_lib, "engine_wait"):
+        ptr = stash._engine.ptr
+        values = (ctypes.c_uint64 * len(_lib.STAT_NAMES))()
+        in_flight = _lib.STAT_NAMES.index("in_flight")
+        while True:
+            _lib.engine_reap(ptr, 0)
+            _lib.engine_stats(ptr, values, len(values))
+            if values[in_flight] == 0:
+                break
+            time.sleep(20e-6)  # lets the copy thread run (2 cores, shared)
     stash.synchronize()
+
+
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc mallopt parameters
+
+
+def tune_malloc():
+    """Keeps page faults out of part 1: glibc trims the top of its heap once
+    128 KiB are free there, so each run of a chain of 64 KiB tensors would
+    fault its memory in again (most of plain autograd's time, and a
+    variant that frees its saved tensors early would skip it). With trimming
+    off and the mmap threshold fixed at 32 MiB (which also ends glibc's
+    dynamic threshold), blocks up to 32 MiB are reused, already faulted in,
+    and larger ones (part 2's 64 MiB) are fresh mmaps every time. Returns
+    whether glibc accepted both settings."""
+    try:
+        libc = ctypes.CDLL(None)
+        return bool(libc.mallopt(M_TRIM_THRESHOLD, 1 << 30) and
+                    libc.mallopt(M_MMAP_THRESHOLD, 32 * MIB))
+    except (OSError, AttributeError):
+        return False
 
 
 def median(values):
@@ -287,10 +317,17 @@ def bench_per_tensor(torch, args, variants, checks):
         saved = count_saved(torch, x, n)
         checks.expect(f"{fmt_size(nbytes)}: tensors saved by {n} relus (counting hook)", saved, n)
         names = list(variants)
-        # Warm-up: one untimed run of each variant (leases, allocator, caches).
+        # Warm-up: one untimed run of each variant (leases, allocator, caches);
+        # its gradient must be plain autograd's, bit for bit.
+        warm_grads = {}
         for name in names:
             ctx, stash = variants[name]
             chain_run(torch, x, grad, n, ctx, stash)
+            warm_grads[name] = x.grad.clone()
+        for name in names:
+            checks.expect(f"{fmt_size(nbytes)} {name}: gradient bitwise equal to plain",
+                          torch.equal(warm_grads[name], warm_grads["plain"]), True)
+        del warm_grads
         samples = {name: [] for name in names}  # per repetition: (fwd, bwd)
         engine = {name: dict.fromkeys(ENGINE_DELTAS, 0) for name in names}
         for rep in range(args.reps):
@@ -396,9 +433,15 @@ def bench_big(torch, args, variants, checks):
     staging = torch.zeros(numel)            # pre-touched
     dst = torch.zeros(numel)                # pre-touched
     names = ["plain", "clone", "actstash", "actstash-copy"]
-    for name in names:  # warm-up
+    warm_grads = {}
+    for name in names:  # warm-up; gradients checked against plain autograd's
         ctx, stash = variants[name]
         big_run(torch, x, grad, ctx, stash)
+        warm_grads[name] = x.grad.clone()
+    for name in names:
+        checks.expect(f"{fmt_size(nbytes)} {name}: gradient bitwise equal to plain",
+                      torch.equal(warm_grads[name], warm_grads["plain"]), True)
+    del warm_grads
     baseline_runs(torch, src, staging, dst)
     samples = {name: [] for name in names}
     base = {}
@@ -437,7 +480,8 @@ def bench_big(torch, args, variants, checks):
             "samples_s": [round(t, 6) for t in total[name]],
         }
         if name != "plain":
-            row["gb_s"] = nbytes / median(extra) / 1e9 if median(extra) > 0 else float("inf")
+            # None when the hooks cost nothing measurable (extra <= 0: noise).
+            row["gb_s"] = nbytes / median(extra) / 1e9 if median(extra) > 0 else None
             row["x_baseline"] = {
                 key: median([b / e for b, e in zip(times, extra) if e > 0])
                 for key, times in base.items()}
@@ -457,7 +501,7 @@ def print_report(result):
     cfg = result["config"]
     print(f"hook_bench: torch {cfg['torch']}, {cfg['threads']} torch thread(s), "
           f"{cfg['reps']} repetitions of {cfg['tensors']} saved tensors (median), "
-          f"daemon {cfg['daemon']}")
+          f"daemon {cfg['daemon']}, malloc {cfg['malloc']}")
     print("Part 1: cost per saved tensor of a relu chain (forward + backward; actstash: "
           "+ synchronize after each)")
     print(f"{'size':>8} {'variant':<14}{'us/tensor':>10}{'fwd us':>8}{'bwd us':>8}"
@@ -485,7 +529,8 @@ def print_report(result):
                 continue
             ratios = ", ".join(f"{k}: {v:.2f}" for k, v in r["x_baseline"].items())
             print(f"{r['variant']:<15}{r['ms']:>9.2f}{r['extra_ms']:>10.2f}"
-                  f"{r['store_extra_ms']:>10.2f}{r['fetch_extra_ms']:>10.2f}{r['gb_s']:>8.2f}"
+                  f"{r['store_extra_ms']:>10.2f}{r['fetch_extra_ms']:>10.2f}"
+                  f"{'-' if r['gb_s'] is None else format(r['gb_s'], '.2f'):>8}"
                   f"   {ratios}")
         print("baselines (same process, same repetitions):")
         for b in big["baselines"]:
@@ -521,6 +566,9 @@ def main():
     parser.add_argument("--pool-size", default="2GiB", help="pool of a private daemon")
     parser.add_argument("--quick", action="store_true",
                         help="a smoke run: 200 tensors, 3 repetitions")
+    parser.add_argument("--malloc", choices=["tuned", "default"], default="tuned",
+                        help="tuned (default): glibc heap trimming off, mmap threshold 32 MiB "
+                        "(see tune_malloc); default: leave glibc as it is")
     parser.add_argument("--json", action="store_true", help="print results as JSON")
     args = parser.parse_args()
     if args.quick:
@@ -534,6 +582,9 @@ def main():
     if args.tensors < 1 or args.reps < 1:
         parser.error("--tensors and --reps must be >= 1")
 
+    malloc = "default"
+    if args.malloc == "tuned":
+        malloc = "tuned" if tune_malloc() else "default (mallopt failed)"
     import torch
     actstash = import_actstash()
     torch.set_num_threads(args.threads)
@@ -547,7 +598,7 @@ def main():
             "tensors": args.tensors, "sizes": args.sizes, "big_size": args.big_size,
             "big_reps": args.big_reps, "quick": args.quick,
             "daemon": address if args.address else f"private ({args.pool_size} pool)",
-            "attached": stash_views.stats().get("attached"),
+            "attached": stash_views.stats().get("attached"), "malloc": malloc,
         }}
         result["per_tensor"] = bench_per_tensor(torch, args, variants, checks)
         if args.big_size:

@@ -133,7 +133,7 @@ class SavedTensorEngine::Impl {
       result.owner = e->fetch_owner;  // the engine's reference becomes the caller's
       e->fetch_owner = nullptr;
       stats_.prefetch_hits += 1;
-    } else if (e->placed && e->device < 0 && options_.cpu_views && !e->bf16) {
+    } else if (ServedAsView(*e)) {
       absl::StatusOr<StoredBytes> where = client_->Locate(e->ticket);
       if (!where.ok()) return where.status();
       e->busy += 1;
@@ -150,6 +150,8 @@ class SavedTensorEngine::Impl {
   }
 
   absl::Status FetchInto(uint64_t id, uintptr_t dst, uint64_t capacity, uintptr_t stream) {
+    absl::StatusOr<bool> copied = CopyOutNow(id, dst, capacity);
+    if (!copied.ok() || *copied) return copied.status();
     absl::StatusOr<std::shared_ptr<CopyEvent>> event = StartFetch(id, dst, capacity, stream);
     if (!event.ok()) return event.status();
     return WaitFetch(id, **event, stream, /*prefetched=*/false);
@@ -216,6 +218,7 @@ class SavedTensorEngine::Impl {
 
   absl::Status Reap(bool wait) {
     std::vector<std::pair<uint64_t, std::shared_ptr<CopyEvent>>> done;
+    std::vector<std::pair<std::shared_ptr<CopyEvent>, void*>> finished_orphans;
     std::vector<void*> owners;
     {
       absl::MutexLock lock(&mu_);
@@ -232,12 +235,16 @@ class SavedTensorEngine::Impl {
       std::vector<std::pair<std::shared_ptr<CopyEvent>, void*>> keep;
       for (auto& orphan : orphans_) {
         if (orphan.first == nullptr || wait || orphan.first->Done()) {
-          owners.push_back(orphan.second);
+          finished_orphans.push_back(std::move(orphan));
         } else {
           keep.push_back(std::move(orphan));
         }
       }
       orphans_ = std::move(keep);
+    }
+    for (auto& [event, owner] : finished_orphans) {
+      if (event != nullptr) (void)event->Wait();  // the copy into it is over
+      owners.push_back(owner);
     }
     std::vector<absl::Status> statuses;
     statuses.reserve(done.size());
@@ -303,6 +310,11 @@ class SavedTensorEngine::Impl {
   }
 
  private:
+  bool ServedAsView(const Entry& e) const {
+    return e.placed && e.device < 0 && options_.cpu_views && !e.bf16 &&
+           e.nbytes >= options_.view_min_bytes;
+  }
+
   Entry* Find(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     auto it = entries_.find(id);
     return it == entries_.end() || it->second.released ? nullptr : &it->second;
@@ -393,6 +405,9 @@ class SavedTensorEngine::Impl {
   uint64_t Store(const SavedTensorInfo& info, CopyEngine* engine);
   absl::StatusOr<std::shared_ptr<CopyEvent>> StartFetch(uint64_t id, uintptr_t dst,
                                                         uint64_t capacity, uintptr_t stream);
+  // A CPU tensor whose store is done: copied (or converted) into `dst` on
+  // the calling thread. False when it must go through the engine.
+  absl::StatusOr<bool> CopyOutNow(uint64_t id, uintptr_t dst, uint64_t capacity);
   absl::Status WaitFetch(uint64_t id, const CopyEvent& event, uintptr_t stream, bool prefetched);
   void OfferPrefetch(uint64_t id, int depth, UnpackResult* result)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -597,6 +612,45 @@ absl::StatusOr<std::shared_ptr<CopyEvent>> SavedTensorEngine::Impl::StartFetch(
   return event;
 }
 
+absl::StatusOr<bool> SavedTensorEngine::Impl::CopyOutNow(uint64_t id, uintptr_t dst,
+                                                        uint64_t capacity) {
+  Ticket ticket;
+  uint64_t nbytes = 0;
+  uint64_t stored_bytes = 0;
+  bool bf16 = false;
+  {
+    absl::MutexLock lock(&mu_);
+    Entry* e = Find(id);
+    if (e == nullptr || e->device >= 0 || !e->placed || e->owner != nullptr || e->failed) {
+      return false;
+    }
+    if (capacity < e->nbytes) {
+      return absl::OutOfRangeError(absl::StrCat("saved tensor ", id, " holds ", e->nbytes,
+                                                " bytes; the destination holds ", capacity));
+    }
+    e->busy += 1;
+    ticket = e->ticket;
+    nbytes = e->nbytes;
+    stored_bytes = e->stored_bytes;
+    bf16 = e->bf16;
+  }
+  absl::StatusOr<StoredBytes> where = client_->Locate(ticket);
+  if (where.ok()) {
+    if (bf16) {
+      kernels::Bf16ToFp32Cpu(static_cast<const uint16_t*>(where->data),
+                             reinterpret_cast<float*>(dst), stored_bytes / 2);
+    } else {
+      std::memcpy(reinterpret_cast<void*>(dst), where->data, stored_bytes);
+    }
+  }
+  Unbusy(id);
+  if (!where.ok()) return where.status();
+  absl::MutexLock lock(&mu_);
+  stats_.tensors_fetched += 1;
+  stats_.bytes_fetched += nbytes;
+  return true;
+}
+
 absl::Status SavedTensorEngine::Impl::WaitFetch(uint64_t id, const CopyEvent& event,
                                                 uintptr_t stream, bool prefetched) {
   CopyEngine* engine = nullptr;
@@ -632,7 +686,7 @@ void SavedTensorEngine::Impl::OfferPrefetch(uint64_t id, int depth, UnpackResult
         e->fetch_owner != nullptr || e->cookie == nullptr) {
       continue;
     }
-    if (e->placed && e->device < 0 && options_.cpu_views && !e->bf16) continue;  // a view
+    if (e->device < 0 && options_.cpu_views) continue;  // read in place, or copied at once
     e->prefetch_offered = true;
     Acquire(e->cookie);
     result->prefetch_cookies.push_back(e->cookie);

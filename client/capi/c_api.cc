@@ -187,8 +187,8 @@ int actstash_client_stats_json(actstash_client* c, int all_sessions, char** out)
   return 0;
 }
 
-int actstash_engine_create(actstash_client* client, uint64_t inline_store_bytes, int cpu_views,
-                           int prefetch, int cuda, int device_pool, int pool_importer,
+int actstash_engine_create(actstash_client* client, uint64_t inline_store_bytes,
+                           int cpu_views, uint64_t view_min_bytes, int prefetch, int cuda, int device_pool, int pool_importer,
                            int downcast_bf16, int on_failure, int64_t copy_delay_us,
                            uint64_t seed, void (*acquire)(void*), void (*release)(void*),
                            actstash_engine** out) {
@@ -200,6 +200,7 @@ int actstash_engine_create(actstash_client* client, uint64_t inline_store_bytes,
   actstash::EngineOptions options;
   options.inline_store_bytes = inline_store_bytes;
   options.cpu_views = cpu_views != 0;
+  options.view_min_bytes = view_min_bytes;
   options.prefetch = prefetch;
   options.cuda = cuda != 0;
   options.device_pool = device_pool;

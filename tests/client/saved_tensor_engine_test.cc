@@ -55,13 +55,20 @@ class SavedTensorEngineTest : public ::testing::Test {
     return std::shared_ptr<Client>(std::move(*client));
   }
 
+  // Views for every CPU size unless a test says otherwise.
   std::unique_ptr<SavedTensorEngine> Engine(std::shared_ptr<Client> client,
-                                            EngineOptions options = {}) {
+                                            EngineOptions options = ViewsOfAnySize()) {
     options.acquire_owner = &AcquireOwner;
     options.release_owner = &ReleaseOwner;
     auto engine = SavedTensorEngine::Create(std::move(client), std::move(options));
     EXPECT_TRUE(engine.ok()) << engine.status();
     return std::move(*engine);
+  }
+
+  static EngineOptions ViewsOfAnySize() {
+    EngineOptions options;
+    options.view_min_bytes = 0;
+    return options;
   }
 
   static SavedTensorInfo Dense(const std::vector<float>& v, Owner* owner = nullptr,
@@ -114,9 +121,38 @@ TEST_F(SavedTensorEngineTest, SmallCpuTensorIsStoredInlineAndReadAsAView) {
   EXPECT_EQ(engine->stats().live_bytes, 0u);
 }
 
+TEST_F(SavedTensorEngineTest, SmallCpuTensorsAreCopiedBackOnTheUnpackingThread) {
+  auto client = Connect();
+  auto engine = Engine(client, EngineOptions{});  // views from 32 KiB up
+  const std::vector<float> small = Iota(1024);
+  const std::vector<float> large = Iota(16 << 10);
+  const uint64_t small_id = engine->Pack(Dense(small), kNone, 0);
+  const uint64_t large_id = engine->Pack(Dense(large), kNone, 0);
+  auto r = engine->UnpackBegin(large_id, 0);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->kind, UnpackKind::kView);
+  EXPECT_TRUE(r->prefetch_ids.empty()) << "CPU tensors are not prefetched with views on";
+  engine->ViewDone(large_id);
+  r = engine->UnpackBegin(small_id, 0);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->kind, UnpackKind::kDestination);
+  std::vector<float> out(1024);
+  ASSERT_TRUE(engine->FetchInto(small_id, reinterpret_cast<uintptr_t>(out.data()), 4096, 0).ok());
+  EXPECT_EQ(out, small);
+  EXPECT_EQ(engine->FetchInto(small_id, reinterpret_cast<uintptr_t>(out.data()), 4092, 0).code(),
+            absl::StatusCode::kOutOfRange);
+  const EngineStats s = engine->stats();
+  EXPECT_EQ(s.views, 1u);
+  EXPECT_EQ(s.tensors_fetched, 2u);
+  EXPECT_EQ(s.wait_ns, 0u) << "no copy stream was involved";
+  engine->Release(small_id);
+  engine->Release(large_id);
+  EXPECT_EQ(client->zero_copy_usage().objects, 0u);
+}
+
 TEST_F(SavedTensorEngineTest, AsyncStoreHoldsItsSourceUntilDoneAndUnpackUsesItMeanwhile) {
   auto client = Connect();
-  EngineOptions options;
+  EngineOptions options = ViewsOfAnySize();
   options.inline_store_bytes = 0;
   HostCopyEngineOptions slow;
   slow.max_injected_delay = std::chrono::milliseconds(200);
@@ -157,7 +193,7 @@ TEST_F(SavedTensorEngineTest, AsyncStoreHoldsItsSourceUntilDoneAndUnpackUsesItMe
 TEST_F(SavedTensorEngineTest, ViewWithGapsIsGatheredInlineAndAsynchronously) {
   auto client = Connect();
   for (uint64_t inline_bytes : {uint64_t{1} << 20, uint64_t{0}}) {
-    EngineOptions options;
+    EngineOptions options = ViewsOfAnySize();
     options.inline_store_bytes = inline_bytes;
     auto engine = Engine(client, options);
     // A [8, 16] view with a row stride of 32 (every other half row unused), transposed.
@@ -190,7 +226,7 @@ TEST_F(SavedTensorEngineTest, ViewWithGapsIsGatheredInlineAndAsynchronously) {
 
 TEST_F(SavedTensorEngineTest, FetchIntoAndPrefetchInReverseSaveOrder) {
   auto client = Connect();
-  EngineOptions options;
+  EngineOptions options = ViewsOfAnySize();
   options.cpu_views = false;
   options.prefetch = 2;
   HostCopyEngineOptions delays;
@@ -252,7 +288,7 @@ TEST_F(SavedTensorEngineTest, FetchIntoAndPrefetchInReverseSaveOrder) {
 
 TEST_F(SavedTensorEngineTest, ReleasedBeforeItsPrefetchFinishedKeepsTheDestinationUntilDone) {
   auto client = Connect();
-  EngineOptions options;
+  EngineOptions options = ViewsOfAnySize();
   options.cpu_views = false;
   HostCopyEngineOptions slow;
   slow.max_injected_delay = std::chrono::milliseconds(50);
@@ -285,7 +321,7 @@ TEST_F(SavedTensorEngineTest, ChangedVersionFailsTheUnpack) {
 TEST_F(SavedTensorEngineTest, Bf16DowncastStoresHalfAndRestoresRounded) {
   auto client = Connect();
   for (uint64_t inline_bytes : {uint64_t{1} << 20, uint64_t{0}}) {
-    EngineOptions options;
+    EngineOptions options = ViewsOfAnySize();
     options.downcast_bf16 = true;
     options.inline_store_bytes = inline_bytes;
     auto engine = Engine(client, options);
@@ -342,7 +378,7 @@ TEST_F(SavedTensorEngineTest, FullQuotaRaisesOnceOrTurnsOffloadOff) {
   const std::vector<float> big = Iota(3 << 20);  // 12 MiB > the 8 MiB quota
   const std::vector<float> small = Iota(1024);
   for (FailurePolicy policy : {FailurePolicy::kRaise, FailurePolicy::kKeep}) {
-    EngineOptions options;
+    EngineOptions options = ViewsOfAnySize();
     options.on_failure = policy;
     auto engine = Engine(Connect(8 << 20), options);
     const uint64_t kept_id = engine->Pack(Dense(small), kNone, 0);
@@ -369,7 +405,7 @@ TEST_F(SavedTensorEngineTest, FullQuotaRaisesOnceOrTurnsOffloadOff) {
 
 TEST_F(SavedTensorEngineTest, ThreadsPackUnpackAndReleaseConcurrently) {
   auto client = Connect();
-  EngineOptions options;
+  EngineOptions options = ViewsOfAnySize();
   options.inline_store_bytes = 16 << 10;  // a mix of inline and asynchronous stores
   HostCopyEngineOptions delays;
   delays.max_injected_delay = std::chrono::microseconds(200);

@@ -20,9 +20,9 @@ _COUNTERS = ("tensors_offloaded", "bytes_offloaded", "tensors_fetched", "bytes_f
              "tensors_kept", "live_tensors", "live_bytes", "kept_keep_listed")
 
 
-@pytest.fixture
-def stash(daemon):
-    s = actstash.connect(daemon.socket, seed=7)
+@pytest.fixture(params=[0, 300], ids=["no-delay", "delay300us"])
+def stash(request, daemon):
+    s = actstash.connect(daemon.socket, copy_delay_us=request.param, seed=7)
     assert s.client.attached
     yield s
     s.close()

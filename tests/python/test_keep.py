@@ -256,3 +256,33 @@ class _null:
 
     def __exit__(self, *exc):
         return False
+
+
+def test_keep_of_a_temporary_alias_keeps_the_storage(daemon):
+    """keep(w.t()) or keep(w.detach()) keeps w's storage while w lives, and does not
+    cancel an earlier keep(w)."""
+    stash = actstash.connect(daemon.socket)
+    w = torch.randn(256, 256)  # a frozen weight: matmul saves it
+
+    def probe():
+        before = stash.stats()
+        x = torch.randn(256, 256, requires_grad=True) * 1
+        with stash.offload(min_bytes=0):
+            loss = (x @ w).sum()
+        after = stash.stats()
+        loss.backward()
+        return (after["kept_keep_listed"] - before["kept_keep_listed"],
+                after["tensors_offloaded"] - before["tensors_offloaded"])
+
+    assert probe() == (0, 1), "nothing kept yet: w (what mm saves here) is offloaded"
+    stash.keep(w)
+    assert probe() == (1, 0)
+    stash.keep(w.t())
+    assert probe() == (1, 0), "an alias does not cancel the earlier keep"
+    stash.keep(w.detach())
+    assert probe() == (1, 0)
+    assert stash.stats()["keep_registered"] == 1
+    del w
+    gc.collect()
+    assert stash.stats()["keep_registered"] == 0
+    stash.close()

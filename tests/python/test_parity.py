@@ -65,8 +65,9 @@ def test_parity(daemon, model_name, mode, delay_us, cpu_views):
         assert s["tensors_offloaded"] > 0 and s["bytes_offloaded"] > 0
         assert s["tensors_fetched"] == s["tensors_offloaded"], s
         assert s["unpacked_from_source"] == 0
-        if cpu_views:
-            assert s["views"] == s["tensors_fetched"]
+        if cpu_views:  # read in place from 32 KiB up, smaller ones copied back
+            assert s["views"] <= s["tensors_fetched"]
+            assert s["views"] > 0 or model_name == "weird"  # weird's are all < 32 KiB
         else:
             assert s["views"] == 0
             if s["tensors_offloaded"] > 2:

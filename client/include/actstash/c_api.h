@@ -77,8 +77,8 @@ ACTSTASH_API int actstash_client_stats_json(actstash_client* client, int all_ses
  * keep. copy_delay_us > 0 injects random delays into the host engine's
  * copies (tests). acquire/release: owner reference functions (both or
  * neither). */
-ACTSTASH_API int actstash_engine_create(actstash_client* client, uint64_t inline_store_bytes, int cpu_views,
-                           int prefetch, int cuda, int device_pool, int pool_importer,
+ACTSTASH_API int actstash_engine_create(actstash_client* client, uint64_t inline_store_bytes,
+                           int cpu_views, uint64_t view_min_bytes, int prefetch, int cuda, int device_pool, int pool_importer,
                            int downcast_bf16, int on_failure, int64_t copy_delay_us,
                            uint64_t seed, void (*acquire)(void*), void (*release)(void*),
                            actstash_engine** out);

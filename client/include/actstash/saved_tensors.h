@@ -78,6 +78,10 @@ struct EngineOptions {
   // when the bytes are exact (not downcast); false: copied into a
   // destination the front-end allocates (then prefetched like CUDA tensors).
   bool cpu_views = true;
+  // With cpu_views, CPU tensors smaller than this are copied into a
+  // destination on the unpacking thread instead (a copy of a few KiB costs
+  // less than a view's bookkeeping), and are not prefetched.
+  uint64_t view_min_bytes = 32 << 10;
   // Fetch-into unpacks start fetches of the next `prefetch` saved tensors
   // (in reverse save order).
   int prefetch = 2;

@@ -10,10 +10,12 @@ policy and the counters.
 import contextlib
 import ctypes
 import os
+import threading
 import warnings
 import weakref
 
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
 
 from actstash import _lib
 from actstash._lib import StashError, StashUnavailable
@@ -29,6 +31,7 @@ _KEEP_SMALL, _KEEP_PARAMETER, _KEEP_LISTED, _KEEP_LAYOUT, _KEEP_DEVICE = (
 _SOURCE, _VIEW, _DESTINATION, _PREFETCHED = 0, 1, 2, 3
 _UNKNOWN_VERSION = (1 << 64) - 1
 _INLINE_STORE_BYTES = 1 << 20
+_VIEW_MIN_BYTES = 32 << 10  # smaller CPU tensors are copied back: cheaper than a view
 
 
 def connect(address=None, quota=None, on_unavailable="raise", *, name=None, attach="auto",
@@ -91,6 +94,13 @@ def _current_cuda_device():
 def _storage_address(t):
     """Where t's storage begins: identifies what t aliases without holding it."""
     return t.data_ptr() - t.storage_offset() * t.element_size()
+
+
+def _storage_ref(t):
+    """A weak reference to t's storage (not to the tensor object, which may be a
+    temporary alias such as w.t() or w.detach())."""
+    storage = t.untyped_storage() if hasattr(t, "untyped_storage") else t.storage()
+    return StorageWeakRef(storage)
 
 
 def _is_dense(t):
@@ -171,7 +181,8 @@ class Stash:
         pool_importer = _current_cuda_device() if device_pool is not None else -1
         inline_bytes = 0 if copy_delay_us else _INLINE_STORE_BYTES
         code = _lib.engine_create(client.handle if client is not None else None,
-                                  inline_bytes, int(cpu_views), int(prefetch), int(cuda),
+                                  inline_bytes, int(cpu_views), _VIEW_MIN_BYTES, int(prefetch),
+                                  int(cuda),
                                   -1 if device_pool is None else int(device_pool), pool_importer,
                                   int(downcast == "bf16"), 0 if on_unavailable == "raise" else 1,
                                   int(copy_delay_us), int(seed), _lib.PY_INCREF, _lib.PY_DECREF,
@@ -181,6 +192,7 @@ class Stash:
         self._engine = _Engine(handle.value)
         self._inline_bytes = inline_bytes
         self._unpack_out_len = 5 + 2 * prefetch
+        self._tls = threading.local()
         self._keep = {}           # storage address -> weakref of a kept tensor
         self._min_bytes = 0
         self._warned = client is None
@@ -200,19 +212,19 @@ class Stash:
         return self._hooks(min_bytes)
 
     def keep(self, *tensors_or_modules):
-        """Never offload these tensors, or the parameters and buffers of these modules.
-        Held weakly: once a kept tensor is freed, its memory is no longer special."""
+        """Never offload these tensors (nor other tensors on their storage), or the
+        parameters and buffers of these modules. Held weakly: once a kept storage is
+        freed, its memory is no longer special (an address the allocator reuses is
+        offloaded normally)."""
         for item in tensors_or_modules:
             tensors = (list(item.parameters()) + list(item.buffers())
                        if isinstance(item, torch.nn.Module) else [item])
             for t in tensors:
-                self._keep[_storage_address(t)] = weakref.ref(t)
+                self._keep[_storage_address(t)] = _storage_ref(t)
         self._prune_keep()
 
     def _prune_keep(self):
-        dead = [a for a, ref in self._keep.items()
-                if ref() is None or _storage_address(ref()) != a]
-        for address in dead:
+        for address in [a for a, ref in self._keep.items() if ref.expired()]:
             del self._keep[address]
 
     def _kept(self, t):
@@ -220,10 +232,9 @@ class Stash:
         ref = self._keep.get(address)
         if ref is None:
             return False
-        kept = ref()
-        if kept is not None and _storage_address(kept) == address:
+        if not ref.expired():
             return True
-        del self._keep[address]  # freed (or moved): its old address means nothing now
+        del self._keep[address]  # freed: its old address means nothing now
         return False
 
     def synchronize(self):
@@ -368,25 +379,28 @@ class Stash:
         t = saved.ref()
         version = t._version if t is not None else _UNKNOWN_VERSION
         engine = self._engine
-        out = (ctypes.c_uint64 * self._unpack_out_len)()
+        try:
+            out = self._tls.out  # one per thread: unpacks may run on several
+        except AttributeError:
+            out = self._tls.out = (ctypes.c_uint64 * self._unpack_out_len)()
         code = _lib.engine_unpack(engine.ptr, saved.id, version, out, self._unpack_out_len)
         if code:
             _lib.raise_for(code)
-        kind = out[0]
+        kind, address, nbytes = out[0], out[1], out[2]
         if out[4]:
-            self._prefetch(out)
+            self._prefetch([(out[5 + 2 * i], out[6 + 2 * i]) for i in range(out[4])])
         if kind == _VIEW:
-            buf = (ctypes.c_char * out[2]).from_address(out[1])
+            buf = (ctypes.c_char * nbytes).from_address(address)
             buf._actstash = _ViewDone(engine, saved.id)
             flat = torch.frombuffer(buf, dtype=saved.dtype)
             if saved.dense:
                 return flat.as_strided(saved.shape, saved.stride)
             return self._restride(saved, flat.view(saved.shape))
         if kind == _SOURCE:
-            return self._restride(saved, _lib.take_object(out[1]))
+            return self._restride(saved, _lib.take_object(address))
         stream = _stream_of(saved.device)
         if kind == _PREFETCHED:
-            dst = _lib.take_object(out[1])
+            dst = _lib.take_object(address)
             code = _lib.engine_finish(engine.ptr, saved.id, stream)
             if saved.device.type == "cuda":
                 # Allocated on the stream current when the prefetch was issued: tell the
@@ -400,16 +414,16 @@ class Stash:
             _lib.raise_for(code, "actstash: fetching a saved tensor failed")
         return self._restride(saved, dst)
 
-    def _prefetch(self, out):
-        """Starts the fetches the engine offered (the next saved tensors backward reads)."""
+    def _prefetch(self, offers):
+        """Starts the fetches the engine offered (the next saved tensors backward reads):
+        (id, cookie) pairs, each cookie a reference to a _Saved handed over."""
         engine = self._engine
-        for i in range(out[4]):
-            id_, cookie = out[5 + 2 * i], out[6 + 2 * i]
-            saved = _lib.take_object(cookie)
+        taken = [(id_, _lib.take_object(cookie)) for id_, cookie in offers]
+        for id_, saved in taken:
             try:
                 dst = _materialize(saved)
             except RuntimeError:
-                return  # speculative: out of memory now must not fail this unpack
+                continue  # speculative: out of memory now must not fail this unpack
             _lib.engine_prefetch(engine.ptr, id_, dst.data_ptr(), saved.nbytes, dst,
                                  _stream_of(saved.device))
 

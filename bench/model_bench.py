@@ -1,0 +1,369 @@
+#!/usr/bin/env python3
+"""model_bench: training step time of real models on CPU with actstash offload,
+next to plain autograd, per-layer torch checkpointing and torch's save_on_cpu,
+measured in one process, variants interleaved.
+
+    bench/model_bench.py                   # starts a private actstashd
+    bench/model_bench.py --quick           # a smoke run
+    bench/model_bench.py --address SOCKET  # an actstashd already running
+    bench/model_bench.py --json            # machine-readable output
+
+Models (fp32, CPU, --threads torch threads, default 1 as in scripts/demo):
+  gpt      examples/gpt.py's GPT with the config scripts/demo trains
+           (examples/train_gpt.py's defaults): 6 blocks, width 256, 4 heads,
+           vocabulary 1024, batch 8 x 128 tokens, dropout 0.1; cross-entropy.
+  encoder  torch.nn.TransformerEncoder: 4 layers of TransformerEncoderLayer
+           (d_model 256, 4 heads, feed-forward 1024, dropout 0.1, batch_first),
+           batch 2 x 128 random inputs (tens of ms per step on one core);
+           MSE loss against a random target.
+Variants (each its own copy of the same initial model, its own SGD (lr 0.01)):
+  plain       plain autograd
+  actstash    actstash.wrap(model, stash, blocks=<layer class>, mode="offload",
+              min_bytes=--min-bytes) as the demo does: saved tensors of at
+              least min_bytes (64 KiB) inside each block go to actstashd
+  checkpoint  torch.utils.checkpoint.checkpoint(use_reentrant=False) per layer
+  save_on_cpu torch.autograd.graph.save_on_cpu() around forward (on a CPU
+              trainer its copies stay in the process: the hooks' cost alone)
+A step is zero_grad, forward, backward, optimizer step; step k of every
+variant of a model uses the same batch and seed (torch.manual_seed(100 + k),
+for dropout), so all variants see the same sequence of parameters as long as
+their gradients are bitwise equal to plain autograd's. Per round and model,
+each variant runs --warmup untimed steps then --steps timed ones (median); the
+variants' order rotates from round to round, and "x plain" is the median over
+rounds of the per-round ratio to plain, so each ratio pairs runs made close
+together. No stash.synchronize() inside a timed step (stores overlap the rest
+of forward and backward, as in training); the stash is synchronized between
+variants, outside the timing. Between steps, outside the timing, the benchmark
+reads the stash's counters and hashes the gradients (work of the previous
+step still in flight, such as releases, may finish there).
+
+Every step's gradients are hashed (SHA-256 of all parameters' gradient bytes,
+outside the timing) and compared with plain autograd's of the same step: the
+actstash variant must be bitwise equal (the benchmark exits 1 otherwise); the
+others are reported. "offloaded MiB/step" and "tensors/step" come from the
+stash's counters (bytes_offloaded, tensors_offloaded) over each timed step;
+after each actstash run the benchmark checks that nothing stays live in the
+daemon (live_bytes 0) once the graph is freed.
+"""
+import argparse
+import copy
+import gc
+import hashlib
+import json
+import os
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from hook_bench import (ROOT, Checks, daemon_address, import_actstash, median,  # noqa: E402
+                        parse_size, synchronize)
+
+sys.path.insert(0, os.path.join(ROOT, "examples"))
+
+VARIANTS = ["plain", "actstash", "checkpoint", "save_on_cpu"]
+# Engine counters read around each timed actstash step (JSON: their sums).
+STEP_COUNTERS = ("bytes_offloaded", "tensors_offloaded", "tensors_kept", "tensors_fetched",
+                 "views", "unpacked_from_source", "inline_stores", "wait_ns")
+
+
+class ModelSpec:
+    """A model to benchmark: how to build it, its layer class, its batches and loss."""
+
+    def __init__(self, name, describe, build, layers, layer_class, make_batch, loss):
+        self.name, self.describe, self.build = name, describe, build
+        self.layers, self.layer_class = layers, layer_class
+        self.make_batch, self.loss = make_batch, loss
+
+
+def gpt_spec(torch, args):
+    from gpt import GPT, Block, loss_fn
+
+    def build():
+        return GPT(vocab=args.gpt_vocab, dim=args.gpt_dim, heads=args.gpt_heads,
+                   layers=args.gpt_layers, context=args.gpt_context, dropout=0.1)
+
+    def make_batch(step):
+        g = torch.Generator().manual_seed(1000 + step)
+        return torch.randint(0, args.gpt_vocab, (args.gpt_batch, args.gpt_context + 1),
+                             generator=g)
+
+    return ModelSpec(
+        "gpt",
+        f"GPT (examples/gpt.py) {args.gpt_layers}x{args.gpt_dim}, {args.gpt_heads} heads, "
+        f"vocab {args.gpt_vocab}, batch {args.gpt_batch}x{args.gpt_context}",
+        build, lambda m: list(m.blocks), Block, make_batch, loss_fn)
+
+
+def encoder_spec(torch, args):
+    nn = torch.nn
+
+    def build():
+        layer = nn.TransformerEncoderLayer(args.enc_dim, args.enc_heads, args.enc_ff,
+                                           dropout=0.1, batch_first=True)
+        return nn.TransformerEncoder(layer, args.enc_layers, enable_nested_tensor=False)
+
+    def make_batch(step):
+        g = torch.Generator().manual_seed(2000 + step)
+        shape = (args.enc_batch, args.enc_seq, args.enc_dim)
+        return torch.randn(shape, generator=g), torch.randn(shape, generator=g)
+
+    def loss(model, batch):
+        x, target = batch
+        return nn.functional.mse_loss(model(x), target)
+
+    return ModelSpec(
+        "encoder",
+        f"nn.TransformerEncoder {args.enc_layers}x{args.enc_dim}, {args.enc_heads} heads, "
+        f"ff {args.enc_ff}, batch {args.enc_batch}x{args.enc_seq}",
+        build, lambda m: list(m.layers), nn.TransformerEncoderLayer, make_batch, loss)
+
+
+def checkpoint_layers(layers):
+    """torch.utils.checkpoint per layer (use_reentrant=False); keyword arguments
+    (the encoder's masks) are bound, the positional ones checkpointed."""
+    from torch.utils.checkpoint import checkpoint
+    for layer in layers:
+        original = layer.forward
+
+        def forward(*args, _original=original, **kwargs):
+            return checkpoint(lambda *a: _original(*a, **kwargs), *args, use_reentrant=False)
+
+        layer.forward = forward
+
+
+class Runner:
+    """One variant of one model: its own model copy, optimizer and step counter."""
+
+    def __init__(self, torch, spec, variant, initial, stash, args):
+        self.torch, self.spec, self.variant, self.stash = torch, spec, variant, stash
+        self.model = copy.deepcopy(initial)
+        self.model.train()
+        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.01)
+        self.step_index = 0
+        self.context = None
+        if variant == "actstash":
+            import actstash
+            actstash.wrap(self.model, stash, blocks=spec.layer_class, mode="offload",
+                          min_bytes=args.min_bytes)
+        elif variant == "checkpoint":
+            checkpoint_layers(spec.layers(self.model))
+        elif variant == "save_on_cpu":
+            self.context = lambda: torch.autograd.graph.save_on_cpu(pin_memory=False)
+        self.digests = {}         # step index -> gradient digest
+        self.offloaded = []       # per timed step: (bytes, tensors)
+
+    def step(self, batch):
+        """One training step; returns its time in seconds."""
+        torch = self.torch
+        torch.manual_seed(100 + self.step_index)
+        start = time.perf_counter()
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.context is not None:
+            with self.context():
+                loss = self.spec.loss(self.model, batch)
+        else:
+            loss = self.spec.loss(self.model, batch)
+        loss.backward()
+        self.optimizer.step()
+        elapsed = time.perf_counter() - start
+        del loss
+        return elapsed
+
+    def digest(self):
+        h = hashlib.sha256()
+        for p in self.model.parameters():
+            h.update(b"none" if p.grad is None else p.grad.detach().contiguous().numpy().tobytes())
+        return h.hexdigest()
+
+    def run(self, warmup, steps, batches, checks):
+        """warmup + steps steps; returns the timed steps' seconds."""
+        times = []
+        for i in range(warmup + steps):
+            batch = batches(self.step_index)
+            before = self.stash.stats() if self.stash is not None else None
+            t = self.step(batch)
+            if self.stash is not None:
+                after = self.stash.stats()
+                if i >= warmup:
+                    self.offloaded.append({k: after[k] - before[k] for k in STEP_COUNTERS})
+            self.digests[self.step_index] = self.digest()
+            self.step_index += 1
+            if i >= warmup:
+                times.append(t)
+        if self.stash is not None:
+            gc.collect()
+            synchronize(self.stash)
+            stats = self.stash.stats()
+            label = f"{self.spec.name} {self.variant} after step {self.step_index - 1}"
+            checks.absolute(label, stats, {"live_tensors": 0, "live_bytes": 0, "in_flight": 0,
+                                           "store_failures": 0})
+        return times
+
+
+def bench_model(torch, spec, stash, args, checks):
+    torch.manual_seed(0)
+    initial = spec.build()
+    variants = args.variants
+    runners = {v: Runner(torch, spec, v, initial, stash if v == "actstash" else None, args)
+               for v in variants}
+    per_round = []  # per round: variant -> median step seconds
+    for rnd in range(args.rounds):
+        shift = rnd % len(variants)
+        order = variants[shift:] + variants[:shift]
+        medians = {}
+        for v in order:
+            gc.collect()
+            medians[v] = median(runners[v].run(args.warmup, args.steps, spec.make_batch, checks))
+        per_round.append(medians)
+    base = "plain" if "plain" in variants else variants[0]
+    rows = []
+    for v in variants:
+        r = runners[v]
+        compared = [k for k in r.digests if k in runners[base].digests]
+        equal = all(r.digests[k] == runners[base].digests[k] for k in compared)
+        row = {
+            "variant": v,
+            "step_ms": median([m[v] for m in per_round]) * 1e3,
+            "x_plain": median([m[v] / m[base] for m in per_round]),
+            "round_step_ms": [round(m[v] * 1e3, 3) for m in per_round],
+            "grads_equal": equal,
+            "steps_compared": len(compared),
+        }
+        if r.offloaded:
+            per_step = {k: [c[k] for c in r.offloaded] for k in STEP_COUNTERS}
+            row["offloaded_bytes_per_step"] = median(per_step["bytes_offloaded"])
+            row["offloaded_tensors_per_step"] = median(per_step["tensors_offloaded"])
+            row["offloaded_bytes_per_step_min_max"] = [min(per_step["bytes_offloaded"]),
+                                                        max(per_step["bytes_offloaded"])]
+            row["timed_steps_counters"] = {k: sum(v) for k, v in per_step.items()}
+        rows.append(row)
+        if v == "actstash":
+            checks.expect(f"{spec.name}: actstash gradients bitwise equal to {base} "
+                          f"({len(compared)} steps)", equal, True)
+            checks.expect(f"{spec.name}: actstash offloaded something in every timed step",
+                          bool(r.offloaded) and
+                          min(c["bytes_offloaded"] for c in r.offloaded) > 0, True)
+    return {"model": spec.name, "describe": spec.describe, "variants": rows}
+
+
+def print_report(result):
+    cfg = result["config"]
+    print(f"model_bench: torch {cfg['torch']}, {cfg['threads']} torch thread(s), "
+          f"{cfg['rounds']} round(s) of {cfg['warmup']} warm-up + {cfg['steps']} timed steps "
+          f"per variant (median), min_bytes {cfg['min_bytes']}, daemon {cfg['daemon']}")
+    print("step ms: median over rounds of each round's median; x plain: median of the "
+          "per-round ratios")
+    for m in result["models"]:
+        print()
+        print(m["describe"])
+        print(f"  {'variant':<13}{'step ms':>9}{'x plain':>9}{'grads equal':>13}"
+              f"{'offloaded MiB/step':>20}{'tensors/step':>14}   per-round ms")
+        for r in m["variants"]:
+            off = (f"{r['offloaded_bytes_per_step'] / 2**20:>20.1f}"
+                   f"{r['offloaded_tensors_per_step']:>14.0f}"
+                   if "offloaded_bytes_per_step" in r else f"{'-':>20}{'-':>14}")
+            rounds = " ".join(f"{t:.1f}" for t in r["round_step_ms"])
+            print(f"  {r['variant']:<13}{r['step_ms']:>9.1f}{r['x_plain']:>9.2f}"
+                  f"{str(r['grads_equal']):>13}{off}   {rounds}")
+        for r in m["variants"]:
+            c = r.get("timed_steps_counters")
+            if c:
+                steps = len(r["round_step_ms"]) * result["config"]["steps"]
+                print(f"  {r['variant']} per timed step: {c['tensors_fetched'] / steps:.0f} "
+                      f"fetched ({c['views'] / steps:.0f} as views), "
+                      f"{c['inline_stores'] / steps:.0f} stored inline, "
+                      f"{c['tensors_kept'] / steps:.0f} kept, "
+                      f"{c['unpacked_from_source'] / steps:.1f} read from the source "
+                      f"(store in flight), waited {c['wait_ns'] / steps / 1e6:.2f} ms")
+    print()
+    checks = result["checks"]
+    if checks["failures"]:
+        print(f"checks: {len(checks['failures'])} of {checks['count']} FAILED")
+        for f in checks["failures"][:20]:
+            print("  " + f)
+    else:
+        print(f"checks: all {checks['count']} passed (actstash gradients bitwise equal to "
+              "plain, nothing left live in the daemon)")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", default="gpt,encoder", help="gpt,encoder (default both)")
+    parser.add_argument("--variants", default=",".join(VARIANTS),
+                        help=f"comma-separated, of {','.join(VARIANTS)} (default all)")
+    parser.add_argument("--steps", type=int, default=5, help="timed steps per variant and round")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed steps before them")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds (variants interleaved)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    parser.add_argument("--min-bytes", type=parse_size, default=64 << 10,
+                        help="actstash offload threshold (default 64KiB)")
+    parser.add_argument("--gpt-layers", type=int, default=6)
+    parser.add_argument("--gpt-dim", type=int, default=256)
+    parser.add_argument("--gpt-heads", type=int, default=4)
+    parser.add_argument("--gpt-vocab", type=int, default=1024)
+    parser.add_argument("--gpt-context", type=int, default=128)
+    parser.add_argument("--gpt-batch", type=int, default=8)
+    parser.add_argument("--enc-layers", type=int, default=4)
+    parser.add_argument("--enc-dim", type=int, default=256)
+    parser.add_argument("--enc-heads", type=int, default=4)
+    parser.add_argument("--enc-ff", type=int, default=1024)
+    parser.add_argument("--enc-seq", type=int, default=128)
+    parser.add_argument("--enc-batch", type=int, default=2)
+    parser.add_argument("--address", default="",
+                        help="socket of a running actstashd (default: start a private one)")
+    parser.add_argument("--actstashd", default=None, help="actstashd binary of a private daemon")
+    parser.add_argument("--pool-size", default="2GiB", help="pool of a private daemon")
+    parser.add_argument("--quick", action="store_true",
+                        help="a smoke run: 1 round of 1 warm-up + 2 timed steps")
+    parser.add_argument("--json", action="store_true", help="print results as JSON")
+    args = parser.parse_args()
+    if args.quick:
+        args.rounds, args.warmup, args.steps = 1, 1, 2
+    args.variants = [v for v in args.variants.split(",") if v]
+    unknown = [v for v in args.variants if v not in VARIANTS]
+    if unknown:
+        parser.error(f"unknown variants {unknown}")
+    if min(args.steps, args.rounds) < 1 or args.warmup < 0:
+        parser.error("--steps and --rounds must be >= 1, --warmup >= 0")
+
+    import torch
+    actstash = import_actstash()
+    torch.set_num_threads(args.threads)
+    specs = {"gpt": gpt_spec, "encoder": encoder_spec}
+    models = [m for m in args.models.split(",") if m]
+    for m in models:
+        if m not in specs:
+            parser.error(f"unknown model {m!r} (gpt, encoder)")
+    checks = Checks()
+    with daemon_address(args) as (address, daemon):
+        stash = (actstash.connect(address, name="model_bench")
+                 if "actstash" in args.variants else None)
+        result = {"config": {
+            "torch": torch.__version__, "threads": args.threads, "rounds": args.rounds,
+            "warmup": args.warmup, "steps": args.steps, "min_bytes": args.min_bytes,
+            "quick": args.quick, "variants": args.variants,
+            "daemon": address if args.address else f"private ({args.pool_size} pool)",
+        }}
+        result["models"] = [bench_model(torch, specs[m](torch, args), stash, args, checks)
+                            for m in models]
+        if stash is not None:
+            stats = stash.stats()
+            result["stats_actstash"] = {k: v for k, v in stats.items()
+                                        if isinstance(v, (int, float, bool)) or v is None}
+            stash.close()
+        if daemon is not None:
+            result["daemon_warnings"] = daemon.warnings()
+    result["checks"] = {"count": checks.count, "failures": checks.failures}
+    if args.json:
+        print(json.dumps(result, indent=1))
+    else:
+        print_report(result)
+        for line in result.get("daemon_warnings", []):
+            print("actstashd: " + line)
+    return 1 if checks.failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
