@@ -686,7 +686,9 @@ void SavedTensorEngine::Impl::OfferPrefetch(uint64_t id, int depth, UnpackResult
         e->fetch_owner != nullptr || e->cookie == nullptr) {
       continue;
     }
-    if (e->device < 0 && options_.cpu_views) continue;  // read in place, or copied at once
+    // CPU tensors are read in place or copied on the unpacking thread when
+    // needed: a prefetch on a copy thread would only add a hand-off.
+    if (e->device < 0) continue;
     e->prefetch_offered = true;
     Acquire(e->cookie);
     result->prefetch_cookies.push_back(e->cookie);

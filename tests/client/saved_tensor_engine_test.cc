@@ -224,14 +224,17 @@ TEST_F(SavedTensorEngineTest, ViewWithGapsIsGatheredInlineAndAsynchronously) {
   }
 }
 
+// Prefetch applies to device tensors (CPU tensors are copied on demand on
+// the unpacking thread). "Device 0" here is served by a host engine standing
+// in for a CUDA engine, over host memory: the engine's bookkeeping is the
+// same, only the copies differ.
 TEST_F(SavedTensorEngineTest, FetchIntoAndPrefetchInReverseSaveOrder) {
   auto client = Connect();
   EngineOptions options = ViewsOfAnySize();
-  options.cpu_views = false;
   options.prefetch = 2;
   HostCopyEngineOptions delays;
   delays.max_injected_delay = std::chrono::microseconds(500);
-  options.host_engine = CreateHostCopyEngine(delays);
+  options.cuda_engines = {CreateHostCopyEngine(delays)};
   auto engine = Engine(client, options);
   std::vector<std::vector<float>> sources;
   std::vector<Owner> cookies(6);
@@ -239,6 +242,7 @@ TEST_F(SavedTensorEngineTest, FetchIntoAndPrefetchInReverseSaveOrder) {
   for (int i = 0; i < 6; ++i) sources.push_back(Iota(2048, 10 * i));
   for (int i = 0; i < 6; ++i) {
     SavedTensorInfo info = Dense(sources[i]);
+    info.device = 0;
     info.cookie = &cookies[i];
     ids.push_back(engine->Pack(info, kNone, 0));
   }
@@ -289,13 +293,15 @@ TEST_F(SavedTensorEngineTest, FetchIntoAndPrefetchInReverseSaveOrder) {
 TEST_F(SavedTensorEngineTest, ReleasedBeforeItsPrefetchFinishedKeepsTheDestinationUntilDone) {
   auto client = Connect();
   EngineOptions options = ViewsOfAnySize();
-  options.cpu_views = false;
   HostCopyEngineOptions slow;
   slow.max_injected_delay = std::chrono::milliseconds(50);
-  options.host_engine = CreateHostCopyEngine(slow);
+  options.cuda_engines = {CreateHostCopyEngine(slow)};  // "device 0", as above
   auto engine = Engine(client, options);
   const std::vector<float> v = Iota(1024);
-  const uint64_t id = engine->Pack(Dense(v), kNone, 0);
+  SavedTensorInfo info = Dense(v);
+  info.device = 0;
+  const uint64_t id = engine->Pack(info, kNone, 0);
+  engine->Synchronize();
   std::vector<float> dst(1024);
   Owner dst_owner;
   ASSERT_TRUE(

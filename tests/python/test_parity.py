@@ -70,8 +70,6 @@ def test_parity(daemon, model_name, mode, delay_us, cpu_views):
             assert s["views"] > 0 or model_name == "weird"  # weird's are all < 32 KiB
         else:
             assert s["views"] == 0
-            if s["tensors_offloaded"] > 2:
-                assert s["prefetch_hits"] > 0, s
         if delay_us:
             assert s["inline_stores"] == 0
     assert s["live_bytes"] == 0 and s["in_flight"] == 0

@@ -397,13 +397,12 @@ TEST_P(TorchParityTest, BitwiseEqualAndMovedThroughTheDaemon) {
     if (checkpoint) {
       EXPECT_EQ(s.tensors_offloaded, 2u) << "only the block inputs";
     }
-    if (c.cpu_views) {  // the MLP's tensors are all >= 32 KiB: read in place
-      EXPECT_EQ(s.views, s.tensors_fetched);
+    if (c.cpu_views) {  // read in place from 32 KiB up, smaller ones copied back
+      EXPECT_GT(s.views, 0u);
+      EXPECT_LE(s.views, s.tensors_fetched);
     } else {
       EXPECT_EQ(s.views, 0u);
-      if (s.tensors_offloaded > 2 && c.delay_us == 0) {
-        EXPECT_GT(s.prefetch_hits, 0u);
-      }
+      EXPECT_EQ(s.prefetch_issued, 0u) << "CPU tensors are copied on demand";
     }
   }
   ExpectAllReleased(*offloader);

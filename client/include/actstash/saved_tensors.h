@@ -76,14 +76,16 @@ struct EngineOptions {
   uint64_t inline_store_bytes = 1 << 20;
   // Unpacks of CPU tensors hand back a view of the leased bytes (no copy)
   // when the bytes are exact (not downcast); false: copied into a
-  // destination the front-end allocates (then prefetched like CUDA tensors).
+  // destination the front-end allocates.
   bool cpu_views = true;
   // With cpu_views, CPU tensors smaller than this are copied into a
   // destination on the unpacking thread instead (a copy of a few KiB costs
-  // less than a view's bookkeeping), and are not prefetched.
+  // less than a view's bookkeeping). CPU tensors are never prefetched: their
+  // copies run on the unpacking thread, where a prefetch would only add a
+  // thread hand-off.
   uint64_t view_min_bytes = 32 << 10;
-  // Fetch-into unpacks start fetches of the next `prefetch` saved tensors
-  // (in reverse save order).
+  // Unpacks start fetches of the next `prefetch` CUDA tensors (in reverse
+  // save order) into destinations the front-end allocates.
   int prefetch = 2;
   bool cuda = true;                 // offload CUDA tensors (attached client, CUDA build)
   int device_pool = -1;             // a GPU ordinal of the daemon's device pool, or -1
