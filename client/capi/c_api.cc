@@ -35,6 +35,8 @@ int Fail(const absl::Status& status) {
 
 int Code(const absl::Status& status) { return status.ok() ? 0 : Fail(status); }
 
+int NullHandle() { return Fail(absl::InvalidArgumentError("null actstash handle")); }
+
 char* Dup(const std::string& s) {
   char* out = static_cast<char*>(std::malloc(s.size() + 1));
   if (out != nullptr) std::memcpy(out, s.c_str(), s.size() + 1);
@@ -108,10 +110,13 @@ int actstash_client_connect(const char* address, uint64_t quota, const char* nam
   return 0;
 }
 
-int actstash_client_close(actstash_client* c) { return Code(c->client->Close()); }
+int actstash_client_close(actstash_client* c) {
+  return c == nullptr ? NullHandle() : Code(c->client->Close());
+}
 void actstash_client_free(actstash_client* c) { delete c; }
 
 char* actstash_client_info_json(actstash_client* c) {
+  if (c == nullptr) return nullptr;
   const actstash::Client& client = *c->client;
   actstash::capi::JsonWriter w;
   w.Begin();
@@ -151,6 +156,7 @@ char* actstash_client_info_json(actstash_client* c) {
 }
 
 int actstash_client_stats_json(actstash_client* c, int all_sessions, char** out) {
+  if (c == nullptr || out == nullptr) return NullHandle();
   absl::StatusOr<actstash::StatsSnapshot> stats = c->client->Stats(all_sessions != 0);
   if (!stats.ok()) return Fail(stats.status());
   actstash::capi::JsonWriter w;
@@ -227,6 +233,7 @@ void actstash_engine_free(actstash_engine* e) { delete e; }
 uint64_t actstash_engine_pack(actstash_engine* e, uintptr_t data, uint64_t nbytes, uint64_t flags,
                               const int64_t* sizes, const int64_t* strides, uintptr_t stream,
                               uint64_t version, void* owner, void* cookie, uint64_t min_bytes) {
+  if (e == nullptr) return 0;
   actstash::SavedTensorInfo info;
   info.data = data;
   info.nbytes = nbytes;
@@ -249,11 +256,20 @@ uint64_t actstash_engine_pack(actstash_engine* e, uintptr_t data, uint64_t nbyte
   return e->engine->Pack(info, reason, min_bytes);
 }
 
+uint64_t actstash_engine_pack_dense_cpu(actstash_engine* e, uintptr_t data, uint64_t nbytes,
+                                        uint64_t flags, uint64_t version, void* owner,
+                                        void* cookie) {
+  return actstash_engine_pack(e, data, nbytes, flags | ACTSTASH_DENSE, nullptr, nullptr, 0,
+                              version, owner, cookie, 0);
+}
+
 int actstash_engine_unpack(actstash_engine* e, uint64_t id, uint64_t version, uint64_t* out,
                            int out_len) {
+  if (e == nullptr) return NullHandle();
   if (out == nullptr || out_len < 5) {
     return Fail(absl::InvalidArgumentError("unpack needs an output array of at least 5"));
   }
+  out[4] = 0;  // no candidates handed over unless written below
   absl::StatusOr<actstash::UnpackResult> r =
       e->engine->UnpackBegin(id, version, (out_len - 5) / 2);
   if (!r.ok()) return Fail(r.status());
@@ -271,27 +287,54 @@ int actstash_engine_unpack(actstash_engine* e, uint64_t id, uint64_t version, ui
   return 0;
 }
 
+int actstash_engine_unpack_into(actstash_engine* e, uint64_t id, uint64_t version, uintptr_t dst,
+                                uint64_t capacity, uint64_t* out, int out_len) {
+  const int code = actstash_engine_unpack(e, id, version, out, out_len);
+  if (code != 0 || dst == 0 || out[0] != static_cast<uint64_t>(actstash::UnpackKind::kDestination)) {
+    return code;
+  }
+  const int fetched = Code(e->engine->FetchInto(id, dst, capacity, 0));
+  if (fetched == 0) out[0] = ACTSTASH_UNPACK_COPIED;
+  return fetched;
+}
+
 int actstash_engine_fetch_into(actstash_engine* e, uint64_t id, uintptr_t dst, uint64_t capacity,
                                uintptr_t stream) {
-  return Code(e->engine->FetchInto(id, dst, capacity, stream));
+  return e == nullptr ? NullHandle() : Code(e->engine->FetchInto(id, dst, capacity, stream));
 }
 
 int actstash_engine_prefetch(actstash_engine* e, uint64_t id, uintptr_t dst, uint64_t capacity,
                              void* owner, uintptr_t stream) {
-  return Code(e->engine->Prefetch(id, dst, capacity, owner, stream));
+  return e == nullptr ? NullHandle() : Code(e->engine->Prefetch(id, dst, capacity, owner, stream));
 }
 
 int actstash_engine_finish(actstash_engine* e, uint64_t id, uintptr_t stream) {
-  return Code(e->engine->Finish(id, stream));
+  return e == nullptr ? NullHandle() : Code(e->engine->Finish(id, stream));
 }
 
-void actstash_engine_view_done(actstash_engine* e, uint64_t id) { e->engine->ViewDone(id); }
-void actstash_engine_release(actstash_engine* e, uint64_t id) { e->engine->Release(id); }
-int actstash_engine_reap(actstash_engine* e, int wait) { return Code(e->engine->Reap(wait != 0)); }
-int actstash_engine_take_error(actstash_engine* e) { return Code(e->engine->TakeError()); }
-void actstash_engine_synchronize(actstash_engine* e) { e->engine->Synchronize(); }
-void actstash_engine_wait(actstash_engine* e) { e->engine->WaitForCopies(); }
-int actstash_engine_available(actstash_engine* e) { return e->engine->available() ? 1 : 0; }
+// Null handles are ignored (void) or INVALID_ARGUMENT: a front-end being torn
+// down (interpreter exit) may call after it gave its handle back.
+void actstash_engine_view_done(actstash_engine* e, uint64_t id) {
+  if (e != nullptr) e->engine->ViewDone(id);
+}
+void actstash_engine_release(actstash_engine* e, uint64_t id) {
+  if (e != nullptr) e->engine->Release(id);
+}
+int actstash_engine_reap(actstash_engine* e, int wait) {
+  return e == nullptr ? NullHandle() : Code(e->engine->Reap(wait != 0));
+}
+int actstash_engine_take_error(actstash_engine* e) {
+  return e == nullptr ? NullHandle() : Code(e->engine->TakeError());
+}
+void actstash_engine_synchronize(actstash_engine* e) {
+  if (e != nullptr) e->engine->Synchronize();
+}
+void actstash_engine_wait(actstash_engine* e) {
+  if (e != nullptr) e->engine->WaitForCopies();
+}
+int actstash_engine_available(actstash_engine* e) {
+  return e != nullptr && e->engine->available() ? 1 : 0;
+}
 
 const char* actstash_engine_stat_names(void) {
   static const std::string names = absl::StrJoin(actstash::EngineStatNames(), ",");
@@ -299,6 +342,7 @@ const char* actstash_engine_stat_names(void) {
 }
 
 int actstash_engine_stats(actstash_engine* e, uint64_t* values, int n) {
+  if (e == nullptr) return 0;
   const std::vector<uint64_t> all = actstash::EngineStatValues(e->engine->stats());
   for (int i = 0; i < n && i < static_cast<int>(all.size()); ++i) values[i] = all[i];
   return static_cast<int>(all.size());

@@ -10,6 +10,8 @@
  * thread until its next failing call. Strings returned as char* are the
  * caller's, freed with actstash_free_string. Every function may be called
  * from any thread; handles are freed once, after every other call on them.
+ * A null handle is INVALID_ARGUMENT (void functions ignore it; pack returns
+ * 0), never a crash.
  * Calls that wait (connect, close, stats, fetch_into, finish, reap with
  * wait, synchronize, wait, and unpack of a downcast tensor still being
  * stored) may block; the others do not wait for copies. The
@@ -90,6 +92,12 @@ ACTSTASH_API uint64_t actstash_engine_pack(actstash_engine* engine, uintptr_t da
                               uint64_t flags, const int64_t* sizes, const int64_t* strides,
                               uintptr_t stream, uint64_t version, void* owner, void* cookie,
                               uint64_t min_bytes);
+/* actstash_engine_pack for a dense CPU tensor the front-end already found at
+ * least min_bytes large (flags: element size and ACTSTASH_FP32; the device
+ * bits must be 0): fewer arguments for the common case. */
+ACTSTASH_API uint64_t actstash_engine_pack_dense_cpu(actstash_engine* engine, uintptr_t data,
+                                                     uint64_t nbytes, uint64_t flags,
+                                                     uint64_t version, void* owner, void* cookie);
 /* out[0] kind (0 source, 1 view, 2 destination, 3 prefetched); out[1] the
  * owner (source/prefetched, a reference now the caller's) or the view's
  * address; out[2] bytes of the restored tensor; out[3] 1 when downcast;
@@ -98,6 +106,14 @@ ACTSTASH_API uint64_t actstash_engine_pack(actstash_engine* engine, uintptr_t da
  * version: the saved tensor's version now, or UINT64_MAX when unknown. */
 ACTSTASH_API int actstash_engine_unpack(actstash_engine* engine, uint64_t id, uint64_t version, uint64_t* out,
                            int out_len);
+/* actstash_engine_unpack, and when the answer is "destination" and dst is
+ * not 0, actstash_engine_fetch_into(dst, capacity, stream 0) at once: out[0]
+ * is then ACTSTASH_UNPACK_COPIED. For CPU tensors small enough to be copied
+ * back (one call instead of two); other answers leave dst untouched. */
+#define ACTSTASH_UNPACK_COPIED 4
+ACTSTASH_API int actstash_engine_unpack_into(actstash_engine* engine, uint64_t id, uint64_t version,
+                                             uintptr_t dst, uint64_t capacity, uint64_t* out,
+                                             int out_len);
 ACTSTASH_API int actstash_engine_fetch_into(actstash_engine* engine, uint64_t id, uintptr_t dst,
                                uint64_t capacity, uintptr_t stream);
 ACTSTASH_API int actstash_engine_prefetch(actstash_engine* engine, uint64_t id, uintptr_t dst,

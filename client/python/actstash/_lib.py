@@ -67,7 +67,11 @@ engine_create = _declare(_c, "engine_create", _int, _vp, _u64, _int, _u64, _int,
 engine_free = _declare(_py, "engine_free", None, _vp)  # releases owners: the GIL is held
 engine_pack = _declare(_py, "engine_pack", _u64, _vp, _u64, _u64, _u64, _vp, _vp, _u64, _u64,
                        _obj, _obj, _u64)
+engine_pack_dense_cpu = _declare(_py, "engine_pack_dense_cpu", _u64, _vp, _u64, _u64, _u64, _u64,
+                                 _obj, _obj)
 engine_unpack = _declare(_py, "engine_unpack", _int, _vp, _u64, _u64, _vp, _int)
+engine_unpack_into = _declare(_py, "engine_unpack_into", _int, _vp, _u64, _u64, _u64, _u64, _vp,
+                              _int)
 engine_fetch_into = _declare(_c, "engine_fetch_into", _int, _vp, _u64, _u64, _u64, _u64)
 engine_prefetch = _declare(_py, "engine_prefetch", _int, _vp, _u64, _u64, _u64, _obj, _u64)
 engine_finish = _declare(_c, "engine_finish", _int, _vp, _u64, _u64)

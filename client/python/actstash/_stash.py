@@ -28,7 +28,7 @@ _DENSE = 1 << 5
 _KEEP_SHIFT, _NDIM_SHIFT, _DEVICE_SHIFT = 8, 12, 16
 _KEEP_SMALL, _KEEP_PARAMETER, _KEEP_LISTED, _KEEP_LAYOUT, _KEEP_DEVICE = (
     (reason + 1) << _KEEP_SHIFT for reason in range(5))
-_SOURCE, _VIEW, _DESTINATION, _PREFETCHED = 0, 1, 2, 3
+_SOURCE, _VIEW, _DESTINATION, _PREFETCHED, _COPIED = 0, 1, 2, 3, 4
 _UNKNOWN_VERSION = (1 << 64) - 1
 _INLINE_STORE_BYTES = 1 << 20
 _VIEW_MIN_BYTES = 32 << 10  # smaller CPU tensors are copied back: cheaper than a view
@@ -142,7 +142,9 @@ class _Saved:
 
     def __del__(self):
         try:
-            _lib.engine_release(self.engine.ptr, self.id)
+            ptr = self.engine.ptr
+            if ptr:  # None once the engine is gone (interpreter exit)
+                _lib.engine_release(ptr, self.id)
         except Exception:  # interpreter shutdown, or never offloaded
             pass
 
@@ -158,7 +160,9 @@ class _ViewDone:
 
     def __del__(self):
         try:
-            _lib.engine_view_done(self.engine.ptr, self.id)
+            ptr = self.engine.ptr
+            if ptr:
+                _lib.engine_view_done(ptr, self.id)
         except Exception:
             pass
 
@@ -190,6 +194,7 @@ class Stash:
         if code:
             _lib.raise_for(code)
         self._engine = _Engine(handle.value)
+        self._downcast = downcast == "bf16"
         self._inline_bytes = inline_bytes
         self._unpack_out_len = 5 + 2 * prefetch
         self._tls = threading.local()
@@ -351,8 +356,12 @@ class Stash:
         owner = t if (not cuda and self._attached and nbytes <= self._inline_bytes and
                       not boundary) else t.detach()
         saved = _Saved()
-        id_ = _lib.engine_pack(engine.ptr, t.data_ptr(), nbytes, flags, sizes, strides, stream,
-                               t._version, owner, saved, min_bytes)
+        if dense and not cuda:
+            id_ = _lib.engine_pack_dense_cpu(engine.ptr, t.data_ptr(), nbytes, flags, t._version,
+                                             owner, saved)
+        else:
+            id_ = _lib.engine_pack(engine.ptr, t.data_ptr(), nbytes, flags, sizes, strides,
+                                   stream, t._version, owner, saved, min_bytes)
         if not id_:
             if cuda:
                 self._warn_cuda()
@@ -383,9 +392,26 @@ class Stash:
             out = self._tls.out  # one per thread: unpacks may run on several
         except AttributeError:
             out = self._tls.out = (ctypes.c_uint64 * self._unpack_out_len)()
-        code = _lib.engine_unpack(engine.ptr, saved.id, version, out, self._unpack_out_len)
-        if code:
-            _lib.raise_for(code)
+        device = saved.device
+        if device.type == "cpu" and saved.nbytes < _VIEW_MIN_BYTES and not self._downcast:
+            # Copied back (not a view): allocate first, and one native call unpacks and
+            # copies (unless the source is still held: then dst goes unused).
+            dst = _materialize(saved)
+            code = _lib.engine_unpack_into(engine.ptr, saved.id, version, dst.data_ptr(),
+                                           saved.nbytes, out, self._unpack_out_len)
+            if code:
+                error = _lib.error_for(code)
+                for i in range(out[4]):  # candidates handed over before the copy failed
+                    _lib.take_object(out[6 + 2 * i])
+                raise error
+            if out[0] == _COPIED:
+                if out[4]:
+                    self._prefetch([(out[5 + 2 * i], out[6 + 2 * i]) for i in range(out[4])])
+                return self._restride(saved, dst)
+        else:
+            code = _lib.engine_unpack(engine.ptr, saved.id, version, out, self._unpack_out_len)
+            if code:
+                _lib.raise_for(code)
         kind, address, nbytes = out[0], out[1], out[2]
         if out[4]:
             self._prefetch([(out[5 + 2 * i], out[6 + 2 * i]) for i in range(out[4])])
