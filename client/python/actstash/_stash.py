@@ -55,8 +55,10 @@ def connect(address=None, quota=None, on_unavailable="raise", *, name=None, atta
     downcast: None (default: bytes come back exactly) or "bf16": dense fp32 activations are
       stored as bfloat16 (round to nearest even; NaN/Inf kept) and restored as fp32 — half
       the bytes, LOSSY: gradients then differ from plain autograd. Needs the zero-copy path.
-    cpu_views: backward reads offloaded CPU tensors in place in the daemon's shared memory
-      (no copy back); False copies them into fresh tensors (prefetched).
+    cpu_views: backward reads offloaded CPU tensors of 32 KiB and more in place in the
+      daemon's shared memory (no copy back; smaller ones are copied back); False copies
+      them all into fresh tensors.
+    prefetch: how many CUDA tensors backward fetches ahead (in reverse save order).
     """
     if downcast not in (None, "bf16"):
         raise ValueError("downcast must be None or 'bf16'")
