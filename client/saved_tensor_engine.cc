@@ -97,31 +97,37 @@ class SavedTensorEngine::Impl {
   absl::StatusOr<UnpackResult> UnpackBegin(uint64_t id, uint64_t version, int max_prefetch) {
     ReapNoError();
     UnpackResult result;
-    std::shared_ptr<CopyEvent> wait_for;
-    {
-      absl::MutexLock lock(&mu_);
-      Entry* e = Find(id);
-      if (e == nullptr) return absl::NotFoundError(absl::StrCat("saved tensor ", id, " is gone"));
-      if (version != kUnknownVersion && version != e->version) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "one of the variables needed for gradient computation has been modified by an "
-            "inplace operation: saved at version ",
-            e->version, ", is at version ", version, " (tensor saved with actstash hooks)"));
+    // A downcast tensor must come back rounded whatever the timing: wait for
+    // its store (a done, successful store counts as stored even before a
+    // concurrent reap drops its source).
+    for (;;) {
+      std::shared_ptr<CopyEvent> wait_for;
+      {
+        absl::MutexLock lock(&mu_);
+        Entry* e = Find(id);
+        if (e == nullptr) {
+          return absl::NotFoundError(absl::StrCat("saved tensor ", id, " is gone"));
+        }
+        if (version != kUnknownVersion && version != e->version) {
+          return absl::FailedPreconditionError(absl::StrCat(
+              "one of the variables needed for gradient computation has been modified by an "
+              "inplace operation: saved at version ",
+              e->version, ", is at version ", version, " (tensor saved with actstash hooks)"));
+        }
+        const bool stored_ok =
+            e->owner != nullptr && !e->failed && e->store->Done() && e->store->Wait().ok();
+        if (e->owner != nullptr && !stored_ok && (!e->bf16 || e->failed || e->store->Done())) {
+          // In flight or kept after a failure: the source has the exact bytes.
+          Acquire(e->owner);
+          result.kind = UnpackKind::kSource;
+          result.owner = e->owner;
+          stats_.unpacked_from_source += 1;
+          return result;
+        }
+        if (e->owner == nullptr || stored_ok) break;
+        wait_for = e->store;  // a downcast store in flight
       }
-      if (e->owner != nullptr && (!e->bf16 || e->failed)) {
-        // In flight or kept after a failure: the source has the exact bytes.
-        Acquire(e->owner);
-        result.kind = UnpackKind::kSource;
-        result.owner = e->owner;
-        stats_.unpacked_from_source += 1;
-        return result;
-      }
-      if (e->owner != nullptr) wait_for = e->store;  // downcast: must come back rounded
-    }
-    if (wait_for != nullptr) {
       (void)wait_for->Wait();
-      ReapNoError();
-      return UnpackBegin(id, version, max_prefetch);
     }
     absl::MutexLock lock(&mu_);
     Entry* e = Find(id);
@@ -152,14 +158,18 @@ class SavedTensorEngine::Impl {
   absl::Status FetchInto(uint64_t id, uintptr_t dst, uint64_t capacity, uintptr_t stream) {
     absl::StatusOr<bool> copied = CopyOutNow(id, dst, capacity);
     if (!copied.ok() || *copied) return copied.status();
-    absl::StatusOr<std::shared_ptr<CopyEvent>> event = StartFetch(id, dst, capacity, stream);
+    CopyEngine* engine = nullptr;
+    absl::StatusOr<std::shared_ptr<CopyEvent>> event =
+        StartFetch(id, dst, capacity, stream, &engine);
     if (!event.ok()) return event.status();
-    return WaitFetch(id, **event, stream, /*prefetched=*/false);
+    return WaitFetch(id, engine, **event, stream);
   }
 
   absl::Status Prefetch(uint64_t id, uintptr_t dst, uint64_t capacity, void* owner,
                         uintptr_t stream) {
-    absl::StatusOr<std::shared_ptr<CopyEvent>> event = StartFetch(id, dst, capacity, stream);
+    CopyEngine* engine = nullptr;
+    absl::StatusOr<std::shared_ptr<CopyEvent>> event =
+        StartFetch(id, dst, capacity, stream, &engine);
     if (!event.ok()) return event.status();
     absl::MutexLock lock(&mu_);
     Entry* e = Find(id);
@@ -177,6 +187,7 @@ class SavedTensorEngine::Impl {
 
   absl::Status Finish(uint64_t id, uintptr_t stream) {
     std::shared_ptr<CopyEvent> event;
+    CopyEngine* engine = nullptr;
     {
       absl::MutexLock lock(&mu_);
       Entry* e = Find(id);
@@ -185,8 +196,9 @@ class SavedTensorEngine::Impl {
                                                           " has no prefetch to finish"));
       }
       event = std::move(e->fetch);
+      engine = e->engine;
     }
-    return WaitFetch(id, *event, stream, /*prefetched=*/true);
+    return WaitFetch(id, engine, *event, stream);
   }
 
   void ViewDone(uint64_t id) { Unbusy(id); }
@@ -403,12 +415,15 @@ class SavedTensorEngine::Impl {
   }
 
   uint64_t Store(const SavedTensorInfo& info, CopyEngine* engine);
+  // The fetch's event, and the engine it runs on in *engine.
   absl::StatusOr<std::shared_ptr<CopyEvent>> StartFetch(uint64_t id, uintptr_t dst,
-                                                        uint64_t capacity, uintptr_t stream);
+                                                        uint64_t capacity, uintptr_t stream,
+                                                        CopyEngine** engine);
   // A CPU tensor whose store is done: copied (or converted) into `dst` on
   // the calling thread. False when it must go through the engine.
   absl::StatusOr<bool> CopyOutNow(uint64_t id, uintptr_t dst, uint64_t capacity);
-  absl::Status WaitFetch(uint64_t id, const CopyEvent& event, uintptr_t stream, bool prefetched);
+  absl::Status WaitFetch(uint64_t id, CopyEngine* engine, const CopyEvent& event,
+                         uintptr_t stream);
   void OfferPrefetch(uint64_t id, int depth, UnpackResult* result)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Unbusy(uint64_t id);
@@ -487,11 +502,20 @@ uint64_t SavedTensorEngine::Impl::Store(const SavedTensorInfo& info, CopyEngine*
     absl::StatusOr<Reservation> reserved =
         to_pool ? client_->ReserveOnDevice(e.stored_bytes, options_.device_pool)
                 : client_->Reserve(e.stored_bytes);
+    if (reserved.ok() && info.device >= 0 && e.bf16 && !reserved->pinned &&
+        !reserved->on_device) {
+      // The conversion kernel writes host memory only when it is registered:
+      // store the exact bytes instead.
+      (void)client_->Release(reserved->ticket);
+      e.bf16 = false;
+      e.stored_bytes = info.nbytes;
+      reserved = client_->Reserve(e.stored_bytes);
+    }
     status = reserved.status();
     if (status.ok()) {
       e.placed = true;
       e.ticket = reserved->ticket;
-      if (info.device < 0 && e.stored_bytes <= options_.inline_store_bytes) {
+      if (info.device < 0 && (info.sync || e.stored_bytes <= options_.inline_store_bytes)) {
         status = CopyNow(info, e.bf16, reserved->data, e.stored_bytes);
         inline_store = true;
       } else if (info.device >= 0 && !info.dense && !reserved->pinned && !reserved->on_device) {
@@ -512,6 +536,11 @@ uint64_t SavedTensorEngine::Impl::Store(const SavedTensorInfo& info, CopyEngine*
                         : engine->CopyAsync(CopyStream::kStore, dst, src, info.nbytes, after);
         status = event.status();
         if (status.ok()) e.store = *std::move(event);
+        if (status.ok() && info.sync) {
+          // The producer's stream (device: no host wait) goes on after the copy.
+          status = engine->OrderAfterAsync(after, *e.store);
+          if (!status.ok()) e.store->Wait().IgnoreError();  // the copy still reads it
+        }
       }
       if (!status.ok()) (void)client_->Release(e.ticket);  // nothing was written or enqueued
     }
@@ -535,6 +564,7 @@ uint64_t SavedTensorEngine::Impl::Store(const SavedTensorInfo& info, CopyEngine*
             ticket->ticket = *stored;
             return absl::OkStatus();
           });
+      if (info.sync) (void)e.store->Wait();  // a failure is reaped like any other
     }
   }
   absl::MutexLock lock(&mu_);
@@ -561,7 +591,7 @@ uint64_t SavedTensorEngine::Impl::Store(const SavedTensorInfo& info, CopyEngine*
 }
 
 absl::StatusOr<std::shared_ptr<CopyEvent>> SavedTensorEngine::Impl::StartFetch(
-    uint64_t id, uintptr_t dst, uint64_t capacity, uintptr_t stream) {
+    uint64_t id, uintptr_t dst, uint64_t capacity, uintptr_t stream, CopyEngine** engine) {
   Entry copy;
   {
     absl::MutexLock lock(&mu_);
@@ -584,6 +614,7 @@ absl::StatusOr<std::shared_ptr<CopyEvent>> SavedTensorEngine::Impl::StartFetch(
     copy.inline_ticket = e->inline_ticket;
     copy.store = e->store;
     copy.stored_bytes = e->stored_bytes;
+    *engine = e->engine;
   }
   absl::StatusOr<std::shared_ptr<CopyEvent>> event;
   void* out = reinterpret_cast<void*>(dst);
@@ -651,28 +682,21 @@ absl::StatusOr<bool> SavedTensorEngine::Impl::CopyOutNow(uint64_t id, uintptr_t 
   return true;
 }
 
-absl::Status SavedTensorEngine::Impl::WaitFetch(uint64_t id, const CopyEvent& event,
-                                                uintptr_t stream, bool prefetched) {
-  CopyEngine* engine = nullptr;
-  uint64_t nbytes = 0;
-  {
-    absl::MutexLock lock(&mu_);
-    auto it = entries_.find(id);
-    if (it == entries_.end()) return absl::NotFoundError(absl::StrCat("saved tensor ", id, " is gone"));
-    engine = it->second.engine;
-    nbytes = it->second.nbytes;
-  }
+absl::Status SavedTensorEngine::Impl::WaitFetch(uint64_t id, CopyEngine* engine,
+                                                const CopyEvent& event, uintptr_t stream) {
+  // Ordered (CPU: waited for) even if `id` was released meanwhile: the
+  // caller's destination must not be freed under the copy.
   const Clock::time_point start = Clock::now();
   absl::Status status = engine->OrderAfterAsync(StreamHandle{stream}, event);
   const uint64_t waited =
       std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count();
   absl::MutexLock lock(&mu_);
   stats_.wait_ns += waited;
-  if (status.ok()) {
+  auto it = entries_.find(id);
+  if (status.ok() && it != entries_.end()) {
     stats_.tensors_fetched += 1;
-    stats_.bytes_fetched += nbytes;
+    stats_.bytes_fetched += it->second.nbytes;
   }
-  (void)prefetched;
   return status;
 }
 

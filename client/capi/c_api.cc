@@ -240,6 +240,7 @@ uint64_t actstash_engine_pack(actstash_engine* e, uintptr_t data, uint64_t nbyte
   info.element_size = static_cast<int>(flags & ACTSTASH_ELEMENT_SIZE_MASK);
   info.is_fp32 = (flags & ACTSTASH_FP32) != 0;
   info.dense = (flags & ACTSTASH_DENSE) != 0;
+  info.sync = (flags & ACTSTASH_SYNC) != 0;
   info.ndim = static_cast<int>((flags >> ACTSTASH_NDIM_SHIFT) & 0xF);
   info.sizes = sizes;
   info.strides = strides;

@@ -85,6 +85,10 @@ class Frame : public internal::HookSource, public std::enable_shared_from_this<F
   // Runs fn again (grad on, the forward's RNG state) and fills every holder
   // still alive, in save order.
   void Recompute();
+  // Held by an unpack from its check through the recomputation to the take:
+  // backward may unpack this frame's tensors on several threads (CPU and
+  // device threads) at once.
+  std::mutex& unpack_mu() { return unpack_mu_; }
 
  private:
   class Refill;
@@ -92,6 +96,7 @@ class Frame : public internal::HookSource, public std::enable_shared_from_this<F
   const CheckpointFn fn_;
   const std::vector<BoundaryInput> inputs_;
   const at::Tensor rng_state_;
+  std::mutex unpack_mu_;
   std::mutex mu_;  // holders_: the forward appends, a backward thread recomputes
   std::vector<std::weak_ptr<Holder>> holders_;
 };
@@ -102,6 +107,7 @@ class DropHooks final : public SavedVariableHooks {
   explicit DropHooks(std::shared_ptr<Frame> frame) : frame_(std::move(frame)) {}
   void call_pack_hook(const at::Tensor& tensor) override { holder_ = frame_->NewHolder(tensor); }
   at::Tensor call_unpack_hook() override {
+    std::lock_guard<std::mutex> lock(frame_->unpack_mu());
     if (!holder_->value.defined()) frame_->Recompute();
     TORCH_CHECK(holder_->value.defined(),
                 "actstash::torch::Checkpoint: the recomputation saved fewer tensors than the "
@@ -188,7 +194,7 @@ std::vector<at::Tensor> Checkpoint(CheckpointFn fn, const std::vector<at::Tensor
     TORCH_CHECK(inputs[i].defined(), "actstash::torch::Checkpoint: undefined input tensor");
     boundary[i].requires_grad = inputs[i].requires_grad();
     if (offloader != nullptr) {
-      boundary[i].stored = offloader->MakeHooks();
+      boundary[i].stored = offloader->MakeBoundaryHooks();
       boundary[i].stored->call_pack_hook(inputs[i]);
     } else {
       boundary[i].kept = inputs[i].detach();

@@ -112,7 +112,10 @@ namespace internal {
 // backward, and destroys the hooks with the saved variable.
 class OffloadHooks final : public SavedVariableHooks {
  public:
-  explicit OffloadHooks(std::shared_ptr<Offloader> offloader) : offloader_(std::move(offloader)) {}
+  // check_version false: the unpack does not compare versions (Checkpoint's
+  // boundary: fn may change its input in place after it was stored).
+  OffloadHooks(std::shared_ptr<Offloader> offloader, bool check_version)
+      : offloader_(std::move(offloader)), check_version_(check_version) {}
 
   ~OffloadHooks() override {
     if (id_ != 0) offloader_->engine_->Release(id_);
@@ -156,6 +159,7 @@ class OffloadHooks final : public SavedVariableHooks {
     info.version = saved_version;
     info.owner = OwnerOf(source);
     info.cookie = static_cast<c10::intrusive_ptr_target*>(meta_.get());
+    info.sync = !check_version_;  // a boundary input: fn may change it in place next
     id_ = engine.Pack(info, KeepReason::kCount, options.min_bytes);
     // A failed reservation keeps the tensor here, as autograd would.
     (void)engine.TakeError();
@@ -164,22 +168,29 @@ class OffloadHooks final : public SavedVariableHooks {
 
   at::Tensor call_unpack_hook() override {
     if (id_ == 0) {
-      TORCH_CHECK(!kept_.defined() || version_.current_version() == kept_version(),
+      TORCH_CHECK(!check_version_ || !kept_.defined() ||
+                      version_.current_version() == kept_version(),
                   "one of the variables needed for gradient computation has been modified by an "
                   "inplace operation (tensor saved with actstash hooks)");
       return kept_;
     }
     SavedTensorEngine& engine = *offloader_->engine_;
-    absl::StatusOr<UnpackResult> r =
-        engine.UnpackBegin(id_, version_.current_version(), offloader_->options_.prefetch);
+    absl::StatusOr<UnpackResult> r = engine.UnpackBegin(
+        id_, check_version_ ? version_.current_version() : SavedTensorEngine::kUnknownVersion,
+        offloader_->options_.prefetch);
     TORCH_CHECK(r.ok(), r.status().code() == absl::StatusCode::kFailedPrecondition
                             ? std::string(r.status().message())
                             : "actstash: fetching a saved tensor failed: " + r.status().ToString());
+    // What was handed over is owned before anything else can throw.
+    at::Tensor handed;
+    if (r->kind == UnpackKind::kSource || r->kind == UnpackKind::kPrefetched) {
+      handed = TakeTensor(r->owner);
+    }
     Prefetch(*r);
     const uintptr_t stream = StreamOf(device_);
     switch (r->kind) {
       case UnpackKind::kSource:
-        return meta_->Restride(TakeTensor(r->owner));
+        return meta_->Restride(handed);
       case UnpackKind::kView: {
         // Reads the leased bytes in place; the engine frees them once the
         // saved variable and every tensor on this memory are gone.
@@ -192,7 +203,7 @@ class OffloadHooks final : public SavedVariableHooks {
         return meta_->Restride(view);
       }
       case UnpackKind::kPrefetched: {
-        at::Tensor out = TakeTensor(r->owner);
+        at::Tensor out = std::move(handed);
         const absl::Status status = engine.Finish(id_, stream);
         TORCH_CHECK(status.ok(), "actstash: fetching a saved tensor failed: ", status.ToString());
         return meta_->Restride(out);
@@ -238,19 +249,27 @@ class OffloadHooks final : public SavedVariableHooks {
   }
 
   // Starts the fetches the engine offered (the next tensors backward reads).
-  void Prefetch(const UnpackResult& r) const {
-    for (size_t i = 0; i < r.prefetch_ids.size(); ++i) {
-      auto meta = c10::intrusive_ptr<SavedMeta>::reclaim(static_cast<SavedMeta*>(
-          static_cast<c10::intrusive_ptr_target*>(r.prefetch_cookies[i])));
-      at::Tensor dst = meta->Allocate();
-      // Speculative: a failure here leaves the fetch to that tensor's unpack.
-      (void)offloader_->engine_->Prefetch(r.prefetch_ids[i],
-                                          reinterpret_cast<uintptr_t>(dst.data_ptr()),
-                                          meta->nbytes, OwnerOf(dst), StreamOf(dst.device()));
+  // Speculative: a failure (e.g. out of memory) leaves the fetch to that
+  // tensor's own unpack. Never throws.
+  void Prefetch(const UnpackResult& r) const noexcept {
+    std::vector<c10::intrusive_ptr<SavedMeta>> metas;  // every cookie handed over is taken
+    for (void* cookie : r.prefetch_cookies) {
+      metas.push_back(c10::intrusive_ptr<SavedMeta>::reclaim(
+          static_cast<SavedMeta*>(static_cast<c10::intrusive_ptr_target*>(cookie))));
+    }
+    for (size_t i = 0; i < metas.size(); ++i) {
+      try {
+        at::Tensor dst = metas[i]->Allocate();
+        (void)offloader_->engine_->Prefetch(r.prefetch_ids[i],
+                                            reinterpret_cast<uintptr_t>(dst.data_ptr()),
+                                            metas[i]->nbytes, OwnerOf(dst), StreamOf(dst.device()));
+      } catch (const std::exception&) {
+      }
     }
   }
 
   std::shared_ptr<Offloader> offloader_;
+  const bool check_version_;
   c10::VariableVersion version_;  // the saved tensor's counter
   uint64_t kept_version_ = 0;
   at::Tensor kept_;  // not offloaded
@@ -342,7 +361,11 @@ Offloader::~Offloader() { engine_.reset(); }  // waits for its copies (they use 
 void Offloader::Synchronize() { engine_->Synchronize(); }
 
 std::unique_ptr<SavedVariableHooks> Offloader::MakeHooks() {
-  return std::make_unique<internal::OffloadHooks>(shared_from_this());
+  return std::make_unique<internal::OffloadHooks>(shared_from_this(), /*check_version=*/true);
+}
+
+std::unique_ptr<SavedVariableHooks> Offloader::MakeBoundaryHooks() {
+  return std::make_unique<internal::OffloadHooks>(shared_from_this(), /*check_version=*/false);
 }
 
 OffloadStats Offloader::stats() const {

@@ -444,5 +444,39 @@ TEST_F(TorchOffloadTest, CheckpointKeepsNothingInsideAndRecomputesOnce) {
   ExpectAllReleased(*offloader);
 }
 
+TEST_F(TorchOffloadTest, CheckpointedFunctionMayChangeItsStoredInputInPlace) {
+  auto client = Connect();
+  ASSERT_NE(client, nullptr);
+  // Delayed asynchronous stores: the boundary store must still finish before fn runs.
+  OffloadOptions options;
+  options.min_bytes = 4 << 10;
+  options.inline_store_bytes = 0;
+  HostCopyEngineOptions engine;
+  engine.max_injected_delay = std::chrono::microseconds(2000);
+  options.copy_engine = CreateHostCopyEngine(engine);
+  auto offloader = Offloader::Create(client, options);
+  ASSERT_TRUE(offloader.ok()) << offloader.status();
+  auto fn = [this](const at::Tensor& t) { return mlp_.Block(t.mul_(0.5)); };
+  auto run = [&](bool checkpoint) {
+    for (at::Tensor& p : mlp_.params) p.mutable_grad() = at::Tensor();
+    Seed(11);
+    at::Tensor x = at::randn({128, 256});  // needs no grad: fn may change it in place
+    at::Tensor y = checkpoint ? Checkpoint(fn, x, *offloader) : fn(x);
+    y.sum().backward();
+    std::vector<at::Tensor> grads;
+    for (const at::Tensor& p : mlp_.params) {
+      if (p.grad().defined()) grads.push_back(p.grad().clone());
+    }
+    return grads;
+  };
+  const std::vector<at::Tensor> expected = run(false);
+  const std::vector<at::Tensor> actual = run(true);
+  ASSERT_EQ(expected.size(), actual.size());
+  for (size_t i = 0; i < expected.size(); ++i) EXPECT_TRUE(at::equal(expected[i], actual[i])) << i;
+  EXPECT_EQ((*offloader)->stats().tensors_offloaded, 1u);
+  EXPECT_EQ((*offloader)->stats().tensors_fetched, 1u);
+  ExpectAllReleased(**offloader);
+}
+
 }  // namespace
 }  // namespace actstash::torch

@@ -64,6 +64,7 @@ ACTSTASH_API int actstash_client_stats_json(actstash_client* client, int all_ses
 #define ACTSTASH_ELEMENT_SIZE_MASK 0xF /* bits 0-3: element size in bytes */
 #define ACTSTASH_FP32 (1 << 4)         /* the tensor is float32 (downcast eligible) */
 #define ACTSTASH_DENSE (1 << 5)        /* elements fill [data, data + nbytes) */
+#define ACTSTASH_SYNC (1 << 6)         /* SavedTensorInfo::sync: stored before pack returns */
 #define ACTSTASH_KEEP_SHIFT 8          /* bits 8-11: a keep reason + 1, 0 for none */
 #define ACTSTASH_NDIM_SHIFT 12         /* bits 12-15: ndim (sizes/strides when not dense) */
 #define ACTSTASH_DEVICE_SHIFT 16       /* bits 16-31: CUDA ordinal + 1, 0 for the CPU */

@@ -66,6 +66,10 @@ struct SavedTensorInfo {
   uint64_t version = 0;    // the tensor's version counter when saved
   void* owner = nullptr;   // reference to the source; acquired while the engine reads it
   void* cookie = nullptr;  // the front-end's saved object (prefetch candidates name it)
+  // The caller may change the tensor in place right after Pack returns (a
+  // checkpointed function's input): the store completes before that — CPU:
+  // on the calling thread; CUDA: the producer's stream waits for the copy.
+  bool sync = false;
 };
 
 enum class FailurePolicy { kRaise, kKeep };

@@ -71,7 +71,7 @@ def checkpoint(function, *args, use_reentrant=None, context_fn=None,
     def restore(kind, value, requires_grad):
         if kind == "kept":
             return value
-        t = stash._unpack(value)
+        t = stash._unpack(value, check_version=False)  # fn may have changed it in place
         # Same requires_grad as in forward: it decides what autograd saves.
         return t.detach().requires_grad_(requires_grad)
 

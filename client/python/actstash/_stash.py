@@ -25,6 +25,7 @@ _DEFAULT_SOCKET_HINT = (
 
 _FP32 = 1 << 4
 _DENSE = 1 << 5
+_SYNC = 1 << 6
 _KEEP_SHIFT, _NDIM_SHIFT, _DEVICE_SHIFT = 8, 12, 16
 _KEEP_SMALL, _KEEP_PARAMETER, _KEEP_LISTED, _KEEP_LAYOUT, _KEEP_DEVICE = (
     (reason + 1) << _KEEP_SHIFT for reason in range(5))
@@ -139,8 +140,8 @@ class _Saved:
     """One offloaded saved tensor, as autograd holds it. Dropping it (graph freed)
     tells the engine, which frees the daemon's copy once no copy or view uses it."""
 
-    __slots__ = ("id", "engine", "dtype", "shape", "stride", "device", "dense", "ref", "nbytes",
-                 "__weakref__")
+    __slots__ = ("id", "engine", "dtype", "shape", "stride", "device", "dense", "ref", "base",
+                 "nbytes", "__weakref__")
 
     def __del__(self):
         try:
@@ -307,8 +308,10 @@ class Stash:
 
     def _keep_flag(self, t):
         """Why t must stay where it is, as engine flags (0: the engine decides)."""
-        if t.layout != torch.strided:
+        if t.layout != torch.strided or t.dim() > 8:
             return _KEEP_LAYOUT
+        if t.device.type not in ("cpu", "cuda"):
+            return _KEEP_DEVICE  # meta, xpu, mps, ...: no engine copies those
         if t.requires_grad and t.is_leaf:
             return _KEEP_PARAMETER  # parameters are saved by reference anyway
         base = t._base
@@ -340,6 +343,8 @@ class Stash:
             return t
         dense = t.is_contiguous() or _is_dense(t)
         flags = t.element_size() | (_FP32 if t.dtype == torch.float32 else 0)
+        if boundary:
+            flags |= _SYNC  # the function may change its input in place right after
         sizes = strides = None
         if dense:
             flags |= _DENSE
@@ -375,6 +380,8 @@ class Stash:
         # torch checks saved versions only for tensors saved without hooks: the engine
         # compares the version at unpack, read through the saved tensor while it lives.
         saved.ref = weakref.ref(t)
+        base = t._base
+        saved.base = weakref.ref(base) if base is not None else None
         return saved
 
     def _warn_cuda(self):
@@ -384,11 +391,19 @@ class Stash:
                 self._cuda_warned = True
                 warnings.warn(f"actstash: {pin_error}", RuntimeWarning, stacklevel=4)
 
-    def _unpack(self, saved):
+    def _unpack(self, saved, check_version=True):
+        """The unpack hook (and actstash.checkpoint's boundary, without the version
+        check: the function may change its input in place after it was stored)."""
         if isinstance(saved, torch.Tensor):
             return saved
-        t = saved.ref()
-        version = t._version if t is not None else _UNKNOWN_VERSION
+        version = _UNKNOWN_VERSION
+        if check_version:
+            # Through the saved tensor, else its base (views share its counter).
+            t = saved.ref()
+            if t is None and saved.base is not None:
+                t = saved.base()
+            if t is not None:
+                version = t._version
         engine = self._engine
         try:
             out = self._tls.out  # one per thread: unpacks may run on several
@@ -415,6 +430,7 @@ class Stash:
             if code:
                 _lib.raise_for(code)
         kind, address, nbytes = out[0], out[1], out[2]
+        handed = _lib.take_object(address) if kind in (_SOURCE, _PREFETCHED) else None
         if out[4]:
             self._prefetch([(out[5 + 2 * i], out[6 + 2 * i]) for i in range(out[4])])
         if kind == _VIEW:
@@ -425,10 +441,10 @@ class Stash:
                 return flat.as_strided(saved.shape, saved.stride)
             return self._restride(saved, flat.view(saved.shape))
         if kind == _SOURCE:
-            return self._restride(saved, _lib.take_object(address))
+            return self._restride(saved, handed)
         stream = _stream_of(saved.device)
         if kind == _PREFETCHED:
-            dst = _lib.take_object(address)
+            dst = handed
             code = _lib.engine_finish(engine.ptr, saved.id, stream)
             if saved.device.type == "cuda":
                 # Allocated on the stream current when the prefetch was issued: tell the
@@ -450,8 +466,8 @@ class Stash:
         for id_, saved in taken:
             try:
                 dst = _materialize(saved)
-            except RuntimeError:
-                continue  # speculative: out of memory now must not fail this unpack
+            except Exception:  # speculative: out of memory now must not fail this unpack
+                continue
             _lib.engine_prefetch(engine.ptr, id_, dst.data_ptr(), saved.nbytes, dst,
                                  _stream_of(saved.device))
 

@@ -168,6 +168,10 @@ class Offloader : public internal::HookSource,
   Client& client() const { return *client_; }
   const OffloadOptions& options() const { return options_; }
   std::unique_ptr<::torch::autograd::SavedVariableHooks> MakeHooks() override;
+  // Hooks that skip the version check at unpack, for Checkpoint's inputs (fn
+  // may change them in place after they were stored; the stored bytes are
+  // what the recomputation needs).
+  std::unique_ptr<::torch::autograd::SavedVariableHooks> MakeBoundaryHooks();
 
  private:
   friend class internal::OffloadHooks;

@@ -1,0 +1,69 @@
+"""Edge cases of the hooks over the native engine, found in review: tensors on devices
+no engine copies, in-place changes seen only through a view's base, and a checkpointed
+function that changes its (stored) input in place."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import actstash
+
+
+@pytest.fixture(params=[0, 300], ids=["no-delay", "delay300us"])
+def stash(request, daemon):
+    s = actstash.connect(daemon.socket, copy_delay_us=request.param, seed=7)
+    yield s
+    s.close()
+
+
+def test_meta_tensors_are_kept_not_copied(stash):
+    before = stash.stats()
+    x = torch.randn(1 << 16, device="meta", requires_grad=True)
+    with stash.offload(min_bytes=0):
+        y = (x + 1).sin()  # sin saves its meta input
+    after = stash.stats()
+    assert y.device.type == "meta"
+    assert after["kept_device"] > before["kept_device"]
+    assert after["tensors_offloaded"] == before["tensors_offloaded"]
+
+
+def test_in_place_change_through_the_base_of_a_saved_view_fails_backward(stash):
+    a = torch.randn(64, 64)
+    w = torch.randn(64, 64, requires_grad=True)
+    # Plain autograd: mm saves the view; changing its base is caught.
+    loss = (a.view(64, 64) @ w).sum()
+    a.add_(1)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        loss.backward()
+    a = torch.randn(64, 64)
+    before = stash.stats()["tensors_offloaded"]
+    with stash.offload(min_bytes=0):
+        loss = (a.view(64, 64) @ w).sum()  # the view object dies here; a lives on
+    assert stash.stats()["tensors_offloaded"] > before
+    a.add_(1)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        loss.backward()
+
+
+def test_checkpointed_function_may_change_its_input_in_place(stash):
+    torch.manual_seed(0)
+    w = torch.randn(256, 256, requires_grad=True)
+
+    def block(x):
+        x.mul_(0.5)  # in place on the (stored) input, which needs no grad
+        return F.gelu(x @ w)
+
+    def run(checkpointed):
+        w.grad = None
+        x = torch.randn(128, 256, generator=torch.Generator().manual_seed(1))
+        y = actstash.checkpoint(block, x, stash=stash, use_reentrant=False) if checkpointed \
+            else block(x)
+        y.sum().backward()
+        return w.grad.clone()
+
+    expected = run(False)
+    before = stash.stats()
+    actual = run(True)
+    after = stash.stats()
+    assert torch.equal(expected, actual)
+    assert after["tensors_offloaded"] - before["tensors_offloaded"] == 1  # the input
+    assert after["tensors_fetched"] - before["tensors_fetched"] == 1
