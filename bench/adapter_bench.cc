@@ -113,8 +113,7 @@ int Main(int argc, char** argv) {
     return *offloader;
   };
   const std::vector<std::string> names = {"plain", "offload", "offload-delayed"};
-  std::vector<std::shared_ptr<torch::Offloader>> offloaders = {nullptr, make(0),
-                                                               make(o.delay_us)};
+  std::vector<std::shared_ptr<torch::Offloader>> offloaders = {nullptr, make(0), make(o.delay_us)};
   Mlp mlp(o.layers, o.width);
   at::Tensor x = at::randn({o.batch, o.width});
   std::vector<std::vector<double>> ratios(names.size()), times(names.size());
@@ -130,8 +129,8 @@ int Main(int argc, char** argv) {
     for (size_t v = 0; v < names.size(); ++v) ratios[v].push_back(medians[v] / medians[0]);
   }
   const torch::OffloadStats delayed = offloaders[2]->stats();
-  if (delayed.tensors_offloaded == 0 || delayed.tensors_fetched + delayed.unpacked_from_source !=
-                                            delayed.tensors_offloaded) {
+  if (delayed.tensors_offloaded == 0 ||
+      delayed.tensors_fetched + delayed.unpacked_from_source != delayed.tensors_offloaded) {
     Die("the delayed offloader did not move the tensors through the daemon");
   }
   if (o.json) {
@@ -140,12 +139,12 @@ int Main(int argc, char** argv) {
       std::printf(", \"%s_ms\": %.3f, \"%s_x_plain\": %.4f", names[v].c_str(), Median(times[v]),
                   names[v].c_str(), Median(ratios[v]));
     }
-    std::printf(", \"offloaded_per_step\": %llu}\n",
-                static_cast<unsigned long long>(delayed.tensors_offloaded /
-                                                (o.rounds * (o.steps + 1))));
+    std::printf(
+        ", \"offloaded_per_step\": %llu}\n",
+        static_cast<unsigned long long>(delayed.tensors_offloaded / (o.rounds * (o.steps + 1))));
   } else {
-    std::printf("adapter_bench: MLP %dx%d, batch %d, %d rounds x %d steps, delay %d us\n",
-                o.layers, o.width, o.batch, o.rounds, o.steps, o.delay_us);
+    std::printf("adapter_bench: MLP %dx%d, batch %d, %d rounds x %d steps, delay %d us\n", o.layers,
+                o.width, o.batch, o.rounds, o.steps, o.delay_us);
     for (size_t v = 0; v < names.size(); ++v) {
       std::printf("  %-16s %8.2f ms  %.3fx plain\n", names[v].c_str(), Median(times[v]),
                   Median(ratios[v]));

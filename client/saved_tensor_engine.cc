@@ -37,19 +37,19 @@ struct Entry {
   bool bf16 = false;
   int device = -1;
   CopyEngine* engine = nullptr;
-  Ticket ticket;                         // placed stores
+  Ticket ticket;                                // placed stores
   std::shared_ptr<InlineTicket> inline_ticket;  // Client::Store stores
-  std::shared_ptr<CopyEvent> store;      // null: stored on the calling thread
-  void* owner = nullptr;                 // source, while stored asynchronously or after a failure
+  std::shared_ptr<CopyEvent> store;             // null: stored on the calling thread
+  void* owner = nullptr;  // source, while stored asynchronously or after a failure
   void* cookie = nullptr;
   uint64_t version = 0;
   bool failed = false;
   bool released = false;
-  bool fetch_queued = false;             // a copy or Client::Fetch ran on the fetch stream
+  bool fetch_queued = false;  // a copy or Client::Fetch ran on the fetch stream
   bool prefetch_offered = false;
-  int busy = 0;                          // views and fetches being enqueued
-  std::shared_ptr<CopyEvent> fetch;      // a prefetch not yet finished
-  void* fetch_owner = nullptr;           // its destination
+  int busy = 0;                      // views and fetches being enqueued
+  std::shared_ptr<CopyEvent> fetch;  // a prefetch not yet finished
+  void* fetch_owner = nullptr;       // its destination
 };
 
 }  // namespace
@@ -192,8 +192,8 @@ class SavedTensorEngine::Impl {
       absl::MutexLock lock(&mu_);
       Entry* e = Find(id);
       if (e == nullptr || e->fetch == nullptr) {
-        return absl::FailedPreconditionError(absl::StrCat("saved tensor ", id,
-                                                          " has no prefetch to finish"));
+        return absl::FailedPreconditionError(
+            absl::StrCat("saved tensor ", id, " has no prefetch to finish"));
       }
       event = std::move(e->fetch);
       engine = e->engine;
@@ -360,8 +360,8 @@ class SavedTensorEngine::Impl {
     if (info.nbytes == 0 || info.nbytes < std::max<uint64_t>(min_bytes, 1)) {
       return KeepReason::kSmall;
     }
-    if (!info.dense && (info.ndim > kernels::kMaxDims || info.sizes == nullptr ||
-                        info.strides == nullptr)) {
+    if (!info.dense &&
+        (info.ndim > kernels::kMaxDims || info.sizes == nullptr || info.strides == nullptr)) {
       return KeepReason::kLayout;
     }
     if (info.device < 0) {
@@ -422,8 +422,7 @@ class SavedTensorEngine::Impl {
   // A CPU tensor whose store is done: copied (or converted) into `dst` on
   // the calling thread. False when it must go through the engine.
   absl::StatusOr<bool> CopyOutNow(uint64_t id, uintptr_t dst, uint64_t capacity);
-  absl::Status WaitFetch(uint64_t id, CopyEngine* engine, const CopyEvent& event,
-                         uintptr_t stream);
+  absl::Status WaitFetch(uint64_t id, CopyEngine* engine, const CopyEvent& event, uintptr_t stream);
   void OfferPrefetch(uint64_t id, int depth, UnpackResult* result)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Unbusy(uint64_t id);
@@ -497,13 +496,12 @@ uint64_t SavedTensorEngine::Impl::Store(const SavedTensorInfo& info, CopyEngine*
   bool inline_store = false;
   absl::Status status;
   if (attached) {
-    const bool to_pool = info.device >= 0 && options_.device_pool >= 0 &&
-                         info.device == options_.pool_importer;
+    const bool to_pool =
+        info.device >= 0 && options_.device_pool >= 0 && info.device == options_.pool_importer;
     absl::StatusOr<Reservation> reserved =
         to_pool ? client_->ReserveOnDevice(e.stored_bytes, options_.device_pool)
                 : client_->Reserve(e.stored_bytes);
-    if (reserved.ok() && info.device >= 0 && e.bf16 && !reserved->pinned &&
-        !reserved->on_device) {
+    if (reserved.ok() && info.device >= 0 && e.bf16 && !reserved->pinned && !reserved->on_device) {
       // The conversion kernel writes host memory only when it is registered:
       // store the exact bytes instead.
       (void)client_->Release(reserved->ticket);
@@ -632,19 +630,19 @@ absl::StatusOr<std::shared_ptr<CopyEvent>> SavedTensorEngine::Impl::StartFetch(
                                                  copy.stored_bytes, StreamHandle{stream}, deps);
     }
   } else {
-    event = copy.engine->SubmitAsync(
-        CopyStream::kFetch, [client = client_, ticket = copy.inline_ticket, store = copy.store,
-                             out, capacity]() -> absl::Status {
-          if (absl::Status s = store->Wait(); !s.ok()) return s;
-          return client->Fetch(ticket->ticket, out, capacity);
-        });
+    event = copy.engine->SubmitAsync(CopyStream::kFetch,
+                                     [client = client_, ticket = copy.inline_ticket,
+                                      store = copy.store, out, capacity]() -> absl::Status {
+                                       if (absl::Status s = store->Wait(); !s.ok()) return s;
+                                       return client->Fetch(ticket->ticket, out, capacity);
+                                     });
   }
   Unbusy(id);
   return event;
 }
 
 absl::StatusOr<bool> SavedTensorEngine::Impl::CopyOutNow(uint64_t id, uintptr_t dst,
-                                                        uint64_t capacity) {
+                                                         uint64_t capacity) {
   Ticket ticket;
   uint64_t nbytes = 0;
   uint64_t stored_bytes = 0;
@@ -773,20 +771,19 @@ absl::StatusOr<std::unique_ptr<SavedTensorEngine>> SavedTensorEngine::Create(
 SavedTensorEngine::SavedTensorEngine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 SavedTensorEngine::~SavedTensorEngine() = default;
 
-uint64_t SavedTensorEngine::Pack(const SavedTensorInfo& info, KeepReason keep,
-                                 uint64_t min_bytes) {
+uint64_t SavedTensorEngine::Pack(const SavedTensorInfo& info, KeepReason keep, uint64_t min_bytes) {
   return impl_->Pack(info, keep, min_bytes);
 }
 absl::StatusOr<UnpackResult> SavedTensorEngine::UnpackBegin(uint64_t id, uint64_t version,
-                                                             int max_prefetch) {
+                                                            int max_prefetch) {
   return impl_->UnpackBegin(id, version, max_prefetch);
 }
 absl::Status SavedTensorEngine::FetchInto(uint64_t id, uintptr_t dst, uint64_t capacity,
                                           uintptr_t stream) {
   return impl_->FetchInto(id, dst, capacity, stream);
 }
-absl::Status SavedTensorEngine::Prefetch(uint64_t id, uintptr_t dst, uint64_t capacity,
-                                         void* owner, uintptr_t stream) {
+absl::Status SavedTensorEngine::Prefetch(uint64_t id, uintptr_t dst, uint64_t capacity, void* owner,
+                                         uintptr_t stream) {
   return impl_->Prefetch(id, dst, capacity, owner, stream);
 }
 absl::Status SavedTensorEngine::Finish(uint64_t id, uintptr_t stream) {
@@ -803,11 +800,12 @@ bool SavedTensorEngine::available() const { return impl_->available(); }
 
 const std::vector<std::string>& EngineStatNames() {
   static const std::vector<std::string> names = {
-      "tensors_offloaded", "bytes_offloaded", "tensors_kept", "bytes_kept",
-      "kept_small", "kept_parameter", "kept_keep_listed", "kept_layout", "kept_device",
-      "kept_failed", "kept_unavailable", "tensors_fetched", "bytes_fetched", "views",
-      "prefetch_issued", "prefetch_hits", "unpacked_from_source", "store_failures",
-      "live_tensors", "live_bytes", "peak_live_bytes", "in_flight", "inline_stores", "wait_ns"};
+      "tensors_offloaded",    "bytes_offloaded", "tensors_kept",     "bytes_kept",
+      "kept_small",           "kept_parameter",  "kept_keep_listed", "kept_layout",
+      "kept_device",          "kept_failed",     "kept_unavailable", "tensors_fetched",
+      "bytes_fetched",        "views",           "prefetch_issued",  "prefetch_hits",
+      "unpacked_from_source", "store_failures",  "live_tensors",     "live_bytes",
+      "peak_live_bytes",      "in_flight",       "inline_stores",    "wait_ns"};
   return names;
 }
 

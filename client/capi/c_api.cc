@@ -3,6 +3,7 @@
 #include "actstash/c_api.h"
 
 #include <algorithm>
+#include <array>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -43,6 +44,19 @@ char* Dup(const std::string& s) {
   return out;
 }
 
+// One of three names (null: the first) to its value.
+template <typename T>
+absl::StatusOr<T> ParseChoice(const char* text, const char* what,
+                              const std::array<const char*, 3>& names,
+                              const std::array<T, 3>& values) {
+  const std::string given = text != nullptr ? text : names[0];
+  for (size_t i = 0; i < names.size(); ++i) {
+    if (given == names[i]) return values[i];
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat(what, " must be '", names[0], "', '", names[1], "' or '", names[2], "'"));
+}
+
 void WriteSession(actstash::capi::JsonWriter& w, const actstash::SessionStatsEntry& e) {
   w.Begin();
   w.Field("session_id", e.session_id);
@@ -72,9 +86,9 @@ void actstash_free_string(char* s) { std::free(s); }
 int actstash_cuda_available(void) { return actstash::CudaDeviceAvailable() ? 1 : 0; }
 
 int actstash_client_connect(const char* address, uint64_t quota, const char* name,
-                            const char* attach, int64_t rpc_timeout_ms,
-                            int64_t connect_timeout_ms, uint32_t lease_batch, const char* pin,
-                            int cuda_device, actstash_client** out) {
+                            const char* attach, int64_t rpc_timeout_ms, int64_t connect_timeout_ms,
+                            uint32_t lease_batch, const char* pin, int cuda_device,
+                            actstash_client** out) {
   if (out == nullptr) return Fail(absl::InvalidArgumentError("out must not be null"));
   actstash::ClientOptions options;
   options.address = address != nullptr ? address : "";
@@ -84,26 +98,16 @@ int actstash_client_connect(const char* address, uint64_t quota, const char* nam
   options.connect_timeout = std::chrono::milliseconds(connect_timeout_ms);
   options.lease_batch = lease_batch;
   options.cuda_device = cuda_device;
-  const std::string attach_mode = attach != nullptr ? attach : "auto";
-  if (attach_mode == "auto") {
-    options.attach = actstash::AttachMode::kAuto;
-  } else if (attach_mode == "required") {
-    options.attach = actstash::AttachMode::kRequired;
-  } else if (attach_mode == "off") {
-    options.attach = actstash::AttachMode::kOff;
-  } else {
-    return Fail(absl::InvalidArgumentError("attach must be 'auto', 'required' or 'off'"));
-  }
-  const std::string pin_mode = pin != nullptr ? pin : "auto";
-  if (pin_mode == "auto") {
-    options.pin_leases = actstash::PinPolicy::kAuto;
-  } else if (pin_mode == "on") {
-    options.pin_leases = actstash::PinPolicy::kOn;
-  } else if (pin_mode == "off") {
-    options.pin_leases = actstash::PinPolicy::kOff;
-  } else {
-    return Fail(absl::InvalidArgumentError("pin must be 'auto', 'on' or 'off'"));
-  }
+  absl::StatusOr<actstash::AttachMode> attach_mode = ParseChoice<actstash::AttachMode>(
+      attach, "attach", {"auto", "required", "off"},
+      {actstash::AttachMode::kAuto, actstash::AttachMode::kRequired, actstash::AttachMode::kOff});
+  if (!attach_mode.ok()) return Fail(attach_mode.status());
+  options.attach = *attach_mode;
+  absl::StatusOr<actstash::PinPolicy> pin_policy = ParseChoice<actstash::PinPolicy>(
+      pin, "pin", {"auto", "on", "off"},
+      {actstash::PinPolicy::kAuto, actstash::PinPolicy::kOn, actstash::PinPolicy::kOff});
+  if (!pin_policy.ok()) return Fail(pin_policy.status());
+  options.pin_leases = *pin_policy;
   absl::StatusOr<std::unique_ptr<actstash::Client>> client = actstash::Client::Connect(options);
   if (!client.ok()) return Fail(client.status());
   *out = new actstash_client{std::shared_ptr<actstash::Client>(std::move(*client))};
@@ -193,11 +197,11 @@ int actstash_client_stats_json(actstash_client* c, int all_sessions, char** out)
   return 0;
 }
 
-int actstash_engine_create(actstash_client* client, uint64_t inline_store_bytes,
-                           int cpu_views, uint64_t view_min_bytes, int prefetch, int cuda, int device_pool, int pool_importer,
-                           int downcast_bf16, int on_failure, int64_t copy_delay_us,
-                           uint64_t seed, void (*acquire)(void*), void (*release)(void*),
-                           actstash_engine** out) {
+int actstash_engine_create(actstash_client* client, uint64_t inline_store_bytes, int cpu_views,
+                           uint64_t view_min_bytes, int prefetch, int cuda, int device_pool,
+                           int pool_importer, int downcast_bf16, int on_failure,
+                           int64_t copy_delay_us, uint64_t seed, void (*acquire)(void*),
+                           void (*release)(void*), actstash_engine** out) {
   if (out == nullptr) return Fail(absl::InvalidArgumentError("out must not be null"));
   if (on_failure != 0 && on_failure != 1) {
     return Fail(absl::InvalidArgumentError("on_failure must be 0 (raise) or 1 (keep)"));
@@ -260,8 +264,8 @@ uint64_t actstash_engine_pack(actstash_engine* e, uintptr_t data, uint64_t nbyte
 uint64_t actstash_engine_pack_dense_cpu(actstash_engine* e, uintptr_t data, uint64_t nbytes,
                                         uint64_t flags, uint64_t version, void* owner,
                                         void* cookie) {
-  return actstash_engine_pack(e, data, nbytes, flags | ACTSTASH_DENSE, nullptr, nullptr, 0,
-                              version, owner, cookie, 0);
+  return actstash_engine_pack(e, data, nbytes, flags | ACTSTASH_DENSE, nullptr, nullptr, 0, version,
+                              owner, cookie, 0);
 }
 
 int actstash_engine_unpack(actstash_engine* e, uint64_t id, uint64_t version, uint64_t* out,
@@ -271,12 +275,11 @@ int actstash_engine_unpack(actstash_engine* e, uint64_t id, uint64_t version, ui
     return Fail(absl::InvalidArgumentError("unpack needs an output array of at least 5"));
   }
   out[4] = 0;  // no candidates handed over unless written below
-  absl::StatusOr<actstash::UnpackResult> r =
-      e->engine->UnpackBegin(id, version, (out_len - 5) / 2);
+  absl::StatusOr<actstash::UnpackResult> r = e->engine->UnpackBegin(id, version, (out_len - 5) / 2);
   if (!r.ok()) return Fail(r.status());
   out[0] = static_cast<uint64_t>(r->kind);
   out[1] = r->kind == actstash::UnpackKind::kView ? reinterpret_cast<uintptr_t>(r->data)
-                                                   : reinterpret_cast<uintptr_t>(r->owner);
+                                                  : reinterpret_cast<uintptr_t>(r->owner);
   out[2] = r->nbytes;
   out[3] = r->downcast ? 1 : 0;
   const size_t n = r->prefetch_ids.size();  // at most (out_len - 5) / 2
@@ -291,7 +294,8 @@ int actstash_engine_unpack(actstash_engine* e, uint64_t id, uint64_t version, ui
 int actstash_engine_unpack_into(actstash_engine* e, uint64_t id, uint64_t version, uintptr_t dst,
                                 uint64_t capacity, uint64_t* out, int out_len) {
   const int code = actstash_engine_unpack(e, id, version, out, out_len);
-  if (code != 0 || dst == 0 || out[0] != static_cast<uint64_t>(actstash::UnpackKind::kDestination)) {
+  if (code != 0 || dst == 0 ||
+      out[0] != static_cast<uint64_t>(actstash::UnpackKind::kDestination)) {
     return code;
   }
   const int fetched = Code(e->engine->FetchInto(id, dst, capacity, 0));

@@ -68,8 +68,12 @@ bool NonOverlapping(const at::Tensor& t) {
 
 // Owner references for the engine: TensorImpls and SavedMeta, both
 // intrusively counted.
-void IncRef(void* p) { c10::raw::intrusive_ptr::incref(static_cast<c10::intrusive_ptr_target*>(p)); }
-void DecRef(void* p) { c10::raw::intrusive_ptr::decref(static_cast<c10::intrusive_ptr_target*>(p)); }
+void IncRef(void* p) {
+  c10::raw::intrusive_ptr::incref(static_cast<c10::intrusive_ptr_target*>(p));
+}
+void DecRef(void* p) {
+  c10::raw::intrusive_ptr::decref(static_cast<c10::intrusive_ptr_target*>(p));
+}
 
 void* OwnerOf(const at::Tensor& t) {
   return static_cast<c10::intrusive_ptr_target*>(t.unsafeGetTensorImpl());
@@ -168,10 +172,10 @@ class OffloadHooks final : public SavedVariableHooks {
 
   at::Tensor call_unpack_hook() override {
     if (id_ == 0) {
-      TORCH_CHECK(!check_version_ || !kept_.defined() ||
-                      version_.current_version() == kept_version(),
-                  "one of the variables needed for gradient computation has been modified by an "
-                  "inplace operation (tensor saved with actstash hooks)");
+      TORCH_CHECK(
+          !check_version_ || !kept_.defined() || version_.current_version() == kept_version(),
+          "one of the variables needed for gradient computation has been modified by an "
+          "inplace operation (tensor saved with actstash hooks)");
       return kept_;
     }
     SavedTensorEngine& engine = *offloader_->engine_;
@@ -197,9 +201,9 @@ class OffloadHooks final : public SavedVariableHooks {
         std::shared_ptr<Offloader> keep_alive = offloader_;
         auto done = [keep_alive, id = id_](void*) { keep_alive->engine_->ViewDone(id); };
         void* data = const_cast<void*>(r->data);
-        at::Tensor view = meta_->dense
-                              ? at::from_blob(data, meta_->sizes, meta_->strides, done, meta_->options)
-                              : at::from_blob(data, meta_->sizes, done, meta_->options);
+        at::Tensor view =
+            meta_->dense ? at::from_blob(data, meta_->sizes, meta_->strides, done, meta_->options)
+                         : at::from_blob(data, meta_->sizes, done, meta_->options);
         return meta_->Restride(view);
       }
       case UnpackKind::kPrefetched: {
@@ -212,8 +216,8 @@ class OffloadHooks final : public SavedVariableHooks {
         break;
     }
     at::Tensor out = meta_->Allocate();
-    const absl::Status status = engine.FetchInto(
-        id_, reinterpret_cast<uintptr_t>(out.data_ptr()), meta_->nbytes, stream);
+    const absl::Status status =
+        engine.FetchInto(id_, reinterpret_cast<uintptr_t>(out.data_ptr()), meta_->nbytes, stream);
     TORCH_CHECK(status.ok(), "actstash: fetching a saved tensor failed: ", status.ToString());
     return meta_->Restride(out);
   }
@@ -236,8 +240,7 @@ class OffloadHooks final : public SavedVariableHooks {
     // order copies against that device's streams, not another's.
     if (!t.device().is_cpu() &&
         !(t.device().is_cuda() && options.cuda_engine != nullptr &&
-          t.device().index() == options.cuda_engine->device() &&
-          offloader_->client_->attached())) {
+          t.device().index() == options.cuda_engine->device() && offloader_->client_->attached())) {
       return KeepReason::kDevice;
     }
     return KeepReason::kCount;
@@ -278,8 +281,7 @@ class OffloadHooks final : public SavedVariableHooks {
   c10::Device device_ = c10::Device(c10::kCPU);
 };
 
-ScopedHookSource::ScopedHookSource(std::shared_ptr<HookSource> source)
-    : depth_(tls_scopes.size()) {
+ScopedHookSource::ScopedHookSource(std::shared_ptr<HookSource> source) : depth_(tls_scopes.size()) {
   tls_scopes.push_back(std::move(source));
 }
 
@@ -343,6 +345,13 @@ absl::StatusOr<std::shared_ptr<Offloader>> Offloader::Create(std::shared_ptr<Cli
     engine_options.cuda_engines[options.cuda_engine->device()] = options.cuda_engine;
   }
   engine_options.cuda = options.cuda_engine != nullptr;
+  if (options.device_pool >= 0) {
+    if (options.cuda_engine == nullptr) {
+      return absl::InvalidArgumentError("actstash: OffloadOptions.device_pool needs a cuda_engine");
+    }
+    engine_options.device_pool = options.device_pool;
+    engine_options.pool_importer = options.cuda_engine->device();
+  }
   engine_options.acquire_owner = &IncRef;
   engine_options.release_owner = &DecRef;
   absl::StatusOr<std::unique_ptr<SavedTensorEngine>> engine =

@@ -261,15 +261,15 @@ TEST_F(SavedTensorEngineTest, FetchIntoAndPrefetchInReverseSaveOrder) {
       ReleaseOwner(r->prefetch_cookies[k]);
       prefetched[j].resize(2048);
       ASSERT_TRUE(engine
-                      ->Prefetch(pid, reinterpret_cast<uintptr_t>(prefetched[j].data()),
-                                 2048 * 4, &dst_owners[j], 0)
+                      ->Prefetch(pid, reinterpret_cast<uintptr_t>(prefetched[j].data()), 2048 * 4,
+                                 &dst_owners[j], 0)
                       .ok());
     }
     std::vector<float> out(2048);
     if (i == 5) {
       ASSERT_EQ(r->kind, UnpackKind::kDestination);
-      ASSERT_TRUE(engine->FetchInto(ids[i], reinterpret_cast<uintptr_t>(out.data()), 2048 * 4, 0)
-                      .ok());
+      ASSERT_TRUE(
+          engine->FetchInto(ids[i], reinterpret_cast<uintptr_t>(out.data()), 2048 * 4, 0).ok());
     } else {
       ASSERT_EQ(r->kind, UnpackKind::kPrefetched) << i;
       EXPECT_EQ(r->owner, &dst_owners[i]);

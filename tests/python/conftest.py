@@ -61,3 +61,15 @@ def fresh_daemon():
     d = Daemon(pool="256MiB")
     yield d
     d.stop()
+
+
+@pytest.fixture(params=[0, 300], ids=["no-delay", "delay300us"])
+def stash(request, daemon):
+    """A stash on the module's daemon, without and with injected copy delays (every
+    store then goes through the copy engine)."""
+    import actstash  # the package under test, found through PYTHONPATH
+
+    s = actstash.connect(daemon.socket, copy_delay_us=request.param, seed=7)
+    assert s.client.attached
+    yield s
+    s.close()

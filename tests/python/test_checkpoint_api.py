@@ -20,14 +20,6 @@ _COUNTERS = ("tensors_offloaded", "bytes_offloaded", "tensors_fetched", "bytes_f
              "tensors_kept", "live_tensors", "live_bytes", "kept_keep_listed")
 
 
-@pytest.fixture(params=[0, 300], ids=["no-delay", "delay300us"])
-def stash(request, daemon):
-    s = actstash.connect(daemon.socket, copy_delay_us=request.param, seed=7)
-    assert s.client.attached
-    yield s
-    s.close()
-
-
 def counters(stash):
     stats = stash.stats()
     return {k: stats[k] for k in _COUNTERS}

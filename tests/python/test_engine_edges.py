@@ -8,12 +8,6 @@ import torch.nn.functional as F
 import actstash
 
 
-@pytest.fixture(params=[0, 300], ids=["no-delay", "delay300us"])
-def stash(request, daemon):
-    s = actstash.connect(daemon.socket, copy_delay_us=request.param, seed=7)
-    yield s
-    s.close()
-
 
 def test_meta_tensors_are_kept_not_copied(stash):
     before = stash.stats()

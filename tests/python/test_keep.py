@@ -282,7 +282,7 @@ def test_keep_of_a_temporary_alias_keeps_the_storage(daemon):
     stash.keep(w.detach())
     assert probe() == (1, 0)
     assert stash.stats()["keep_registered"] == 1
-    del w
+    w = None  # the kept storage is freed
     gc.collect()
     assert stash.stats()["keep_registered"] == 0
     stash.close()

@@ -84,14 +84,6 @@ def assert_bitwise(expected, actual):
         assert torch.equal(a, b), f"gradient {i} differs (max |diff| {(a - b).abs().max()})"
 
 
-@pytest.fixture(params=[0, 300], ids=["no-delay", "delay300us"])
-def stash(request, daemon):
-    s = actstash.connect(daemon.socket, copy_delay_us=request.param, seed=7)
-    assert s.client.attached
-    yield s
-    s.close()
-
-
 @pytest.mark.parametrize("kind", sorted(MODELS))
 def test_offload_is_bitwise_equal(stash, kind):
     expected = run(kind, steps=2)

@@ -381,9 +381,9 @@ TEST_P(TorchParityTest, BitwiseEqualAndMovedThroughTheDaemon) {
   auto created = Offloader::Create(client, options);
   ASSERT_TRUE(created.ok()) << created.status();
   std::shared_ptr<Offloader> offloader = *created;
-  const Result result =
-      mode == "offload" ? Train(mlp_, false, offloader)
-                        : Train(mlp_, true, nullptr, offload ? offloader : nullptr);
+  const Result result = mode == "offload"
+                            ? Train(mlp_, false, offloader)
+                            : Train(mlp_, true, nullptr, offload ? offloader : nullptr);
   ExpectBitwiseEqual(plain, result);
   offloader->Synchronize();
   const OffloadStats s = offloader->stats();
@@ -412,8 +412,7 @@ INSTANTIATE_TEST_SUITE_P(
     Table, TorchParityTest,
     ::testing::Values(ParityCase{"offload", 0, true}, ParityCase{"offload", 0, false},
                       ParityCase{"offload", 2000, true}, ParityCase{"offload", 2000, false},
-                      ParityCase{"checkpoint", 0, true},
-                      ParityCase{"checkpoint+offload", 0, true},
+                      ParityCase{"checkpoint", 0, true}, ParityCase{"checkpoint+offload", 0, true},
                       ParityCase{"checkpoint+offload", 0, false},
                       ParityCase{"checkpoint+offload", 2000, true},
                       ParityCase{"checkpoint+offload", 2000, false}));
@@ -476,6 +475,13 @@ TEST_F(TorchOffloadTest, CheckpointedFunctionMayChangeItsStoredInputInPlace) {
   EXPECT_EQ((*offloader)->stats().tensors_offloaded, 1u);
   EXPECT_EQ((*offloader)->stats().tensors_fetched, 1u);
   ExpectAllReleased(**offloader);
+}
+
+TEST_F(TorchOffloadTest, ADevicePoolNeedsACudaEngine) {
+  OffloadOptions options;
+  options.device_pool = 0;
+  auto offloader = Offloader::Create(Connect(), options);
+  EXPECT_EQ(offloader.status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

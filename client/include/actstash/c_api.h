@@ -47,9 +47,9 @@ ACTSTASH_API int actstash_cuda_available(void);
 
 /* attach: "auto", "required", "off"; pin: "auto", "on", "off". */
 ACTSTASH_API int actstash_client_connect(const char* address, uint64_t quota, const char* name,
-                            const char* attach, int64_t rpc_timeout_ms,
-                            int64_t connect_timeout_ms, uint32_t lease_batch, const char* pin,
-                            int cuda_device, actstash_client** out);
+                                         const char* attach, int64_t rpc_timeout_ms,
+                                         int64_t connect_timeout_ms, uint32_t lease_batch,
+                                         const char* pin, int cuda_device, actstash_client** out);
 ACTSTASH_API int actstash_client_close(actstash_client* client);
 ACTSTASH_API void actstash_client_free(actstash_client* client);
 /* JSON object: session_id, quota, address, attached, attach_error, pin_error,
@@ -81,18 +81,20 @@ ACTSTASH_API int actstash_client_stats_json(actstash_client* client, int all_ses
  * copies (tests). acquire/release: owner reference functions (both or
  * neither). */
 ACTSTASH_API int actstash_engine_create(actstash_client* client, uint64_t inline_store_bytes,
-                           int cpu_views, uint64_t view_min_bytes, int prefetch, int cuda, int device_pool, int pool_importer,
-                           int downcast_bf16, int on_failure, int64_t copy_delay_us,
-                           uint64_t seed, void (*acquire)(void*), void (*release)(void*),
-                           actstash_engine** out);
+                                        int cpu_views, uint64_t view_min_bytes, int prefetch,
+                                        int cuda, int device_pool, int pool_importer,
+                                        int downcast_bf16, int on_failure, int64_t copy_delay_us,
+                                        uint64_t seed, void (*acquire)(void*),
+                                        void (*release)(void*), actstash_engine** out);
 /* Waits for every copy, releases every owner it holds. */
 ACTSTASH_API void actstash_engine_free(actstash_engine* engine);
 /* The saved tensor's id (> 0), or 0 when kept. Never fails: errors are held
  * for actstash_engine_take_error. */
 ACTSTASH_API uint64_t actstash_engine_pack(actstash_engine* engine, uintptr_t data, uint64_t nbytes,
-                              uint64_t flags, const int64_t* sizes, const int64_t* strides,
-                              uintptr_t stream, uint64_t version, void* owner, void* cookie,
-                              uint64_t min_bytes);
+                                           uint64_t flags, const int64_t* sizes,
+                                           const int64_t* strides, uintptr_t stream,
+                                           uint64_t version, void* owner, void* cookie,
+                                           uint64_t min_bytes);
 /* actstash_engine_pack for a dense CPU tensor the front-end already found at
  * least min_bytes large (flags: element size and ACTSTASH_FP32; the device
  * bits must be 0): fewer arguments for the common case. */
@@ -105,8 +107,8 @@ ACTSTASH_API uint64_t actstash_engine_pack_dense_cpu(actstash_engine* engine, ui
  * out[4] n prefetch candidates, then n pairs (id, cookie; each cookie an
  * acquired reference, now the caller's). out_len >= 5 + 2 * prefetch.
  * version: the saved tensor's version now, or UINT64_MAX when unknown. */
-ACTSTASH_API int actstash_engine_unpack(actstash_engine* engine, uint64_t id, uint64_t version, uint64_t* out,
-                           int out_len);
+ACTSTASH_API int actstash_engine_unpack(actstash_engine* engine, uint64_t id, uint64_t version,
+                                        uint64_t* out, int out_len);
 /* actstash_engine_unpack, and when the answer is "destination" and dst is
  * not 0, actstash_engine_fetch_into(dst, capacity, stream 0) at once: out[0]
  * is then ACTSTASH_UNPACK_COPIED. For CPU tensors small enough to be copied
@@ -116,9 +118,9 @@ ACTSTASH_API int actstash_engine_unpack_into(actstash_engine* engine, uint64_t i
                                              uintptr_t dst, uint64_t capacity, uint64_t* out,
                                              int out_len);
 ACTSTASH_API int actstash_engine_fetch_into(actstash_engine* engine, uint64_t id, uintptr_t dst,
-                               uint64_t capacity, uintptr_t stream);
+                                            uint64_t capacity, uintptr_t stream);
 ACTSTASH_API int actstash_engine_prefetch(actstash_engine* engine, uint64_t id, uintptr_t dst,
-                             uint64_t capacity, void* owner, uintptr_t stream);
+                                          uint64_t capacity, void* owner, uintptr_t stream);
 ACTSTASH_API int actstash_engine_finish(actstash_engine* engine, uint64_t id, uintptr_t stream);
 ACTSTASH_API void actstash_engine_view_done(actstash_engine* engine, uint64_t id);
 ACTSTASH_API void actstash_engine_release(actstash_engine* engine, uint64_t id);

@@ -40,25 +40,25 @@ namespace actstash {
 
 // Why a saved tensor stayed where it was (counted per reason).
 enum class KeepReason : int {
-  kSmall = 0,       // below the scope's min_bytes
-  kParameter = 1,   // a leaf that requires grad, or a view of one
-  kKeepListed = 2,  // Stash.keep() / wrap(): a parameter or buffer of a kept module
-  kLayout = 3,      // not strided, or its elements overlap (and no gather applies)
-  kDevice = 4,      // on a device the engine does not copy (CUDA off, other GPU, no attach)
-  kFailed = 5,      // offload is off after a failure (policy keep) or an error is pending
-  kUnavailable = 6, // no daemon
+  kSmall = 0,        // below the scope's min_bytes
+  kParameter = 1,    // a leaf that requires grad, or a view of one
+  kKeepListed = 2,   // Stash.keep() / wrap(): a parameter or buffer of a kept module
+  kLayout = 3,       // not strided, or its elements overlap (and no gather applies)
+  kDevice = 4,       // on a device the engine does not copy (CUDA off, other GPU, no attach)
+  kFailed = 5,       // offload is off after a failure (policy keep) or an error is pending
+  kUnavailable = 6,  // no daemon
   kCount = 7,
 };
 
 // What the front-end knows about a tensor to save. Pointers must stay valid
 // for the call only.
 struct SavedTensorInfo {
-  uintptr_t data = 0;      // address of element (0, ..., 0)
-  uint64_t nbytes = 0;     // numel * element_size
-  int element_size = 1;    // 1, 2, 4, 8
-  bool is_fp32 = false;    // eligible for the bf16 downcast
-  bool dense = true;       // elements fill [data, data + nbytes) exactly, any dim order
-  int ndim = 0;            // sizes/strides in elements; needed when !dense
+  uintptr_t data = 0;    // address of element (0, ..., 0)
+  uint64_t nbytes = 0;   // numel * element_size
+  int element_size = 1;  // 1, 2, 4, 8
+  bool is_fp32 = false;  // eligible for the bf16 downcast
+  bool dense = true;     // elements fill [data, data + nbytes) exactly, any dim order
+  int ndim = 0;          // sizes/strides in elements; needed when !dense
   const int64_t* sizes = nullptr;
   const int64_t* strides = nullptr;
   int device = -1;         // -1: CPU; else a CUDA ordinal
@@ -91,10 +91,10 @@ struct EngineOptions {
   // Unpacks start fetches of the next `prefetch` CUDA tensors (in reverse
   // save order) into destinations the front-end allocates.
   int prefetch = 2;
-  bool cuda = true;                 // offload CUDA tensors (attached client, CUDA build)
-  int device_pool = -1;             // a GPU ordinal of the daemon's device pool, or -1
-  int pool_importer = -1;           // only tensors on this device go to the pool
-  bool downcast_bf16 = false;       // dense fp32 stored as bf16 (lossy)
+  bool cuda = true;            // offload CUDA tensors (attached client, CUDA build)
+  int device_pool = -1;        // a GPU ordinal of the daemon's device pool, or -1
+  int pool_importer = -1;      // only tensors on this device go to the pool
+  bool downcast_bf16 = false;  // dense fp32 stored as bf16 (lossy)
   FailurePolicy on_failure = FailurePolicy::kRaise;
   // Host copy engine (CPU tensors). Null: the engine creates one.
   std::shared_ptr<CopyEngine> host_engine;
@@ -111,23 +111,23 @@ struct EngineOptions {
 // The counters behind stats(); one schema, named by kEngineStatNames.
 struct EngineStats {
   uint64_t tensors_offloaded = 0;
-  uint64_t bytes_offloaded = 0;   // bytes stored (half of the tensor's when downcast)
+  uint64_t bytes_offloaded = 0;  // bytes stored (half of the tensor's when downcast)
   uint64_t tensors_kept = 0;
   uint64_t bytes_kept = 0;
   uint64_t kept_by_reason[static_cast<int>(KeepReason::kCount)] = {};
-  uint64_t tensors_fetched = 0;   // unpacks served from stored bytes (views or copies)
+  uint64_t tensors_fetched = 0;  // unpacks served from stored bytes (views or copies)
   uint64_t bytes_fetched = 0;
-  uint64_t views = 0;             // of those, served as views (no copy)
+  uint64_t views = 0;  // of those, served as views (no copy)
   uint64_t prefetch_issued = 0;
-  uint64_t prefetch_hits = 0;     // unpacks whose fetch had been started ahead
+  uint64_t prefetch_hits = 0;         // unpacks whose fetch had been started ahead
   uint64_t unpacked_from_source = 0;  // unpacks served by the source (store still in flight)
   uint64_t store_failures = 0;
-  uint64_t live_tensors = 0;      // stored and not yet released
+  uint64_t live_tensors = 0;  // stored and not yet released
   uint64_t live_bytes = 0;
   uint64_t peak_live_bytes = 0;
-  uint64_t in_flight = 0;         // stores whose source the engine still holds
-  uint64_t inline_stores = 0;     // stores done on the calling thread
-  uint64_t wait_ns = 0;           // time unpacks waited for copies
+  uint64_t in_flight = 0;      // stores whose source the engine still holds
+  uint64_t inline_stores = 0;  // stores done on the calling thread
+  uint64_t wait_ns = 0;        // time unpacks waited for copies
 };
 
 // What UnpackBegin found.
@@ -140,9 +140,9 @@ enum class UnpackKind : int {
 
 struct UnpackResult {
   UnpackKind kind = UnpackKind::kSource;
-  void* owner = nullptr;   // kSource/kPrefetched: an acquired reference, now the caller's
+  void* owner = nullptr;  // kSource/kPrefetched: an acquired reference, now the caller's
   const void* data = nullptr;
-  uint64_t nbytes = 0;     // bytes of the restored tensor (fp32 bytes when downcast)
+  uint64_t nbytes = 0;  // bytes of the restored tensor (fp32 bytes when downcast)
   bool downcast = false;
   // Saved tensors worth fetching now (fetch-into mode): their cookies; the
   // front-end allocates each and calls Prefetch.

@@ -95,6 +95,11 @@ struct OffloadOptions {
   int prefetch = 2;
   // Dense fp32 tensors stored as bf16 (lossy: half the bytes).
   bool downcast_bf16 = false;
+  // A GPU ordinal of the daemon's device pool (actstashd --device-pool):
+  // CUDA tensors of the cuda_engine's device go there instead of pinned host
+  // memory. -1: none. The client must have been connected with
+  // ClientOptions::cuda_device set to that engine's device.
+  int device_pool = -1;
 };
 
 // The engine's counters (SavedTensorEngine), for this offloader.
@@ -105,11 +110,11 @@ struct OffloadStats {
   uint64_t bytes_kept = 0;
   uint64_t tensors_fetched = 0;  // unpacks served from the daemon (views or copies)
   uint64_t bytes_fetched = 0;
-  uint64_t views = 0;                 // of those, read in place
+  uint64_t views = 0;  // of those, read in place
   uint64_t prefetch_issued = 0;
   uint64_t prefetch_hits = 0;
   uint64_t unpacked_from_source = 0;  // store still in flight: the source served it
-  uint64_t store_failures = 0;  // stores that failed: the tensor stayed in memory
+  uint64_t store_failures = 0;        // stores that failed: the tensor stayed in memory
   // Offloaded (store queued or done, not failed) and not yet released.
   uint64_t live_tensors = 0;
   uint64_t live_bytes = 0;
@@ -151,8 +156,7 @@ class ScopedHookSource {
 // (cpu_views) or fetches them, prefetching in reverse save order; each
 // stored buffer is released when autograd drops the saved variable and no
 // view reads it. A failed store keeps the tensor in memory (store_failures).
-class Offloader : public internal::HookSource,
-                  public std::enable_shared_from_this<Offloader> {
+class Offloader : public internal::HookSource, public std::enable_shared_from_this<Offloader> {
  public:
   // `client` must be non-null; it is shared with the caller.
   static absl::StatusOr<std::shared_ptr<Offloader>> Create(std::shared_ptr<Client> client,
