@@ -304,11 +304,10 @@ class SavedTensorEngine::Impl {
   }
 
   void Synchronize() {
-    std::vector<CopyEngine*> engines = Engines();
-    for (CopyEngine* engine : engines) engine->Synchronize();
-    (void)Reap(/*wait=*/true);
-    for (CopyEngine* engine : engines) engine->Synchronize();
-    (void)Reap(/*wait=*/true);
+    for (int round = 0; round < 2; ++round) {  // 2nd: the releases the 1st queued
+      WaitForCopies();
+      (void)Reap(/*wait=*/true);
+    }
   }
 
   EngineStats stats() const {
@@ -381,11 +380,7 @@ class SavedTensorEngine::Impl {
       CudaCopyEngineOptions cuda;
       cuda.device = device;
       absl::StatusOr<std::unique_ptr<CopyEngine>> created = CreateCudaCopyEngine(cuda);
-      if (created.ok()) {
-        cuda_engines_[device] = std::move(*created);
-      } else {
-        cuda_error_ = created.status();
-      }
+      if (created.ok()) cuda_engines_[device] = std::move(*created);
     }
     return cuda_engines_[device].get();
   }
@@ -407,7 +402,6 @@ class SavedTensorEngine::Impl {
 
   void HandleFailureLocked(const absl::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (options_.on_failure == FailurePolicy::kKeep) {
-      if (available_) failure_ = status;
       available_ = false;
     } else if (pending_error_.ok()) {
       pending_error_ = status;
@@ -435,7 +429,6 @@ class SavedTensorEngine::Impl {
   const EngineOptions options_;  // host_engine always set
   std::vector<std::shared_ptr<CopyEngine>> cuda_engines_ ABSL_GUARDED_BY(mu_);  // by device
   bool cuda_tried_[64] ABSL_GUARDED_BY(mu_) = {};
-  absl::Status cuda_error_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, Entry> entries_ ABSL_GUARDED_BY(mu_);
   std::vector<uint64_t> in_flight_ ABSL_GUARDED_BY(mu_);  // ids of asynchronous stores
   // Destinations of fetches whose saved tensor is gone: held until the copy is done.
@@ -443,10 +436,7 @@ class SavedTensorEngine::Impl {
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
   bool available_ ABSL_GUARDED_BY(mu_) = true;
   absl::Status pending_error_ ABSL_GUARDED_BY(mu_);
-  absl::Status failure_ ABSL_GUARDED_BY(mu_);
   EngineStats stats_ ABSL_GUARDED_BY(mu_);
-
-  friend class SavedTensorEngine;
 };
 
 namespace {

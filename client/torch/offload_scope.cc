@@ -133,7 +133,7 @@ class OffloadHooks final : public SavedVariableHooks {
     const OffloadOptions& options = offloader_->options_;
     SavedTensorEngine& engine = *offloader_->engine_;
     const KeepReason keep = KeepReasonOf(tensor);
-    kept_version_ = saved_version;
+    saved_version_ = saved_version;
     if (keep != KeepReason::kCount || nbytes < options.min_bytes) {
       kept_ = tensor.detach();  // detached: no cycle through its grad_fn
       SavedTensorInfo info;
@@ -173,7 +173,7 @@ class OffloadHooks final : public SavedVariableHooks {
   at::Tensor call_unpack_hook() override {
     if (id_ == 0) {
       TORCH_CHECK(
-          !check_version_ || !kept_.defined() || version_.current_version() == kept_version(),
+          !check_version_ || !kept_.defined() || version_.current_version() == saved_version_,
           "one of the variables needed for gradient computation has been modified by an "
           "inplace operation (tensor saved with actstash hooks)");
       return kept_;
@@ -223,8 +223,6 @@ class OffloadHooks final : public SavedVariableHooks {
   }
 
  private:
-  uint64_t kept_version() const { return kept_version_; }
-
   KeepReason KeepReasonOf(const at::Tensor& t) const {
     const OffloadOptions& options = offloader_->options_;
     if (t.layout() != at::kStrided || t.is_quantized() || t.is_nested() || t.is_conj() ||
@@ -274,9 +272,9 @@ class OffloadHooks final : public SavedVariableHooks {
   std::shared_ptr<Offloader> offloader_;
   const bool check_version_;
   c10::VariableVersion version_;  // the saved tensor's counter
-  uint64_t kept_version_ = 0;
-  at::Tensor kept_;  // not offloaded
-  uint64_t id_ = 0;  // offloaded: the engine's id
+  uint64_t saved_version_ = 0;    // when packed
+  at::Tensor kept_;               // not offloaded
+  uint64_t id_ = 0;               // offloaded: the engine's id
   c10::intrusive_ptr<SavedMeta> meta_;
   c10::Device device_ = c10::Device(c10::kCPU);
 };

@@ -182,7 +182,6 @@ class Stash:
         if prefetch < 0:
             raise ValueError("prefetch must be >= 0")
         self._client = client
-        self._on_unavailable = on_unavailable
         self._attached = client is not None and client.attached
         handle = ctypes.c_void_p()
         pool_importer = _current_cuda_device() if device_pool is not None else -1
@@ -201,7 +200,7 @@ class Stash:
         self._inline_bytes = inline_bytes
         self._unpack_out_len = 5 + 2 * prefetch
         self._tls = threading.local()
-        self._keep = {}           # storage address -> weakref of a kept tensor
+        self._keep = {}           # storage address -> StorageWeakRef of a kept storage
         self._min_bytes = 0
         self._warned = client is None
         self._cuda_warned = False
@@ -357,7 +356,7 @@ class Stash:
         if cuda:
             index = device.index if device.index is not None else torch.cuda.current_device()
             flags |= (index + 1) << _DEVICE_SHIFT
-            stream = torch.cuda.current_stream(device).cuda_stream
+            stream = _stream_of(device)
         # The engine holds the source only while it copies asynchronously; detached so
         # that holding it does not hold its graph (which holds the _Saved).
         owner = t if (not cuda and self._attached and nbytes <= self._inline_bytes and
@@ -418,12 +417,10 @@ class Stash:
                                            saved.nbytes, out, self._unpack_out_len)
             if code:
                 error = _lib.error_for(code)
-                for i in range(out[4]):  # candidates handed over before the copy failed
-                    _lib.take_object(out[6 + 2 * i])
+                _take_offers(out)  # handed over before the copy failed: dropped
                 raise error
             if out[0] == _COPIED:
-                if out[4]:
-                    self._prefetch([(out[5 + 2 * i], out[6 + 2 * i]) for i in range(out[4])])
+                self._prefetch(_take_offers(out))
                 return self._restride(saved, dst)
         else:
             code = _lib.engine_unpack(engine.ptr, saved.id, version, out, self._unpack_out_len)
@@ -431,8 +428,7 @@ class Stash:
                 _lib.raise_for(code)
         kind, address, nbytes = out[0], out[1], out[2]
         handed = _lib.take_object(address) if kind in (_SOURCE, _PREFETCHED) else None
-        if out[4]:
-            self._prefetch([(out[5 + 2 * i], out[6 + 2 * i]) for i in range(out[4])])
+        self._prefetch(_take_offers(out))
         if kind == _VIEW:
             buf = (ctypes.c_char * nbytes).from_address(address)
             buf._actstash = _ViewDone(engine, saved.id)
@@ -460,10 +456,9 @@ class Stash:
 
     def _prefetch(self, offers):
         """Starts the fetches the engine offered (the next saved tensors backward reads):
-        (id, cookie) pairs, each cookie a reference to a _Saved handed over."""
+        (id, _Saved) pairs from _take_offers."""
         engine = self._engine
-        taken = [(id_, _lib.take_object(cookie)) for id_, cookie in offers]
-        for id_, saved in taken:
+        for id_, saved in offers:
             try:
                 dst = _materialize(saved)
             except Exception:  # speculative: out of memory now must not fail this unpack
@@ -495,6 +490,12 @@ class Stash:
             return base.as_strided(p.shape, p.stride)
         except RuntimeError:
             return t.reshape(p.shape)  # an unusual overlap: same values, contiguous
+
+
+def _take_offers(out):
+    """The saved tensors an unpack's answer `out` offers for prefetch, as (id, _Saved)
+    pairs: every cookie is a reference handed over, taken here even when unused."""
+    return [(out[5 + 2 * i], _lib.take_object(out[6 + 2 * i])) for i in range(out[4])]
 
 
 def _stream_of(device):
