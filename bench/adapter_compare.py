@@ -15,7 +15,6 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -27,20 +26,8 @@ import torch.nn.functional as F  # noqa: E402
 
 import actstash  # noqa: E402
 
-
-def start_daemon():
-    directory = tempfile.mkdtemp(prefix="actstash-compare-")
-    socket = os.path.join(directory, "actstash.sock")
-    daemon = subprocess.Popen([os.path.join(BUILD, "server", "actstashd"), "--socket", socket,
-                               "--pool-size", "2GiB", "--log-level", "warn"],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    for _ in range(600):  # the pool is populated and locked before it listens
-        if os.path.exists(socket):
-            break
-        if daemon.poll() is not None:
-            raise RuntimeError(f"actstashd exited with {daemon.returncode}")
-        time.sleep(0.05)
-    return daemon, socket
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from hook_bench import PrivateDaemon  # noqa: E402
 
 
 def python_front_end(args, socket):
@@ -105,7 +92,8 @@ def main():
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    daemon, socket = start_daemon()
+    daemon = PrivateDaemon()
+    socket = daemon.socket
     try:
         py = python_front_end(args, socket)
         command = [os.path.join(BUILD, "bench", "adapter_bench"), "--json", "--address", socket,
@@ -115,8 +103,7 @@ def main():
         cpp = json.loads(subprocess.run(command, check=True, capture_output=True,
                                         text=True).stdout.strip().splitlines()[-1])
     finally:
-        daemon.terminate()
-        daemon.wait()
+        daemon.stop()
     if args.json:
         print(json.dumps({"python": py, "libtorch": cpp}))
         return

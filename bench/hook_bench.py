@@ -195,30 +195,25 @@ class Checks:
             self.expect(f"{label}: {key}", stats[key], want)
 
 
-def synchronize(stash):
-    """stash.synchronize(), with a workaround for builds whose native
-    Synchronize (called by stash.synchronize() with the GIL released) drops the
-    sources of stores still in flight through Py_DecRef without the GIL: with a
-    tensor stored asynchronously (> 1 MiB on the CPU) in flight, that aborts
-    the interpreter ("PyEval_SaveThread: the function must be called with the
-    GIL held"). Builds that have actstash_engine_wait (wait without releasing;
-    sources dropped by engine_reap with the GIL held) are fine: plain
-    stash.synchronize(). Otherwise wait here first, with the GIL held, through
-    the calls stash.stats() makes (engine_reap without waiting drops the
-    sources of finished stores), until nothing is in flight; then
-    stash.synchronize() has no source left to drop."""
-    from actstash import _lib
-    if not hasattr(_lib, "engine_wait"):
-        ptr = stash._engine.ptr
-        values = (ctypes.c_uint64 * len(_lib.STAT_NAMES))()
-        in_flight = _lib.STAT_NAMES.index("in_flight")
-        while True:
-            _lib.engine_reap(ptr, 0)
-            _lib.engine_stats(ptr, values, len(values))
-            if values[in_flight] == 0:
-                break
-            time.sleep(20e-6)  # lets the copy thread run (2 cores, shared)
-    stash.synchronize()
+def scalar_stats(stash):
+    """stash.stats() without its non-scalar entries, for the JSON report."""
+    return {k: v for k, v in stash.stats().items()
+            if isinstance(v, (int, float, bool)) or v is None}
+
+
+def finish(result, checks, daemon, args, print_report):
+    """Adds the checks (and a private daemon's warnings) to `result`, prints it
+    (JSON or the report) and returns the exit code: 1 when a check failed."""
+    if daemon is not None:
+        result["daemon_warnings"] = daemon.warnings()
+    result["checks"] = {"count": checks.count, "failures": checks.failures}
+    if args.json:
+        print(json.dumps(result, indent=1))
+    else:
+        print_report(result)
+        for line in result.get("daemon_warnings", []):
+            print("actstashd: " + line)
+    return 1 if checks.failures else 0
 
 
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc mallopt parameters
@@ -269,12 +264,12 @@ def chain_run(torch, x, grad, n, ctx, stash):
         for _ in range(n):
             y = torch.relu(y)
     if stash is not None:
-        synchronize(stash)
+        stash.synchronize()
     t1 = time.perf_counter()
     torch.autograd.backward(y, grad)
     del y  # the graph (and the saved tensors it still held) goes now
     if stash is not None:
-        synchronize(stash)
+        stash.synchronize()
     t2 = time.perf_counter()
     return t1 - t0, t2 - t1
 
@@ -391,12 +386,12 @@ def big_run(torch, x, grad, ctx, stash):
     with ctx():
         y = torch.relu(x)
     if stash is not None:
-        synchronize(stash)
+        stash.synchronize()
     t1 = time.perf_counter()
     torch.autograd.backward(y, grad)
     del y
     if stash is not None:
-        synchronize(stash)
+        stash.synchronize()
     t2 = time.perf_counter()
     return t1 - t0, t2 - t1
 
@@ -606,20 +601,9 @@ def main():
         if args.big_size:
             result["big"] = bench_big(torch, args, variants, checks)
         for label, stash in (("actstash", stash_views), ("actstash-copy", stash_copy)):
-            stats = stash.stats()
-            result[f"stats_{label}"] = {k: v for k, v in stats.items()
-                                        if isinstance(v, (int, float, bool)) or v is None}
+            result[f"stats_{label}"] = scalar_stats(stash)
             stash.close()
-        if daemon is not None:
-            result["daemon_warnings"] = daemon.warnings()
-    result["checks"] = {"count": checks.count, "failures": checks.failures}
-    if args.json:
-        print(json.dumps(result, indent=1))
-    else:
-        print_report(result)
-        for line in result.get("daemon_warnings", []):
-            print("actstashd: " + line)
-    return 1 if checks.failures else 0
+        return finish(result, checks, daemon, args, print_report)  # the daemon's log is still there
 
 
 if __name__ == "__main__":

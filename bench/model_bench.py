@@ -49,15 +49,14 @@ import argparse
 import copy
 import gc
 import hashlib
-import json
 import os
 import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from hook_bench import (ROOT, Checks, daemon_address, import_actstash, median,  # noqa: E402
-                        parse_size, synchronize)
+from hook_bench import (ROOT, Checks, daemon_address, finish, import_actstash,  # noqa: E402
+                        median, parse_size, scalar_stats)
 
 sys.path.insert(0, os.path.join(ROOT, "examples"))
 
@@ -193,7 +192,7 @@ class Runner:
                 times.append(t)
         if self.stash is not None:
             gc.collect()
-            synchronize(self.stash)
+            self.stash.synchronize()
             stats = self.stash.stats()
             label = f"{self.spec.name} {self.variant} after step {self.step_index - 1}"
             checks.absolute(label, stats, {"live_tensors": 0, "live_bytes": 0, "in_flight": 0,
@@ -349,20 +348,9 @@ def main():
         result["models"] = [bench_model(torch, specs[m](torch, args), stash, args, checks)
                             for m in models]
         if stash is not None:
-            stats = stash.stats()
-            result["stats_actstash"] = {k: v for k, v in stats.items()
-                                        if isinstance(v, (int, float, bool)) or v is None}
+            result["stats_actstash"] = scalar_stats(stash)
             stash.close()
-        if daemon is not None:
-            result["daemon_warnings"] = daemon.warnings()
-    result["checks"] = {"count": checks.count, "failures": checks.failures}
-    if args.json:
-        print(json.dumps(result, indent=1))
-    else:
-        print_report(result)
-        for line in result.get("daemon_warnings", []):
-            print("actstashd: " + line)
-    return 1 if checks.failures else 0
+        return finish(result, checks, daemon, args, print_report)  # the daemon's log is still there
 
 
 if __name__ == "__main__":
