@@ -420,7 +420,8 @@ class Stash:
                 _take_offers(out)  # handed over before the copy failed: dropped
                 raise error
             if out[0] == _COPIED:
-                self._prefetch(_take_offers(out))
+                if out[4]:  # the hot path makes no call when nothing is offered
+                    self._prefetch(_take_offers(out))
                 return self._restride(saved, dst)
         else:
             code = _lib.engine_unpack(engine.ptr, saved.id, version, out, self._unpack_out_len)
@@ -428,7 +429,8 @@ class Stash:
                 _lib.raise_for(code)
         kind, address, nbytes = out[0], out[1], out[2]
         handed = _lib.take_object(address) if kind in (_SOURCE, _PREFETCHED) else None
-        self._prefetch(_take_offers(out))
+        if out[4]:
+            self._prefetch(_take_offers(out))
         if kind == _VIEW:
             buf = (ctypes.c_char * nbytes).from_address(address)
             buf._actstash = _ViewDone(engine, saved.id)
