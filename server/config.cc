@@ -86,7 +86,24 @@ constexpr Setting kSettings[] = {
     {"insecure",
      "Allow plaintext TCP on a non-loopback address (true/false; the flag "
      "alone means true)"},
+    {"exit_with_parent",
+     "Shut down (as on SIGTERM) when the process that started the daemon exits, for a "
+     "private daemon that lives as long as its trainer (true/false; the flag alone means "
+     "true; default false)"},
 };
+
+// Settings whose flag takes no value (present means true); in the TOML file
+// they are booleans or "true"/"false".
+bool IsBooleanFlag(const std::string& key) {
+  return key == "insecure" || key == "exit_with_parent";
+}
+
+absl::StatusOr<bool> ParseBool(const char* key, const std::string& value) {
+  if (value != "true" && value != "false") {
+    return absl::InvalidArgumentError(absl::StrCat(key, ": '", value, "' is not true/false"));
+  }
+  return value == "true";
+}
 
 std::string FlagName(const char* key) {
   std::string flag = absl::StrCat("--", key);
@@ -300,11 +317,13 @@ absl::StatusOr<DaemonConfig> Resolve(const std::map<std::string, std::string>& v
   if (const std::string* v = get("tls_cert")) config.tls_cert = *v;
   if (const std::string* v = get("tls_key")) config.tls_key = *v;
   if (const std::string* v = get("tls_client_ca")) config.tls_client_ca = *v;
-  if (const std::string* v = get("insecure")) {
-    if (*v != "true" && *v != "false") {
-      return absl::InvalidArgumentError(absl::StrCat("insecure: '", *v, "' is not true/false"));
+  for (auto [key, field] : {std::pair{"insecure", &config.insecure},
+                             std::pair{"exit_with_parent", &config.exit_with_parent}}) {
+    if (const std::string* v = get(key)) {
+      absl::StatusOr<bool> parsed = ParseBool(key, *v);
+      if (!parsed.ok()) return parsed.status();
+      *field = *parsed;
     }
-    config.insecure = *v == "true";
   }
   if (config.tls_cert.empty() != config.tls_key.empty()) {
     return absl::InvalidArgumentError("tls_cert and tls_key go together");
@@ -361,11 +380,11 @@ CommandLine ParseCommandLine(int argc, const char* const* argv) {
   app.add_option("-c,--config", config_file, "TOML configuration file")->check(CLI::ExistingFile);
   std::map<std::string, std::string> flag_values;
   std::vector<std::pair<const char*, CLI::Option*>> options;
-  bool insecure_flag = false;
+  std::map<std::string, bool> boolean_flags;
   for (const Setting& setting : kSettings) {
-    if (std::string(setting.key) == "insecure") {
-      options.emplace_back(setting.key,
-                           app.add_flag(FlagName(setting.key), insecure_flag, setting.help));
+    if (IsBooleanFlag(setting.key)) {
+      options.emplace_back(setting.key, app.add_flag(FlagName(setting.key),
+                                                     boolean_flags[setting.key], setting.help));
       continue;
     }
     options.emplace_back(
@@ -387,9 +406,9 @@ CommandLine ParseCommandLine(int argc, const char* const* argv) {
     }
   }
   for (const auto& [key, option] : options) {
-    if (option->count() > 0) values[key] = flag_values[key];
+    if (option->count() == 0) continue;
+    values[key] = IsBooleanFlag(key) ? (boolean_flags[key] ? "true" : "false") : flag_values[key];
   }
-  if (insecure_flag) values["insecure"] = "true";
   absl::StatusOr<DaemonConfig> config = Resolve(values);
   if (!config.ok()) {
     std::cerr << "actstashd: " << config.status().message() << "\n";

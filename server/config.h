@@ -46,6 +46,9 @@ struct DaemonConfig {
   std::string tls_key;        // PEM file
   std::string tls_client_ca;  // PEM file: require client certificates it signed (mTLS)
   bool insecure = false;
+  // Shut down when the parent process exits (a private daemon started by a
+  // trainer, e.g. actstash.connect(start="auto")).
+  bool exit_with_parent = false;
 };
 
 // True for 127.0.0.0/8, ::1 and localhost.

@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <thread>
 
 #include "server/config.h"
 #include "server/daemon.h"
@@ -35,6 +36,17 @@ int main(int argc, char** argv) {
   if (!daemon.ok()) {
     spdlog::critical("cannot start: {}", daemon.status().ToString());
     return 1;
+  }
+  if (config.exit_with_parent) {
+    // Polls rather than PR_SET_PDEATHSIG, which fires when the *thread* that
+    // started the daemon exits, not the trainer process. When the parent
+    // dies the daemon is re-parented, so getppid() changes.
+    const pid_t parent = getppid();
+    std::thread([parent] {
+      while (getppid() == parent) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      spdlog::info("parent process {} exited (exit_with_parent)", parent);
+      kill(getpid(), SIGTERM);
+    }).detach();
   }
   spdlog::info("ready");
   int received = 0;

@@ -1,5 +1,12 @@
-"""Fixtures: a real actstashd process per test module, on a private socket."""
+"""Fixtures: a real actstashd process per test module, on a private socket.
+
+The package under test is the build tree's (build/python, put first on sys.path;
+the daemon is build/server/actstashd) unless ACTSTASH_TEST_INSTALLED=1: then it is
+the one installed in this interpreter's environment (pip install ./client/python),
+and so is the daemon that ships inside it.
+"""
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -10,8 +17,21 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BUILD = os.environ.get("ACTSTASH_BUILD_DIR", os.path.join(ROOT, "build"))
-sys.path.insert(0, os.path.join(BUILD, "python"))
+INSTALLED = os.environ.get("ACTSTASH_TEST_INSTALLED") == "1"
+if not INSTALLED:
+    sys.path.insert(0, os.path.join(BUILD, "python"))
 sys.path.insert(0, os.path.join(ROOT, "examples"))
+# What a subprocess that imports actstash needs in its environment.
+PACKAGE_ENV = {} if INSTALLED else {"PYTHONPATH": os.path.join(BUILD, "python")}
+
+
+def daemon_binary():
+    if not INSTALLED:
+        return os.path.join(BUILD, "server", "actstashd")
+    from actstash import _daemon
+    path = _daemon.binary("actstashd")
+    assert path and path.startswith(os.path.dirname(_daemon.__file__)), path
+    return path
 
 
 class Daemon:
@@ -19,7 +39,7 @@ class Daemon:
         self.dir = tempfile.mkdtemp(prefix="actstash-py-")
         self.socket = os.path.join(self.dir, "actstash.sock")
         self.log = open(os.path.join(self.dir, "actstashd.log"), "w+")
-        self.args = [os.path.join(BUILD, "server", "actstashd"), "--socket", self.socket,
+        self.args = [daemon_binary(), "--socket", self.socket,
                      "--pool-size", pool, "--segment-size", "16MiB", *extra]
         self.proc = None
         self.start()
@@ -47,6 +67,8 @@ class Daemon:
 
     def stop(self):
         self.kill(signal.SIGTERM)
+        self.log.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")

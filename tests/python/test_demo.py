@@ -5,12 +5,12 @@ import os
 import subprocess
 import sys
 
-from conftest import BUILD, ROOT
+from conftest import PACKAGE_ENV, ROOT
 
 
 def test_demo_modes(daemon):
     env = dict(os.environ, ACTSTASH_ADDRESS=daemon.socket,
-               PYTHONPATH=os.path.join(BUILD, "python"))
+               **PACKAGE_ENV)
     out = subprocess.run(
         [sys.executable, os.path.join(ROOT, "examples", "train_gpt.py"), "--json", "--steps",
          "2", "--layers", "4", "--dim", "128", "--context", "128", "--batch", "8"],

@@ -16,7 +16,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint as torch_checkpoint
 
 import actstash
-from conftest import BUILD, ROOT
+from conftest import PACKAGE_ENV, ROOT
 from gpt import GPT, Block, loss_fn
 
 torch.set_num_threads(1)
@@ -25,7 +25,7 @@ DDP_SCRIPT = os.path.join(ROOT, "examples", "train_ddp.py")
 
 def _env(daemon, **extra):
     return dict(os.environ, ACTSTASH_ADDRESS=daemon.socket,
-                PYTHONPATH=os.path.join(BUILD, "python"), **extra)
+                **PACKAGE_ENV, **extra)
 
 
 def _run_ddp(daemon, tmp_path, name, *args):

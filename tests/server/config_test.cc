@@ -412,6 +412,21 @@ TEST_F(ConfigTest, TcpAndTlsSettings) {
   EXPECT_EQ(toml.command_line.config.metrics_address, "127.0.0.1:9464");
 }
 
+TEST_F(ConfigTest, ExitWithParentIsABooleanFlagAndKey) {
+  EXPECT_FALSE(ParseArgs({}).command_line.config.exit_with_parent);
+  const Parsed flag = ParseArgs({"--exit-with-parent"});
+  ASSERT_FALSE(flag.command_line.exit_code.has_value()) << flag.err;
+  EXPECT_TRUE(flag.command_line.config.exit_with_parent);
+  const Parsed toml = ParseWithToml("exit_with_parent = true\n");
+  ASSERT_FALSE(toml.command_line.exit_code.has_value()) << toml.err;
+  EXPECT_TRUE(toml.command_line.config.exit_with_parent);
+  const Parsed bad = ParseWithToml("exit_with_parent = \"sometimes\"\n");
+  ASSERT_TRUE(bad.command_line.exit_code.has_value());
+  EXPECT_EQ(*bad.command_line.exit_code, 2);
+  EXPECT_NE(bad.err.find("exit_with_parent: 'sometimes' is not true/false"), std::string::npos)
+      << bad.err;
+}
+
 TEST_F(ConfigTest, SizesThatCannotWorkAreUsageErrors) {
   for (const std::vector<std::string>& args :
        {std::vector<std::string>{"--pool-size", "10MiB"},

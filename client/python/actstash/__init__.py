@@ -10,11 +10,30 @@
 
 The native library (libactstash.so, loaded through ctypes) links neither
 Python nor torch: one build serves every CPython version and torch >= 1.13.
+torch is imported on first use of what needs it (connect, Stash, checkpoint,
+wrap, unwrap), so `import actstash` and the `actstash`/`actstashd` commands
+work without it.
 """
+import importlib
+
 from actstash._lib import StashError, StashFull, StashNotFound, StashUnavailable
-from actstash._stash import Stash, connect
-from actstash._checkpoint import checkpoint
-from actstash._wrap import unwrap, wrap
+
+_LAZY = {"Stash": "_stash", "connect": "_stash", "checkpoint": "_checkpoint",
+         "unwrap": "_wrap", "wrap": "_wrap"}
+
+
+def __getattr__(name):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'actstash' has no attribute {name!r}")
+    value = getattr(importlib.import_module("actstash." + module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(list(globals()) + list(_LAZY))
+
 
 __all__ = [
     "Stash", "StashError", "StashFull", "StashNotFound", "StashUnavailable", "checkpoint",

@@ -17,11 +17,13 @@ import weakref
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from actstash import _lib
+from actstash import _daemon, _lib
 from actstash._lib import StashError, StashUnavailable
 
-_DEFAULT_SOCKET_HINT = (
-    "start it with `actstashd` (or `actstashd --socket PATH` and set ACTSTASH_ADDRESS=PATH)")
+# Added to the native message, which already says how to start a node daemon.
+_PRIVATE_DAEMON_HINT = ("Or let this process start a private one: "
+                        "actstash.connect(start=\"auto\").")
+_START_MODES = ("never", "auto", "always")
 
 _FP32 = 1 << 4
 _DENSE = 1 << 5
@@ -35,13 +37,22 @@ _INLINE_STORE_BYTES = 1 << 20
 _VIEW_MIN_BYTES = 32 << 10  # smaller CPU tensors are copied back: cheaper than a view
 
 
-def connect(address=None, quota=None, on_unavailable="raise", *, name=None, attach="auto",
-            timeout=30.0, connect_timeout=5.0, prefetch=2, copy_delay_us=0, seed=0, pin="auto",
-            cuda=True, device_pool=None, downcast=None, cpu_views=True):
+def connect(address=None, quota=None, on_unavailable="raise", *, start="never", daemon_args=(),
+            name=None, attach="auto", timeout=30.0, connect_timeout=5.0, prefetch=2,
+            copy_delay_us=0, seed=0, pin="auto", cuda=True, device_pool=None, downcast=None,
+            cpu_views=True):
     """Opens a session with actstashd and returns a Stash.
 
     address: socket path, unix:///path or host:port; default ACTSTASH_ADDRESS, else the
       daemon's default socket. quota: bytes this trainer may hold (default: the daemon's).
+    start: "never" (default: the node's daemon must be running), "auto" (when no daemon
+      answers at address, start a private actstashd from the package) or "always" (a
+      private one regardless). A private daemon serves only this process, on a socket in a
+      private temporary directory, and exits with it; it is started once per process and
+      shared by its sessions. daemon_args: extra actstashd flags for it, e.g.
+      ["--pool-size", "8GiB"] (default pool: 25% of memory, at most 32 GiB). Several
+      trainers on one node (DDP ranks) should share a node daemon instead: one pool and
+      one budget for all of them.
     on_unavailable: "raise" (StashUnavailable, within connect_timeout) or "keep" (warn,
       and keep tensors in-process: training goes on without offload).
     copy_delay_us: test knob; every store of a CPU tensor then goes through the copy engine
@@ -65,16 +76,31 @@ def connect(address=None, quota=None, on_unavailable="raise", *, name=None, atta
         raise ValueError("downcast must be None or 'bf16'")
     if on_unavailable not in ("raise", "keep"):
         raise ValueError("on_unavailable must be 'raise' or 'keep'")
+    if start not in _START_MODES:
+        raise ValueError(f"start must be one of {', '.join(_START_MODES)}")
     address = address or os.environ.get("ACTSTASH_ADDRESS", "")
+
+    def open_client(at):
+        return _lib.Client(address=at, quota=int(quota or 0),
+                           name=name or f"torch-{os.getpid()}", attach=attach,
+                           rpc_timeout_ms=int(timeout * 1000),
+                           connect_timeout_ms=int(connect_timeout * 1000), pin=pin,
+                           cuda_device=_current_cuda_device() if device_pool is not None else 0)
+
     try:
-        client = _lib.Client(address=address, quota=int(quota or 0),
-                             name=name or f"torch-{os.getpid()}", attach=attach,
-                             rpc_timeout_ms=int(timeout * 1000),
-                             connect_timeout_ms=int(connect_timeout * 1000), pin=pin,
-                             cuda_device=_current_cuda_device() if device_pool is not None else 0)
+        if start == "always":
+            client = open_client(_start_private(daemon_args))
+        else:
+            try:
+                client = open_client(address)
+            except StashUnavailable:
+                if start != "auto":
+                    raise
+                client = open_client(_start_private(daemon_args))
     except StashUnavailable as error:
         if on_unavailable == "raise":
-            raise StashUnavailable(f"{error}; {_DEFAULT_SOCKET_HINT}") from None
+            hint = "" if start != "never" else " " + _PRIVATE_DAEMON_HINT
+            raise StashUnavailable(f"{error}{hint}") from None
         warnings.warn(f"actstash: daemon unavailable ({error}); keeping tensors in-process",
                       RuntimeWarning, stacklevel=2)
         client = None
@@ -88,6 +114,15 @@ def connect(address=None, quota=None, on_unavailable="raise", *, name=None, atta
     return Stash(client, on_unavailable=on_unavailable, prefetch=prefetch, cuda=cuda,
                  device_pool=device_pool, downcast=downcast, copy_delay_us=copy_delay_us,
                  seed=seed, cpu_views=cpu_views)
+
+
+def _start_private(daemon_args):
+    world = int(os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("WORLD_SIZE") or 1)
+    if world > 1:
+        warnings.warn("actstash: each rank starts its own private actstashd (start=...), each "
+                      "with its own pool; run one node daemon for all ranks to share one pool "
+                      "and budget", RuntimeWarning, stacklevel=3)
+    return _daemon.private_daemon(daemon_args).address
 
 
 def _current_cuda_device():
