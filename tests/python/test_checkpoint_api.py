@@ -329,3 +329,44 @@ def test_wrap_offloads_blocks_called_with_keyword_activations(stash):
     assert fwd["bytes_offloaded"] == 3 * per_block, fwd
     assert fwd["kept_keep_listed"] == 0, fwd
     assert bwd["tensors_fetched"] == 3 and bwd["bytes_fetched"] == 3 * per_block, bwd
+
+
+def _autocast_block(x, w):
+    return torch.nn.functional.gelu(x @ w).sum(dim=-1)
+
+
+def _grads_under_cpu_autocast(run):
+    torch.manual_seed(3)
+    x = torch.randn(64, 128, requires_grad=True)
+    w = torch.randn(128, 128, requires_grad=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = run(x, w)
+    assert y.dtype == torch.bfloat16  # autocast was on in forward
+    y.float().sum().backward()
+    return x.grad, w.grad
+
+
+def test_recomputation_replays_cpu_autocast_like_torch_checkpoint(stash):
+    expected = _grads_under_cpu_autocast(
+        lambda x, w: torch_checkpoint(_autocast_block, x * 2, w, use_reentrant=False))
+    before = stash.stats()["tensors_offloaded"]
+    actual = _grads_under_cpu_autocast(
+        lambda x, w: actstash.checkpoint(_autocast_block, x * 2, w, stash=stash))
+    assert all(torch.equal(a, b) for a, b in zip(expected, actual))
+    assert stash.stats()["tensors_offloaded"] > before
+
+
+def test_autocast_state_uses_the_per_device_api_where_torch_has_it(monkeypatch):
+    """torch >= 2.4 deprecates the per-kind getters (get_autocast_gpu_dtype, ...) for
+    get_autocast_dtype(device_type) and is_autocast_enabled(device_type); this torch
+    may have either, so the newer branch runs here against a stand-in of that API."""
+    from actstash import _checkpoint
+    calls = []
+    monkeypatch.setattr(torch, "get_autocast_dtype",
+                        lambda device: calls.append(("dtype", device)) or torch.float16,
+                        raising=False)
+    monkeypatch.setattr(torch, "is_autocast_enabled",
+                        lambda *device: calls.append(("enabled",) + device) or True)
+    state = _checkpoint._autocast_kwargs("cuda")
+    assert state["enabled"] is True and state["dtype"] is torch.float16
+    assert calls == [("enabled", "cuda"), ("dtype", "cuda")]

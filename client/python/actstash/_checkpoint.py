@@ -17,14 +17,16 @@ class _Holder:
     pass
 
 
-def _autocast_kwargs():
-    gpu = {"enabled": torch.is_autocast_enabled(),
-           "dtype": torch.get_autocast_gpu_dtype(),
-           "cache_enabled": torch.is_autocast_cache_enabled()}
-    cpu = {"enabled": torch.is_autocast_cpu_enabled(),
-           "dtype": torch.get_autocast_cpu_dtype(),
-           "cache_enabled": torch.is_autocast_cache_enabled()}
-    return gpu, cpu
+def _autocast_kwargs(device_type):
+    """The autocast state of `device_type` ("cuda" or "cpu"), to re-enter in recomputation."""
+    if hasattr(torch, "get_autocast_dtype"):  # torch >= 2.4: per-device API, old one deprecated
+        enabled = torch.is_autocast_enabled(device_type)
+        dtype = torch.get_autocast_dtype(device_type)
+    elif device_type == "cuda":
+        enabled, dtype = torch.is_autocast_enabled(), torch.get_autocast_gpu_dtype()
+    else:
+        enabled, dtype = torch.is_autocast_cpu_enabled(), torch.get_autocast_cpu_dtype()
+    return {"enabled": enabled, "dtype": dtype, "cache_enabled": torch.is_autocast_cache_enabled()}
 
 
 def checkpoint(function, *args, use_reentrant=None, context_fn=None,
@@ -50,7 +52,7 @@ def checkpoint(function, *args, use_reentrant=None, context_fn=None,
         forward_context, recompute_context = contextlib.nullcontext(), contextlib.nullcontext()
     else:
         forward_context, recompute_context = context_fn()
-    gpu_autocast, cpu_autocast = _autocast_kwargs()
+    gpu_autocast, cpu_autocast = _autocast_kwargs("cuda"), _autocast_kwargs("cpu")
     if preserve_rng_state:
         fwd_cpu_state = torch.get_rng_state()
         had_cuda_in_fwd = bool(torch.cuda._initialized)
@@ -123,8 +125,8 @@ def checkpoint(function, *args, use_reentrant=None, context_fn=None,
                         set_device_states(fwd_gpu_devices, fwd_gpu_states)
                 recompute_args, recompute_kwargs = inputs()
                 with torch.enable_grad(), recompute_context, \
-                        torch.cuda.amp.autocast(**gpu_autocast), \
-                        torch.cpu.amp.autocast(**cpu_autocast), \
+                        torch.autocast("cuda", **gpu_autocast), \
+                        torch.autocast("cpu", **cpu_autocast), \
                         torch.autograd.graph.saved_tensors_hooks(inner_pack, inner_unpack):
                     function(*recompute_args, **recompute_kwargs)
         if holder not in storage:
