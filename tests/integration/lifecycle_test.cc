@@ -184,6 +184,29 @@ TEST(LifecycleTest, VanishedDaemonIsUnavailableWithinTheDeadline) {
   EXPECT_THAT(std::string(again.status().message()), HasSubstr("actstashd --socket"));
 }
 
+// A daemon that is alive but slow to answer (here: stopped for 1 s; under load:
+// busy) must not fail a Connect before its deadline: gRPC's per-attempt connect
+// timeout (the channel's minimum reconnect backoff) must not cut it short. The
+// Connect runs in a fresh process (the CLI's `stats` opens a session): in this
+// one, gRPC could reuse the connection the start-up ping left behind.
+TEST(LifecycleTest, ConnectWaitsForASlowDaemonUntilItsDeadline) {
+  auto daemon = StartDaemonOrDie();
+  ASSERT_NE(daemon, nullptr);
+  ASSERT_EQ(kill(daemon->pid(), SIGSTOP), 0);
+  std::thread resume([pid = daemon->pid()] {
+    std::this_thread::sleep_for(std::chrono::seconds(1));
+    kill(pid, SIGCONT);
+  });
+  const auto start = std::chrono::steady_clock::now();
+  CommandResult stats = RunCommand(std::string(ACTSTASH_CLI_BINARY) + " --timeout 10 --address " +
+                                   daemon->address() + " stats");
+  const auto elapsed = std::chrono::steady_clock::now() - start;
+  resume.join();
+  EXPECT_EQ(stats.exit_code, 0) << stats.output;
+  EXPECT_GE(elapsed, std::chrono::milliseconds(900));
+  EXPECT_LT(elapsed, std::chrono::seconds(10));
+}
+
 TEST(LifecycleTest, RestartedDaemonRejectsOldSessionAndServesNewOnes) {
   auto daemon = StartDaemonOrDie();
   ASSERT_NE(daemon, nullptr);
