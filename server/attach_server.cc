@@ -46,7 +46,17 @@ struct Outgoing {
   AttachServer::SendCallback done;  // may be empty
 };
 
-constexpr size_t kMaxPendingConnections = 256;  // connected, no hello yet
+// Connections that have not said hello yet ("pending") cost the daemon a
+// socket and a timer and can be opened by any local user who can reach the
+// socket, so they are bounded; attached connections never count and are never
+// closed for room. A legitimate client sends its hello right after connecting,
+// which is why, past the limits, the *oldest* pending connection makes room
+// for the newest (a flood cannot lock clients out by getting there first),
+// and why a crowded server gives newcomers a short hello deadline.
+constexpr size_t kMaxPendingConnections = 256;
+constexpr size_t kMaxPendingPerUid = 64;
+constexpr size_t kCrowdedPending = 32;
+constexpr std::chrono::milliseconds kCrowdedHelloTimeout{250};
 
 std::string Encode(attach::MessageType type, const void* payload, size_t n,
                    const std::string& tail = "") {
@@ -102,6 +112,14 @@ class AttachServer::Impl {
 
  private:
   void Accept();
+  // Connections without a hello yet, oldest first.
+  std::vector<std::shared_ptr<Connection>> Pending() const;
+  // Closes the oldest pending connections while there are more than
+  // kMaxPendingConnections, or more than kMaxPendingPerUid of `uid`'s.
+  void LimitPending(uint32_t uid);
+
+  uint64_t evicted_pending_ = 0;  // since the last warning
+  std::chrono::steady_clock::time_point last_eviction_warning_{};
 };
 
 // Lives as long as an asynchronous operation holds it. I/O thread only.
@@ -110,7 +128,9 @@ class AttachServer::Impl::Connection : public std::enable_shared_from_this<Conne
   Connection(Impl* server, Socket socket)
       : server_(*server), socket_(std::move(socket)), hello_timer_(server->io_) {}
 
-  void Start() {
+  // `crowded`: many connections are pending; this one gets a short hello
+  // deadline.
+  void Start(bool crowded) {
     ucred cred{};
     socklen_t len = sizeof(cred);
     if (getsockopt(socket_.native_handle(), SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
@@ -120,7 +140,9 @@ class AttachServer::Impl::Connection : public std::enable_shared_from_this<Conne
     peer_ = PeerCredentials{static_cast<uint32_t>(cred.uid), static_cast<uint32_t>(cred.gid),
                             static_cast<uint32_t>(cred.pid)};
     auto self = shared_from_this();
-    hello_timer_.expires_after(server_.options_.hello_timeout);
+    hello_timer_.expires_after(crowded ? std::min(server_.options_.hello_timeout,
+                                                   std::chrono::milliseconds(kCrowdedHelloTimeout))
+                                       : server_.options_.hello_timeout);
     hello_timer_.async_wait([self](const boost::system::error_code& error) {
       if (!error && self->session_ == nullptr) self->Close("no hello before the timeout");
     });
@@ -141,6 +163,7 @@ class AttachServer::Impl::Connection : public std::enable_shared_from_this<Conne
 
   bool attached() const { return session_ != nullptr; }
   bool closed() const { return closed_; }
+  uint32_t peer_uid() const { return peer_.uid; }
 
   // Closes the connection; if it was bound, the session is reclaimed.
   void Close(const std::string& reason) {
@@ -328,21 +351,47 @@ void AttachServer::Impl::Accept() {
       });
       return;
     }
-    const size_t pending = static_cast<size_t>(
-        std::count_if(all_.begin(), all_.end(), [](const std::weak_ptr<Connection>& c) {
-          std::shared_ptr<Connection> connection = c.lock();
-          return connection != nullptr && !connection->attached();
-        }));
-    if (pending >= kMaxPendingConnections) {
-      boost::system::error_code ignored;
-      socket.close(ignored);  // too many connections that have not said hello
-    } else {
-      auto connection = std::make_shared<Connection>(this, std::move(socket));
-      all_.push_back(connection);
-      connection->Start();
-    }
+    auto connection = std::make_shared<Connection>(this, std::move(socket));
+    all_.push_back(connection);
+    connection->Start(/*crowded=*/Pending().size() > kCrowdedPending);
+    if (!connection->closed()) LimitPending(connection->peer_uid());
     Accept();
   });
+}
+
+std::vector<std::shared_ptr<AttachServer::Impl::Connection>> AttachServer::Impl::Pending() const {
+  std::vector<std::shared_ptr<Connection>> pending;
+  for (const std::weak_ptr<Connection>& weak : all_) {  // oldest first
+    std::shared_ptr<Connection> connection = weak.lock();
+    if (connection != nullptr && !connection->closed() && !connection->attached()) {
+      pending.push_back(std::move(connection));
+    }
+  }
+  return pending;
+}
+
+void AttachServer::Impl::LimitPending(uint32_t uid) {
+  std::vector<std::shared_ptr<Connection>> pending = Pending();
+  size_t of_uid = static_cast<size_t>(std::count_if(
+      pending.begin(), pending.end(), [uid](const auto& c) { return c->peer_uid() == uid; }));
+  size_t total = pending.size();
+  for (const std::shared_ptr<Connection>& connection : pending) {
+    if (total <= kMaxPendingConnections && of_uid <= kMaxPendingPerUid) break;
+    const bool same_uid = connection->peer_uid() == uid;
+    if (total <= kMaxPendingConnections && !same_uid) continue;  // only uid is over its limit
+    connection->Close("too many connections without a hello; the oldest makes room");
+    --total;
+    if (same_uid) --of_uid;
+    ++evicted_pending_;
+  }
+  const auto now = std::chrono::steady_clock::now();
+  if (evicted_pending_ > 0 && now - last_eviction_warning_ > std::chrono::seconds(10)) {
+    last_eviction_warning_ = now;
+    spdlog::warn("attach socket: {} connections closed without a hello to make room (limits: "
+                 "{} pending, {} per uid; last newcomer uid {})",
+                 evicted_pending_, kMaxPendingConnections, kMaxPendingPerUid, uid);
+    evicted_pending_ = 0;
+  }
 }
 
 void AttachServer::Impl::SendLeases(uint64_t session_id, std::vector<std::shared_ptr<Lease>> leases,

@@ -550,5 +550,60 @@ TEST_F(ZeroCopyTest, AttachIsLimitedToAllowedUids) {
   EXPECT_TRUE(self->attached());
 }
 
+
+// Opens a connection to the attach socket that never says hello.
+int SilentConnection(const std::string& path) {
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+  const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// Any local user who can open the attach socket can open connections and stay
+// silent. Hundreds of them must neither lock legitimate clients out nor cost an
+// attached client its connection (and with it its session).
+TEST_F(ZeroCopyTest, SilentConnectionFloodLocksNoClientOutAndDropsNoAttachedOne) {
+  StartDaemon();
+  auto before = Attached();
+  ASSERT_NE(before, nullptr);
+  const std::vector<std::byte> data = RandomBytes(1 << 20, 11);
+  absl::StatusOr<Ticket> ticket = before->Store(data.data(), data.size());
+  ASSERT_TRUE(ticket.ok()) << ticket.status();
+
+  const std::string path = attach::AttachSocketPath(daemon_->socket_path());
+  std::vector<int> silent;
+  for (int i = 0; i < 400; ++i) {
+    const int fd = SilentConnection(path);
+    ASSERT_GE(fd, 0) << "connection " << i << ": " << std::strerror(errno);
+    silent.push_back(fd);
+  }
+  // Clients that attach while the flood holds its connections open (and goes on
+  // opening more between them) get in, at once.
+  for (int round = 0; round < 5; ++round) {
+    const auto start = std::chrono::steady_clock::now();
+    auto client = Attached();
+    ASSERT_NE(client, nullptr) << "round " << round;
+    EXPECT_TRUE(client->attached());
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(2));
+    for (int i = 0; i < 100; ++i) {
+      const int fd = SilentConnection(path);
+      if (fd >= 0) silent.push_back(fd);
+    }
+  }
+  // The client that attached before the flood still has its session and data.
+  std::vector<std::byte> back(data.size());
+  ASSERT_TRUE(before->Fetch(*ticket, back.data(), back.size()).ok());
+  EXPECT_EQ(back, data);
+  EXPECT_TRUE(before->attached());
+  EXPECT_TRUE(before->Stats().ok());
+  for (int fd : silent) close(fd);
+}
+
 }  // namespace
 }  // namespace actstash::testing
