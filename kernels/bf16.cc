@@ -8,7 +8,10 @@
 
 // x86-64 Linux: the chunk loop below also gets an AVX2 clone (16 lanes
 // instead of SSE2's 8), chosen once at load time by the CPU it runs on.
-#if defined(__x86_64__) && defined(__linux__) && defined(__has_attribute)
+// ACTSTASH_NO_TARGET_CLONES (CMake: ACTSTASH_TARGET_CLONES=OFF) leaves them
+// out: ThreadSanitizer binaries crash in the IFUNC resolver that picks one.
+#if defined(__x86_64__) && defined(__linux__) && defined(__has_attribute) && \
+    !defined(ACTSTASH_NO_TARGET_CLONES)
 #if __has_attribute(target_clones)
 #define ACTSTASH_BF16_CLONES __attribute__((target_clones("avx2", "default")))
 #endif

@@ -17,6 +17,7 @@
 #include "client/device_import.h"
 #include "server/daemon.h"
 #include "tests/server/fake_device_memory.h"
+#include "tests/support/park.h"
 
 namespace actstash {
 namespace {
@@ -59,7 +60,7 @@ class DeviceTierTest : public ::testing::Test {
     client_internal::SetIpcOpenerFactoryForTesting(nullptr);
     if (daemon_ != nullptr) {
       daemon_->Shutdown(std::chrono::milliseconds(0));
-      daemon_.release();  // NOLINT: ~Server may block on this process's channels
+      testing::ParkUntilExit(std::move(daemon_));  // ~Server may block on our own channels
     }
     unlink((dir_ + "/s.sock").c_str());
     rmdir(dir_.c_str());

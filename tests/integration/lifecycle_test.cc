@@ -103,7 +103,12 @@ TEST(LifecycleTest, InFlightCallsFinishOrFailCleanlyOnShutdown) {
       }
     });
   }
-  while (ok_calls.load() < 4) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  // Bounded: if the client threads gave up early, fail instead of spinning.
+  const auto warm_up_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (ok_calls.load() < 4 && std::chrono::steady_clock::now() < warm_up_deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_GE(ok_calls.load(), 4) << "the client threads never got their calls through";
   const auto start = std::chrono::steady_clock::now();
   absl::StatusOr<int> code = daemon->Stop(SIGTERM);
   const auto took = std::chrono::steady_clock::now() - start;

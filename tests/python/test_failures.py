@@ -1,6 +1,5 @@
 """A missing or vanishing daemon: clear errors within the deadline, or, with
 on_unavailable="keep", training that goes on in-process."""
-import os
 import time
 import warnings
 

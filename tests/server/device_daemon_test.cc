@@ -24,6 +24,7 @@
 #include "common/protocol.h"
 #include "server/daemon.h"
 #include "tests/server/fake_device_memory.h"
+#include "tests/support/park.h"
 
 namespace actstash::server {
 namespace {
@@ -47,7 +48,7 @@ class DeviceDaemonTest : public ::testing::Test {
     // is stopped but not destroyed (the test process exits soon anyway).
     if (daemon_ != nullptr) {
       daemon_->Shutdown(std::chrono::milliseconds(0));
-      daemon_.release();  // NOLINT(bugprone-unused-return-value)
+      actstash::testing::ParkUntilExit(std::move(daemon_));
     }
     unlink((dir_ + "/s.sock").c_str());
     rmdir(dir_.c_str());
@@ -317,7 +318,7 @@ TEST_F(DeviceDaemonTest, CudaSettingsWithoutADeviceRefuseToStart) {
   absl::StatusOr<std::unique_ptr<Daemon>> daemon = Daemon::Start(pin_on);
   if (daemon.ok()) {
     (*daemon)->Shutdown(std::chrono::milliseconds(0));
-    daemon->release();  // NOLINT(bugprone-unused-return-value): see TearDown
+    actstash::testing::ParkUntilExit(*std::move(daemon));  // see TearDown
     GTEST_SKIP() << "a CUDA device is present";
   }
   EXPECT_EQ(daemon.status().code(), absl::StatusCode::kFailedPrecondition) << daemon.status();
