@@ -28,6 +28,9 @@ def worker(args):
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     torch.set_num_threads(1)
+    # torch >= 2.4 starts its TCPStore on libuv by default and fails where torch
+    # was built without it (Debian's torch 2.x); the older store works everywhere.
+    os.environ.setdefault("USE_LIBUV", "0")
     dist.init_process_group("gloo", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=args.timeout))
     torch.manual_seed(0)  # same initial weights on every rank
