@@ -13,7 +13,20 @@ if(NOT ACTSTASH_WITH_CUDA STREQUAL "OFF")
       set(CMAKE_CUDA_ARCHITECTURES 80 90)
     endif()
     enable_language(CUDA)
+    # CMake 3.25.0 and 3.25.1 (Debian 12's) stop in FindCUDAToolkit ("could not
+    # find TARGET CUDA::nvToolsExt") when the toolkit has no libnvToolsExt (CUDA
+    # 13) and the project requires CMake >= 3.25: the deprecation note it puts on
+    # that target is gated on CMAKE_MINIMUM_REQUIRED_VERSION alone. Fixed in
+    # 3.25.2; older releases get the note skipped.
+    if(CMAKE_VERSION VERSION_LESS 3.25.2)
+      set(_actstash_cmake_minimum ${CMAKE_MINIMUM_REQUIRED_VERSION})
+      set(CMAKE_MINIMUM_REQUIRED_VERSION 3.24)
+    endif()
     find_package(CUDAToolkit REQUIRED)
+    if(DEFINED _actstash_cmake_minimum)
+      set(CMAKE_MINIMUM_REQUIRED_VERSION ${_actstash_cmake_minimum})
+      unset(_actstash_cmake_minimum)
+    endif()
     # cudaGetDriverEntryPointByVersion (common/cuda_device_guard.cc) is 12.5+.
     if(CUDAToolkit_VERSION VERSION_LESS 12.5)
       if(ACTSTASH_WITH_CUDA STREQUAL "ON")
