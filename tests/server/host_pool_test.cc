@@ -393,7 +393,20 @@ int MemlockChild() {
   return kChildOk;
 }
 
+#if defined(__SANITIZE_ADDRESS__)
+#define ACTSTASH_UNDER_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define ACTSTASH_UNDER_ASAN 1
+#endif
+#endif
+
 TEST(HostPoolTest, MlockUnderLowMemlockLimitAutoFallsBackAndOnFails) {
+#ifdef ACTSTASH_UNDER_ASAN
+  // AddressSanitizer intercepts mlock and reports success without locking,
+  // so the limit this test lowers can never make it fail.
+  GTEST_SKIP() << "mlock is intercepted by AddressSanitizer";
+#endif
   std::fflush(nullptr);
   const pid_t pid = fork();
   ASSERT_GE(pid, 0) << std::strerror(errno);
