@@ -1,5 +1,5 @@
 // ArenaAllocator: places blocks inside one arena (a leased shared-memory
-// segment) of a fixed capacity. See DESIGN.md, "Client-side sub-allocation".
+// segment) of a fixed capacity. See docs/ARCHITECTURE.md, "Client placement".
 //
 // Tuned for activations, which are freed roughly in reverse order of creation:
 // a stack (bump pointer `top`) plus first-fit reuse of holes below it.

@@ -1,7 +1,8 @@
 // ACTSTASH_CHECK: aborts on a broken internal invariant, with file:line.
 //
-// Only for conditions that no client input can make false (see DESIGN.md,
-// "Errors and bad input"); anything a client controls returns absl::Status.
+// Only for conditions that no client input can make false (see
+// docs/ARCHITECTURE.md, "Errors and bad input"); anything a client controls
+// returns absl::Status.
 #ifndef ACTSTASH_COMMON_CHECK_H_
 #define ACTSTASH_COMMON_CHECK_H_
 
