@@ -23,7 +23,7 @@ import shutil
 import subprocess
 import sys
 
-from setuptools import setup
+from setuptools import Distribution, setup
 from setuptools.command.build_py import build_py
 
 try:
@@ -149,12 +149,16 @@ def vendor_libraries(package, objects):
         f"actstash/lib")
 
 
+class NativeDistribution(Distribution):
+    """Carries native code (without extension modules): installed to platlib, and
+    the wheel's root is not pure."""
+
+    def has_ext_modules(self):
+        return True
+
+
 class PlatformWheel(bdist_wheel):
     """Native code but no Python ABI: py3-none-<platform>."""
-
-    def finalize_options(self):
-        super().finalize_options()
-        self.root_is_pure = False
 
     def get_tag(self):
         return "py3", "none", super().get_tag()[2]
@@ -164,6 +168,7 @@ class PlatformWheel(bdist_wheel):
 _scratch = os.path.join(REPO, "build-python", "setuptools")
 os.makedirs(_scratch, exist_ok=True)
 setup(
+    distclass=NativeDistribution,
     version=project_version(),
     cmdclass={"build_py": BuildPyWithNative, "bdist_wheel": PlatformWheel},
     options={"build": {"build_base": os.path.join(_scratch, "build")},
