@@ -195,6 +195,16 @@ class Checks:
             self.expect(f"{label}: {key}", stats[key], want)
 
 
+def print_checks(checks, what, passed_note=""):
+    """Prints a report's checks (the JSON form: {"failures": [...], "count": n})."""
+    if checks["failures"]:
+        print(f"{what}: {len(checks['failures'])} of {checks['count']} FAILED")
+        for f in checks["failures"][:20]:
+            print("  " + f)
+    else:
+        print(f"{what}: all {checks['count']} passed{passed_note}")
+
+
 def scalar_stats(stash):
     """stash.stats() without its non-scalar entries, for the JSON report."""
     return {k: v for k, v in stash.stats().items()
@@ -535,13 +545,7 @@ def print_report(result):
         print("extra = run time - plain run time (same repetition); store/fetch: the "
               "forward / backward part of it; GB/s = bytes / extra")
     print()
-    checks = result["checks"]
-    if checks["failures"]:
-        print(f"counter checks: {len(checks['failures'])} of {checks['count']} FAILED")
-        for f in checks["failures"][:20]:
-            print("  " + f)
-    else:
-        print(f"counter checks: all {checks['count']} passed")
+    print_checks(result["checks"], "counter checks")
 
 
 def main():

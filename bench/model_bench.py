@@ -56,7 +56,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from hook_bench import (ROOT, Checks, daemon_address, finish, import_actstash,  # noqa: E402
-                        median, parse_size, scalar_stats)
+                        median, parse_size, print_checks, scalar_stats)
 
 sys.path.insert(0, os.path.join(ROOT, "examples"))
 
@@ -276,14 +276,8 @@ def print_report(result):
                       f"{c['unpacked_from_source'] / steps:.1f} read from the source "
                       f"(store in flight), waited {c['wait_ns'] / steps / 1e6:.2f} ms")
     print()
-    checks = result["checks"]
-    if checks["failures"]:
-        print(f"checks: {len(checks['failures'])} of {checks['count']} FAILED")
-        for f in checks["failures"][:20]:
-            print("  " + f)
-    else:
-        print(f"checks: all {checks['count']} passed (actstash gradients bitwise equal to "
-              "plain, nothing left live in the daemon)")
+    print_checks(result["checks"], "checks", " (actstash gradients bitwise equal to plain, "
+                 "nothing left live in the daemon)")
 
 
 def main():

@@ -397,6 +397,20 @@ TEST_F(ZeroCopyTest, ShutdownIsPromptWithAClientThatStoppedReading) {
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
 }
 
+// Opens a connection to the attach socket (nothing sent yet); -1 on failure.
+int SilentConnection(const std::string& path) {
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+  const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
 TEST_F(ZeroCopyTest, LeaseWithoutAttachAndBadHellosAreRefused) {
   StartDaemon();
   RawSession detached = OpenRaw(*daemon_, false);
@@ -417,11 +431,8 @@ TEST_F(ZeroCopyTest, LeaseWithoutAttachAndBadHellosAreRefused) {
   EXPECT_EQ(wrong.status().code(), absl::StatusCode::kUnauthenticated) << wrong.status();
   // Garbage on the attach socket: the daemon drops the connection and goes on.
   const std::string path = attach::AttachSocketPath(daemon_->socket_path());
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
-  const int fd = socket(AF_UNIX, SOCK_STREAM, 0);
-  ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  const int fd = SilentConnection(path);
+  ASSERT_GE(fd, 0) << std::strerror(errno);
   const char garbage[64] = "GET / HTTP/1.1\r\n\r\n";
   ASSERT_EQ(write(fd, garbage, sizeof(garbage)), static_cast<ssize_t>(sizeof(garbage)));
   char buffer[256];
@@ -550,20 +561,6 @@ TEST_F(ZeroCopyTest, AttachIsLimitedToAllowedUids) {
   EXPECT_TRUE(self->attached());
 }
 
-
-// Opens a connection to the attach socket that never says hello.
-int SilentConnection(const std::string& path) {
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
-  const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return -1;
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    close(fd);
-    return -1;
-  }
-  return fd;
-}
 
 // Any local user who can open the attach socket can open connections and stay
 // silent. Hundreds of them must neither lock legitimate clients out nor cost an
