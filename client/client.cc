@@ -56,6 +56,13 @@ SessionStatsEntry FromProto(const v1::SessionStats& s) {
   e.leased_bytes = s.leased_bytes();
   e.local_objects = s.local_objects();
   e.local_bytes = s.local_bytes();
+  e.spill_on_disk_bytes = s.spill_on_disk_bytes();
+  e.spilled_bytes = s.spilled_bytes();
+  e.restored_bytes = s.restored_bytes();
+  e.spills = s.spills();
+  e.restores = s.restores();
+  e.spill_wait_ns = s.spill_wait_ns();
+  e.restore_wait_ns = s.restore_wait_ns();
   return e;
 }
 
@@ -102,6 +109,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
     impl->max_chunk_bytes = std::min<uint64_t>(reply.max_chunk_bytes(), kMaxChunkBytes);
   }
   impl->segment_bytes = reply.segment_bytes();
+  impl->spill_enabled = reply.spill_enabled();
   for (const v1::DevicePoolInfo& pool : reply.device_pools()) {
     impl->device_pools.push_back(
         DevicePoolInfo{pool.device(), pool.total_bytes(), pool.segment_bytes()});
@@ -261,6 +269,14 @@ absl::StatusOr<StatsSnapshot> Client::Stats(bool all_sessions) {
                                                 d.free_bytes(), d.scrubbing_bytes(),
                                                 d.segment_bytes(), d.segments(), d.leases()});
   }
+  if (reply.has_spill()) {
+    const v1::SpillStats& p = reply.spill();
+    s.spill = SpillSnapshot{p.dir(),           p.capacity_bytes(), p.on_disk_bytes(),
+                            p.files(),         p.writing_bytes(),  p.reading_bytes(),
+                            p.bytes_written(), p.bytes_read(),     p.spills(),
+                            p.restores(),      p.write_seconds(),  p.read_seconds(),
+                            p.failures(),      p.checksum_failures(), p.io_mode()};
+  }
   s.pool_leases = reply.pool().leases();
   s.leases_granted = reply.leases_granted();
   s.sessions_reclaimed = reply.sessions_reclaimed();
@@ -350,6 +366,14 @@ absl::StatusOr<StoredBytes> Client::Locate(const Ticket& ticket) {
   return StoredBytes{located->data, located->size, located->pinned, located->on_device};
 }
 
+absl::Status Client::MarkWritten(const Ticket& ticket) {
+  if ((ticket.id & kInlineTicket) != 0) return absl::OkStatus();  // stored by the daemon
+  uint64_t id = 0;
+  client_internal::LocalStore* store = impl_->StoreOf(ticket.id, &id);
+  if (store == nullptr) return absl::NotFoundError(absl::StrCat("unknown ticket ", ticket.id));
+  return store->MarkWritten(id);
+}
+
 absl::Status Client::Fetch(const Ticket& ticket, void* dst, size_t capacity) {
   if (absl::Status s = impl_->CheckOpen(); !s.ok()) return s;
   if ((ticket.id & kInlineTicket) == 0) {
@@ -383,8 +407,16 @@ absl::Status Client::pin_status() const {
 ZeroCopyUsage Client::zero_copy_usage() const {
   if (impl_->local == nullptr) return {};
   const client_internal::LocalUsage usage = impl_->local->usage();
-  return ZeroCopyUsage{usage.leases,          usage.leased_bytes, usage.pinned_bytes,
-                       usage.unpinned_leases, usage.objects,      usage.bytes};
+  ZeroCopyUsage out{usage.leases,          usage.leased_bytes, usage.pinned_bytes,
+                    usage.unpinned_leases, usage.objects,      usage.bytes};
+  out.spilled_leases = usage.spilled_blocks;
+  out.spilled_bytes = usage.spilled_bytes;
+  out.spills = usage.spills;
+  out.restores = usage.restores;
+  out.restores_ahead = usage.restores_ahead;
+  out.spill_wait_ns = usage.spill_wait_ns;
+  out.restore_wait_ns = usage.restore_wait_ns;
+  return out;
 }
 
 uint64_t Client::session_id() const { return impl_->session_id; }

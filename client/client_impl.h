@@ -131,6 +131,41 @@ struct Client::Impl final : public client_internal::LeaseBackend {
 
   bool Lost() const override { return attach != nullptr && attach->lost(); }
 
+  // Spill tier: the daemon's Spill/Restore/DropSpilled.
+  bool spill_enabled = false;  // the daemon has one (OpenSession)
+  bool CanSpill() const override { return spill_enabled && options.spill; }
+  absl::StatusOr<std::vector<uint64_t>> Spill(absl::Span<const uint64_t> lease_ids) override {
+    grpc::ClientContext ctx;
+    Prepare(&ctx);
+    v1::SpillRequest request;
+    for (uint64_t id : lease_ids) request.add_lease_ids(id);
+    v1::SpillReply reply;
+    grpc::Status status = stub->Spill(&ctx, request, &reply);
+    if (!status.ok()) return Fail(status, "Spill");
+    std::vector<uint64_t> ids;
+    for (const v1::SpilledLease& spilled : reply.spilled()) ids.push_back(spilled.spill_id());
+    return ids;
+  }
+  absl::Status Restore(uint64_t spill_id, uint64_t lease_id) override {
+    grpc::ClientContext ctx;
+    Prepare(&ctx);
+    v1::RestoreRequest request;
+    request.set_spill_id(spill_id);
+    request.set_lease_id(lease_id);
+    v1::RestoreReply reply;
+    grpc::Status status = stub->Restore(&ctx, request, &reply);
+    return status.ok() ? absl::OkStatus() : Fail(status, "Restore");
+  }
+  absl::Status DropSpilled(absl::Span<const uint64_t> spill_ids) override {
+    grpc::ClientContext ctx;
+    Prepare(&ctx);
+    v1::DropSpilledRequest request;
+    for (uint64_t id : spill_ids) request.add_spill_ids(id);
+    v1::DropSpilledReply reply;
+    grpc::Status status = stub->DropSpilled(&ctx, request, &reply);
+    return status.ok() ? absl::OkStatus() : Fail(status, "DropSpilled");
+  }
+
   // Leases device segments of the daemon's device pool on `device`.
   absl::StatusOr<std::vector<client_internal::GrantedLease>> LeaseDevice(
       uint32_t device, uint32_t count, uint32_t segments_per_lease);
@@ -182,6 +217,8 @@ struct Client::Impl final : public client_internal::LeaseBackend {
     request.set_bytes_fetched(usage.bytes_fetched);
     request.set_stores(usage.stores);
     request.set_fetches(usage.fetches);
+    request.set_spill_wait_ns(usage.spill_wait_ns);
+    request.set_restore_wait_ns(usage.restore_wait_ns);
     v1::ReportUsageReply reply;
     grpc::Status status = stub->ReportUsage(&ctx, request, &reply);
     return status.ok() ? absl::OkStatus() : Fail(status, "ReportUsage");
@@ -264,7 +301,8 @@ struct Client::Impl final : public client_internal::LeaseBackend {
     attach = *std::move(channel);
     local = std::make_unique<client_internal::LocalStore>(this, segment_bytes, options.lease_batch,
                                                           registrar.get(),
-                                                          options.pin_leases == PinPolicy::kOn);
+                                                          options.pin_leases == PinPolicy::kOn,
+                                                          options.restore_ahead);
     attach_status = absl::OkStatus();
     StartReporter();
     return attach_status;

@@ -60,13 +60,14 @@ absl::StatusOr<std::byte*> MapLease(const GrantedLease& lease, uint64_t segment_
 }  // namespace
 
 LocalStore::LocalStore(LeaseBackend* backend, uint64_t segment_bytes, uint32_t lease_batch,
-                       PinnedRegistrar* registrar, bool require_pinned)
+                       PinnedRegistrar* registrar, bool require_pinned, uint32_t restore_ahead)
     : backend_(*backend),
       segment_bytes_(segment_bytes),
       lease_batch_(std::max<uint32_t>(1, lease_batch)),
       registrar_(registrar),
       require_pinned_(require_pinned),
-      importer_(nullptr) {}
+      importer_(nullptr),
+      restore_ahead_(restore_ahead) {}
 
 LocalStore::LocalStore(LeaseBackend* backend, uint64_t segment_bytes, uint32_t lease_batch,
                        DeviceImporter* importer)
@@ -75,9 +76,15 @@ LocalStore::LocalStore(LeaseBackend* backend, uint64_t segment_bytes, uint32_t l
       lease_batch_(std::max<uint32_t>(1, lease_batch)),
       registrar_(nullptr),
       require_pinned_(false),
-      importer_(importer) {}
+      importer_(importer),
+      restore_ahead_(0) {}
 
 LocalStore::~LocalStore() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  if (restorer_.joinable()) restorer_.join();
   absl::MutexLock lock(&mu_);
   for (const std::unique_ptr<Arena>& arena : arenas_) UnmapArena(*arena);
 }
@@ -95,7 +102,7 @@ absl::StatusOr<std::unique_ptr<LocalStore::Arena>> LocalStore::MapArena(const Gr
     if (!base.ok()) return base.status();
     auto arena =
         std::unique_ptr<Arena>(new Arena{lease.lease_id, static_cast<std::byte*>(*base),
-                                         lease_bytes, dedicated, ArenaAllocator(lease_bytes)});
+                                         lease_bytes, dedicated});
     arena->on_device = true;
     return arena;
   }
@@ -103,7 +110,7 @@ absl::StatusOr<std::unique_ptr<LocalStore::Arena>> LocalStore::MapArena(const Gr
   if (!base.ok()) return base.status();
   const uint64_t bytes = uint64_t{lease.segments} * segment_bytes_;
   auto arena = std::unique_ptr<Arena>(
-      new Arena{lease.lease_id, *base, bytes, dedicated, ArenaAllocator(bytes)});
+      new Arena{lease.lease_id, *base, bytes, dedicated});
   if (registrar_ != nullptr && registrar_->Ready()) {
     // Once per lease, for as long as it is mapped: a CUDA copy into or out of
     // it is then a plain DMA (no staging, asynchronous).
@@ -165,10 +172,11 @@ bool LocalStore::TryPlace(uint64_t nbytes, Placement* out) {
   for (size_t k = 0; k < n; ++k) {
     const size_t i = (hint_ + k) % n;
     Arena* arena = arenas_[i].get();
-    if (arena->dedicated) continue;
-    if (std::optional<uint64_t> offset = arena->allocator.Allocate(nbytes)) {
+    Block* block = arena->block;
+    if (arena->dedicated || block->state != Block::State::kResident) continue;
+    if (std::optional<uint64_t> offset = block->allocator.Allocate(nbytes)) {
       hint_ = i;
-      *out = Placement{arena, *offset, nbytes};
+      *out = Placement{block, *offset, nbytes};
       return true;
     }
   }
@@ -177,7 +185,11 @@ bool LocalStore::TryPlace(uint64_t nbytes, Placement* out) {
 
 uint64_t LocalStore::NewTicket(const Placement& placement, uint64_t nbytes) {
   const uint64_t ticket = next_ticket_++;
-  tickets_.emplace(ticket, placement);
+  Placement placed = placement;
+  placed.seq = next_seq_++;
+  placed.block->last_seq = placed.seq;
+  if (!placed.written) placed.block->unwritten += 1;
+  tickets_.emplace(ticket, placed);
   ++usage_.objects;
   usage_.bytes += nbytes;
   ++usage_.stores;
@@ -222,13 +234,29 @@ absl::StatusOr<uint64_t> LocalStore::Store(const void* src, size_t nbytes) {
     return absl::InvalidArgumentError("Store: null source with a non-zero size");
   }
   if (importer_ != nullptr) return DeviceTierError("Store");
-  absl::StatusOr<Placed> placed = Place(nbytes);
+  absl::StatusOr<Placed> placed = Place(nbytes, /*written=*/false);
   if (!placed.ok()) return placed.status();
   if (nbytes > 0) std::memcpy(placed->data, src, nbytes);
+  (void)MarkWritten(placed->ticket);
   return placed->ticket;
 }
 
-absl::StatusOr<Placed> LocalStore::Reserve(size_t nbytes) { return Place(nbytes); }
+absl::StatusOr<Placed> LocalStore::Reserve(size_t nbytes) {
+  return Place(nbytes, /*written=*/false);
+}
+
+absl::Status LocalStore::MarkWritten(uint64_t ticket) {
+  absl::MutexLock lock(&mu_);
+  auto it = tickets_.find(ticket);
+  if (it == tickets_.end()) {
+    return absl::NotFoundError(absl::StrCat("unknown or released ticket ", ticket));
+  }
+  if (!it->second.written) {
+    it->second.written = true;
+    it->second.block->unwritten -= 1;
+  }
+  return absl::OkStatus();
+}
 
 absl::StatusOr<Located> LocalStore::Locate(uint64_t ticket) {
   if (importer_ != nullptr && backend_.Lost()) {
@@ -240,21 +268,17 @@ absl::StatusOr<Located> LocalStore::Locate(uint64_t ticket) {
                      " was in the daemon's device pool, and this session is gone (its "
                      "attach connection closed): the daemon has reclaimed that memory"));
   }
+  absl::StatusOr<Placement> placement = PinForRead(ticket, /*locate=*/true);
+  if (!placement.ok()) return placement.status();
   absl::MutexLock lock(&mu_);
-  auto it = tickets_.find(ticket);
-  if (it == tickets_.end()) {
-    return absl::NotFoundError(absl::StrCat("unknown or released ticket ", ticket));
-  }
-  const Placement& placement = it->second;
-  ++usage_.fetches;
-  usage_.bytes_fetched += placement.size;
-  return Located{placement.arena->base + placement.offset, placement.size, placement.arena->pinned,
-                 placement.arena->on_device};
+  const Arena& arena = *placement->block->arena;  // pinned: stays until Release
+  return Located{arena.base + placement->offset, placement->size, arena.pinned, arena.on_device};
 }
 
-absl::StatusOr<Placed> LocalStore::Place(size_t nbytes) {
+absl::StatusOr<Placed> LocalStore::Place(size_t nbytes, bool written) {
   if (backend_.Lost()) return Lost(importer_ != nullptr);
   Placement placement;
+  placement.written = written;
   uint64_t ticket = 0;
   if (nbytes > segment_bytes_) {
     // A dedicated lease of contiguous segments. The last one released is
@@ -262,29 +286,38 @@ absl::StatusOr<Placed> LocalStore::Place(size_t nbytes) {
     // activations come back every step); others go back on Release.
     const uint64_t segments = (nbytes + segment_bytes_ - 1) / segment_bytes_;
     if (segments > UINT32_MAX) return absl::ResourceExhaustedError("Store: buffer too large");
+    const uint64_t want = segments * segment_bytes_;
     absl::MutexLock lease_lock(&lease_mu_);
-    std::unique_ptr<Arena> unfit_spare;
-    {
-      absl::MutexLock lock(&mu_);
-      if (Arena* spare = SpareDedicated(); spare != nullptr) {
-        if (spare->bytes == segments * segment_bytes_) {
-          placement = Placement{spare, spare->allocator.Allocate(nbytes).value_or(0), nbytes};
-          ticket = NewTicket(placement, nbytes);
-        } else {
-          unfit_spare = Detach(spare);
+    GiveBackEmpty([want](const Arena& a) { return !a.dedicated || a.bytes == want; });
+    while (ticket == 0) {
+      Arena* arena = nullptr;
+      std::vector<std::unique_ptr<Arena>> granted;
+      {
+        absl::MutexLock lock(&mu_);
+        arena = SpareDedicated();
+        if (arena == nullptr || arena->bytes != want) arena = nullptr;
+      }
+      if (arena == nullptr) {
+        absl::StatusOr<std::vector<std::unique_ptr<Arena>>> arenas =
+            LeaseOrSpill(1, static_cast<uint32_t>(segments), /*dedicated=*/true);
+        if (!arenas.ok()) return arenas.status();
+        granted = *std::move(arenas);
+        if (granted.empty()) {
+          // Spilling freed memory: leases that cannot hold this buffer go
+          // back, so that the daemon can grant one that does.
+          GiveBackEmpty([want](const Arena& a) { return a.dedicated && a.bytes == want; });
+          continue;
         }
       }
-    }
-    if (unfit_spare != nullptr) GiveBack(std::move(unfit_spare));
-    if (ticket == 0) {
-      absl::StatusOr<std::vector<std::unique_ptr<Arena>>> arenas =
-          LeaseArenas(1, static_cast<uint32_t>(segments), /*dedicated=*/true);
-      if (!arenas.ok()) return arenas.status();
       absl::MutexLock lock(&mu_);
-      Arena* arena = arenas->front().get();
-      const std::optional<uint64_t> offset = arena->allocator.Allocate(nbytes);
-      placement = Placement{arena, offset.value_or(0), nbytes};
-      Adopt(std::move(arenas->front()));
+      if (!granted.empty()) {
+        arena = granted.front().get();
+        Adopt(std::move(granted.front()));
+      }
+      const std::optional<uint64_t> offset = arena->block->allocator.Allocate(nbytes);
+      placement.block = arena->block;
+      placement.offset = offset.value_or(0);
+      placement.size = nbytes;
       ticket = NewTicket(placement, nbytes);
     }
   } else {
@@ -297,52 +330,58 @@ absl::StatusOr<Placed> LocalStore::Place(size_t nbytes) {
       absl::MutexLock lease_lock(&lease_mu_);
       mu_.Lock();
       placed = TryPlace(nbytes, &placement);
-      if (!placed) {
+      bool spilled = false;
+      while (!placed) {
         mu_.Unlock();
-        absl::StatusOr<std::vector<std::unique_ptr<Arena>>> arenas =
-            LeaseArenas(lease_batch_, 1, /*dedicated=*/false);
-        if (!arenas.ok() && arenas.status().code() == absl::StatusCode::kResourceExhausted &&
-            lease_batch_ > 1) {
-          arenas = LeaseArenas(1, 1, /*dedicated=*/false);  // room for one, maybe
+        if (spilled) {
+          GiveBackEmpty([](const Arena& a) { return !a.dedicated; });
         }
+        absl::StatusOr<std::vector<std::unique_ptr<Arena>>> arenas =
+            LeaseOrSpill(lease_batch_, 1, /*dedicated=*/false);
         if (!arenas.ok()) return arenas.status();
+        spilled = arenas->empty();
         mu_.Lock();
         for (std::unique_ptr<Arena>& arena : *arenas) Adopt(std::move(arena));
         placed = TryPlace(nbytes, &placement);
+        if (!placed && !spilled) {  // only if a segment cannot hold nbytes after alignment
+          mu_.Unlock();
+          return absl::InternalError("Store: a fresh segment could not place the buffer");
+        }
       }
     }
-    if (!placed) {  // only if a segment cannot hold nbytes after alignment
-      mu_.Unlock();
-      return absl::InternalError("Store: a fresh segment could not place the buffer");
-    }
+    placement.written = written;
     ticket = NewTicket(placement, nbytes);
     mu_.Unlock();
   }
-  if (registrar_ != nullptr && !placement.arena->pinned) MaybePinLate(placement.arena);
-  return Placed{ticket, placement.arena->base + placement.offset, placement.arena->pinned,
-                placement.arena->on_device};
+  Arena* arena = nullptr;
+  {
+    absl::MutexLock lock(&mu_);
+    arena = placement.block->arena;  // unwritten: cannot spill
+  }
+  if (registrar_ != nullptr && !arena->pinned) MaybePinLate(arena);
+  return Placed{ticket, arena->base + placement.offset, arena->pinned, arena->on_device};
 }
 
 absl::Status LocalStore::Fetch(uint64_t ticket, void* dst, size_t capacity) {
   if (importer_ != nullptr) return DeviceTierError("Fetch");
-  Placement placement;
   {
     absl::MutexLock lock(&mu_);
     auto it = tickets_.find(ticket);
-    if (it == tickets_.end()) {
-      return absl::NotFoundError(absl::StrCat("unknown or released ticket ", ticket));
-    }
-    placement = it->second;
-    if (placement.size > capacity) {
-      return absl::OutOfRangeError(absl::StrCat("ticket ", ticket, " holds ", placement.size,
+    if (it != tickets_.end() && it->second.size > capacity) {
+      return absl::OutOfRangeError(absl::StrCat("ticket ", ticket, " holds ", it->second.size,
                                                 " bytes; the buffer holds ", capacity));
     }
-    ++usage_.fetches;
-    usage_.bytes_fetched += placement.size;
   }
-  if (placement.size > 0) {
-    std::memcpy(dst, placement.arena->base + placement.offset, placement.size);
+  absl::StatusOr<Placement> placement = PinForRead(ticket, /*locate=*/false);
+  if (!placement.ok()) return placement.status();
+  const std::byte* data = nullptr;
+  {
+    absl::MutexLock lock(&mu_);
+    data = placement->block->arena->base + placement->offset;
   }
+  if (placement->size > 0) std::memcpy(dst, data, placement->size);
+  absl::MutexLock lock(&mu_);
+  placement->block->pins -= 1;  // the ticket keeps the block alive
   return absl::OkStatus();
 }
 
@@ -355,11 +394,28 @@ absl::StatusOr<uint64_t> LocalStore::Size(uint64_t ticket) const {
   return it->second.size;
 }
 
+bool LocalStore::Empty(const Arena& arena) {
+  const Block& block = *arena.block;
+  return block.state == Block::State::kResident && block.allocator.empty() && block.pins == 0;
+}
+
 LocalStore::Arena* LocalStore::SpareDedicated() {
   for (const std::unique_ptr<Arena>& arena : arenas_) {
-    if (arena->dedicated && arena->allocator.empty()) return arena.get();
+    if (arena->dedicated && Empty(*arena)) return arena.get();
   }
   return nullptr;
+}
+
+void LocalStore::FreshBlock(Arena* arena) {
+  auto block = std::make_unique<Block>(arena->bytes, arena->dedicated);
+  block->arena = arena;
+  arena->block = block.get();
+  blocks_.emplace(block.get(), std::move(block));
+}
+
+void LocalStore::DeleteBlock(Block* block) {
+  if (block->ahead) ahead_ -= 1;
+  blocks_.erase(block);
 }
 
 std::unique_ptr<LocalStore::Arena> LocalStore::Detach(Arena* arena) {
@@ -368,6 +424,8 @@ std::unique_ptr<LocalStore::Arena> LocalStore::Detach(Arena* arena) {
   std::unique_ptr<Arena> detached = std::move(*it);
   arenas_.erase(it);
   hint_ = 0;
+  DeleteBlock(detached->block);
+  detached->block = nullptr;
   usage_.leases -= 1;
   usage_.leased_bytes -= detached->bytes;
   if (detached->pinned) usage_.pinned_bytes -= detached->bytes;
@@ -378,6 +436,7 @@ void LocalStore::Adopt(std::unique_ptr<Arena> arena) {
   usage_.leases += 1;
   usage_.leased_bytes += arena->bytes;
   if (arena->pinned) usage_.pinned_bytes += arena->bytes;
+  FreshBlock(arena.get());
   arenas_.push_back(std::move(arena));
 }
 
@@ -388,8 +447,21 @@ void LocalStore::GiveBack(std::unique_ptr<Arena> arena) {
   if (!backend_.Lost()) (void)backend_.Return(absl::MakeConstSpan(&arena->lease_id, 1));
 }
 
+void LocalStore::GiveBackEmpty(const std::function<bool(const Arena&)>& keep) {
+  std::vector<std::unique_ptr<Arena>> back;
+  {
+    absl::MutexLock lock(&mu_);
+    for (size_t i = arenas_.size(); i-- > 0;) {
+      Arena* arena = arenas_[i].get();
+      if (Empty(*arena) && !keep(*arena)) back.push_back(Detach(arena));
+    }
+  }
+  for (std::unique_ptr<Arena>& arena : back) GiveBack(std::move(arena));
+}
+
 absl::Status LocalStore::Release(uint64_t ticket) {
   std::unique_ptr<Arena> give_back;
+  uint64_t drop_spill = 0;
   {
     absl::MutexLock lock(&mu_);
     auto it = tickets_.find(ticket);
@@ -398,28 +470,48 @@ absl::Status LocalStore::Release(uint64_t ticket) {
     }
     const Placement placement = it->second;
     tickets_.erase(it);
-    placement.arena->allocator.Free(placement.offset);
+    Block* block = placement.block;
+    block->allocator.Free(placement.offset);
+    if (!placement.written) block->unwritten -= 1;
+    if (placement.located) block->pins -= 1;
     --usage_.objects;
     usage_.bytes -= placement.size;
-    if (placement.arena->allocator.empty()) {
-      if (placement.arena->dedicated) {
-        // This one becomes the spare; an older spare goes back.
-        for (const std::unique_ptr<Arena>& arena : arenas_) {
-          if (arena.get() != placement.arena && arena->dedicated && arena->allocator.empty()) {
-            give_back = Detach(arena.get());
-            break;
+    if (!block->allocator.empty()) return absl::OkStatus();
+    switch (block->state) {
+      case Block::State::kSpilled:  // nothing of it is needed any more
+        drop_spill = block->spill_id;
+        usage_.spilled_blocks -= 1;
+        usage_.spilled_bytes -= block->bytes;
+        DeleteBlock(block);
+        break;
+      case Block::State::kLost:
+        DeleteBlock(block);
+        break;
+      case Block::State::kSpilling:
+      case Block::State::kRestoring:
+        break;  // the spill or read-back in flight sees it empty when done
+      case Block::State::kResident:
+        if (block->pins > 0) break;
+        if (block->dedicated) {
+          // This one becomes the spare; an older spare goes back.
+          for (const std::unique_ptr<Arena>& arena : arenas_) {
+            if (arena.get() != block->arena && arena->dedicated && Empty(*arena)) {
+              give_back = Detach(arena.get());
+              break;
+            }
           }
+        } else {
+          size_t empty_shared = 0;
+          for (const std::unique_ptr<Arena>& arena : arenas_) {
+            empty_shared += !arena->dedicated && Empty(*arena);
+          }
+          if (empty_shared > lease_batch_) give_back = Detach(block->arena);
         }
-      } else {
-        size_t empty_shared = 0;
-        for (const std::unique_ptr<Arena>& arena : arenas_) {
-          empty_shared += !arena->dedicated && arena->allocator.empty();
-        }
-        if (empty_shared > lease_batch_) give_back = Detach(placement.arena);
-      }
+        break;
     }
   }
   if (give_back != nullptr) GiveBack(std::move(give_back));
+  if (drop_spill != 0) (void)backend_.DropSpilled(absl::MakeConstSpan(&drop_spill, 1));
   return absl::OkStatus();
 }
 

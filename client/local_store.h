@@ -8,6 +8,9 @@
 #define ACTSTASH_CLIENT_LOCAL_STORE_H_
 
 #include <atomic>
+#include <deque>
+#include <functional>
+#include <thread>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -43,6 +46,21 @@ class LeaseBackend {
   virtual absl::Status Return(absl::Span<const uint64_t> lease_ids) = 0;
   // True once the daemon is gone: nothing more can be leased or returned.
   virtual bool Lost() const = 0;
+  // Spill tier (the daemon's disk). Without one (the default) nothing
+  // spills. Spill writes whole leases and answers one spill id per lease,
+  // all or nothing; the leases stay this client's. Restore reads a spill
+  // back into a lease of the same size and deletes it; DropSpilled deletes
+  // spills no longer needed. Any thread, concurrently.
+  virtual bool CanSpill() const { return false; }
+  virtual absl::StatusOr<std::vector<uint64_t>> Spill(absl::Span<const uint64_t> lease_ids) {
+    return absl::UnimplementedError("no spill tier");
+  }
+  virtual absl::Status Restore(uint64_t spill_id, uint64_t lease_id) {
+    return absl::UnimplementedError("no spill tier");
+  }
+  virtual absl::Status DropSpilled(absl::Span<const uint64_t> spill_ids) {
+    return absl::UnimplementedError("no spill tier");
+  }
 };
 
 struct LocalUsage {
@@ -56,6 +74,14 @@ struct LocalUsage {
   uint64_t leased_bytes = 0;
   uint64_t pinned_bytes = 0;     // of leased_bytes, registered for CUDA
   uint64_t unpinned_leases = 0;  // leases whose registration failed (cumulative)
+  // Spill tier, as this client sees it.
+  uint64_t spilled_blocks = 0;     // on the daemon's disk now
+  uint64_t spilled_bytes = 0;      // their lease bytes
+  uint64_t spills = 0;             // leases written (cumulative)
+  uint64_t restores = 0;           // leases read back (cumulative)
+  uint64_t restores_ahead = 0;     // of those, read back before a fetch needed them
+  uint64_t spill_wait_ns = 0;      // stores waiting for spills (cumulative)
+  uint64_t restore_wait_ns = 0;    // fetches waiting for restores (cumulative)
 };
 
 // Where a reserved buffer lies: the caller writes it.
@@ -77,6 +103,15 @@ struct Located {
 // Thread-safe: Store, Fetch and Release may run concurrently on any threads;
 // copies run outside the lock. Fetch or Release of a ticket concurrently
 // with its own Release is undefined (as for any freed buffer).
+//
+// Spilling (when the backend CanSpill): when no lease can be had, the
+// coldest blocks (a lease's buffers; the ones stored longest ago, which
+// backward reads last) whose buffers are all written and not located are
+// written to the daemon's disk, and their leases hold new buffers. A Fetch
+// or Locate of a spilled buffer reads its block back first (waiting for it);
+// reading a buffer also reads back, on a background thread, the spilled
+// blocks stored just before it (`restore_ahead` of them), so that backward
+// finds them in memory.
 class LocalStore {
  public:
   // `backend` (and `registrar`, when not null) must outlive the store.
@@ -86,7 +121,8 @@ class LocalStore {
   // registration fails the Store when `require_pinned`, else the lease is
   // used unpinned and the first error is kept (pin_status).
   LocalStore(LeaseBackend* backend, uint64_t segment_bytes, uint32_t lease_batch,
-             PinnedRegistrar* registrar = nullptr, bool require_pinned = false);
+             PinnedRegistrar* registrar = nullptr, bool require_pinned = false,
+             uint32_t restore_ahead = 2);
   // A store of the device tier: leases are ranges of a daemon device pool,
   // made addressable by `importer` (which must outlive the store). Its
   // buffers are device memory: Store and Fetch (host memcpy) are
@@ -115,6 +151,9 @@ class LocalStore {
   absl::Status Fetch(uint64_t ticket, void* dst, size_t capacity) ABSL_LOCKS_EXCLUDED(mu_);
   // The ticket's size, or NOT_FOUND.
   absl::StatusOr<uint64_t> Size(uint64_t ticket) const ABSL_LOCKS_EXCLUDED(mu_);
+  // Marks a Reserve'd ticket's bytes as written: from now on it may be
+  // spilled (Store's are written at once). Never-marked tickets never spill.
+  absl::Status MarkWritten(uint64_t ticket) ABSL_LOCKS_EXCLUDED(mu_);
   // Frees the ticket's place; empty segments beyond the batch, and emptied
   // dedicated leases but the last, go back to the daemon.
   absl::Status Release(uint64_t ticket) ABSL_LOCKS_EXCLUDED(mu_);
@@ -123,29 +162,52 @@ class LocalStore {
   absl::Status pin_status() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
+  struct Block;
+  // One mapped lease. `block` is what it holds now (never null while in
+  // arenas_); a spilled block leaves its arena, which gets an empty one.
   struct Arena {
     uint64_t lease_id = 0;
     std::byte* base = nullptr;
     uint64_t bytes = 0;
     bool dedicated = false;
-    ArenaAllocator allocator;
     // Registered for CUDA. Registration is tried once (pin_tried, under mu_):
     // when mapped, or, when the mapping thread ran no CUDA work (kAuto), by
     // the first Reserve that lands here from a thread that does.
     std::atomic<bool> pinned{false};
     bool pin_tried = false;
     bool on_device = false;  // imported device memory: nothing to unmap
+    Block* block = nullptr;
+  };
+  // The buffers placed in one lease's bytes, wherever those bytes are.
+  struct Block {
+    enum class State { kResident, kSpilling, kSpilled, kRestoring, kLost };
+    explicit Block(uint64_t bytes, bool dedicated)
+        : allocator(bytes), bytes(bytes), dedicated(dedicated) {}
+    ArenaAllocator allocator;
+    uint64_t bytes;
+    bool dedicated;
+    State state = State::kResident;
+    Arena* arena = nullptr;     // null while spilled (or lost)
+    uint64_t spill_id = 0;      // while spilled
+    uint64_t last_seq = 0;      // the newest buffer placed in it
+    uint32_t unwritten = 0;     // Reserve'd buffers not marked written
+    uint32_t pins = 0;          // located buffers and copies in progress
+    bool ahead = false;         // read back ahead and not read since
+    absl::Status error;         // kLost: why its bytes are gone
   };
   struct Placement {
-    Arena* arena = nullptr;
+    Block* block = nullptr;
     uint64_t offset = 0;
     uint64_t size = 0;
+    uint64_t seq = 0;
+    bool written = false;
+    bool located = false;
   };
 
   // Places `nbytes` in a mapped shared arena; false when none has room.
   bool TryPlace(uint64_t nbytes, Placement* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Reserve without the argument checks.
-  absl::StatusOr<Placed> Place(size_t nbytes) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<Placed> Place(size_t nbytes, bool written) ABSL_LOCKS_EXCLUDED(mu_);
   // Maps (and registers) one granted lease; closes its fds either way.
   absl::StatusOr<std::unique_ptr<Arena>> MapArena(const GrantedLease& lease, bool dedicated);
   // Unregisters and unmaps.
@@ -158,15 +220,51 @@ class LocalStore {
   // Leases and maps `count` leases of `segments` segments each.
   absl::StatusOr<std::vector<std::unique_ptr<Arena>>> LeaseArenas(uint32_t count, uint32_t segments,
                                                                   bool dedicated);
+  // LeaseArenas; when the pool or quota is full and the backend can spill,
+  // spills cold blocks instead and returns no arena: their leases now hold
+  // empty blocks, and the caller places again (or gives back what does not
+  // fit its buffer and calls again). RESOURCE_EXHAUSTED when nothing is left
+  // to spill. Called with lease_mu_ held.
+  absl::StatusOr<std::vector<std::unique_ptr<Arena>>> LeaseOrSpill(uint32_t count,
+                                                                   uint32_t segments,
+                                                                   bool dedicated)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(lease_mu_) ABSL_LOCKS_EXCLUDED(mu_);
+  // Spills up to `max_blocks` of the coldest spillable blocks (at least
+  // one); false when none can be spilled. Called with lease_mu_ held.
+  absl::StatusOr<bool> SpillColdest(uint32_t max_blocks) ABSL_EXCLUSIVE_LOCKS_REQUIRED(lease_mu_)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Gives back empty leases that `keep` rejects (memory spilling freed that
+  // the next lease needs in the daemon's pool).
+  void GiveBackEmpty(const std::function<bool(const Arena&)>& keep) ABSL_LOCKS_EXCLUDED(mu_);
+  // Waits until `block` is resident, reading it back itself when it is
+  // spilled; the block's error when it is lost. Drops mu_ meanwhile.
+  absl::Status EnsureResident(Block* block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Reads a block whose state the caller set to kRestoring back into an
+  // empty lease of its size (leasing one, and when `may_spill`, spilling
+  // others to get it). Sets its state (kResident, kSpilled again, or
+  // kLost) before returning. No lock held.
+  absl::Status RestoreBlock(Block* block, bool may_spill) ABSL_LOCKS_EXCLUDED(mu_, lease_mu_);
+  // Queues read-backs of the spilled blocks stored just before `seq`.
+  void RestoreAhead(uint64_t seq) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RunRestorer() ABSL_LOCKS_EXCLUDED(mu_);
+  // A ticket's placement once its block is resident, pinned (pins + 1) for
+  // the caller, who unpins it after copying. Counts as a fetch.
+  absl::StatusOr<Placement> PinForRead(uint64_t ticket, bool locate) ABSL_LOCKS_EXCLUDED(mu_);
   uint64_t NewTicket(const Placement& placement, uint64_t nbytes)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The empty dedicated arena kept for reuse, if any.
   Arena* SpareDedicated() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Adds a mapped arena to the table.
+  // Adds a mapped arena (with a fresh empty block) to the table.
   void Adopt(std::unique_ptr<Arena> arena) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Removes an arena from the table; the caller unmaps and returns it.
+  // Gives an arena a fresh empty block (its old one is spilled or deleted).
+  void FreshBlock(Arena* arena) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void DeleteBlock(Block* block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Removes an arena (holding an empty block) from the table; the caller
+  // unmaps and returns it.
   std::unique_ptr<Arena> Detach(Arena* arena) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void GiveBack(std::unique_ptr<Arena> arena);
+  // An arena holding an empty, unused resident block.
+  static bool Empty(const Arena& arena);
 
   LeaseBackend& backend_;
   const uint64_t segment_bytes_;
@@ -179,9 +277,19 @@ class LocalStore {
   std::vector<std::unique_ptr<Arena>> arenas_ ABSL_GUARDED_BY(mu_);
   size_t hint_ ABSL_GUARDED_BY(mu_) = 0;  // arena that placed last
   absl::flat_hash_map<uint64_t, Placement> tickets_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<Block*, std::unique_ptr<Block>> blocks_ ABSL_GUARDED_BY(mu_);
+  absl::CondVar block_changed_;  // a block left kSpilling or kRestoring
   uint64_t next_ticket_ ABSL_GUARDED_BY(mu_) = 1;
+  uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 1;
   LocalUsage usage_ ABSL_GUARDED_BY(mu_);
   absl::Status pin_status_ ABSL_GUARDED_BY(mu_);
+  // Read-back ahead of need: blocks queued for the restorer thread (started
+  // at the first spill), and how many were read ahead and not read since.
+  const uint32_t restore_ahead_;
+  std::deque<Block*> restore_queue_ ABSL_GUARDED_BY(mu_);
+  uint32_t ahead_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread restorer_;
 };
 
 }  // namespace actstash::client_internal

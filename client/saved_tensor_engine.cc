@@ -262,6 +262,7 @@ class SavedTensorEngine::Impl {
     statuses.reserve(done.size());
     for (auto& [id, event] : done) statuses.push_back(event->Wait());
     absl::Status first;
+    std::vector<Ticket> written;  // copies finished: spillable from now on
     {
       absl::MutexLock lock(&mu_);
       for (size_t i = 0; i < done.size(); ++i) {
@@ -271,6 +272,7 @@ class SavedTensorEngine::Impl {
         if (statuses[i].ok()) {
           owners.push_back(e.owner);  // the daemon has the bytes
           e.owner = nullptr;
+          if (e.placed && !e.released) written.push_back(e.ticket);
           if (e.released && e.busy == 0) FreeLocked(it);
           continue;
         }
@@ -290,6 +292,8 @@ class SavedTensorEngine::Impl {
         if (first.ok()) first = statuses[i];
       }
     }
+    // A concurrent Release of one of these is answered NOT_FOUND: harmless.
+    for (const Ticket& ticket : written) (void)client_->MarkWritten(ticket);
     ReleaseOwners(owners);
     return options_.on_failure == FailurePolicy::kRaise ? first : absl::OkStatus();
   }
@@ -342,8 +346,13 @@ class SavedTensorEngine::Impl {
     }
   }
 
-  void ReapNoError() {
-    absl::Status status = Reap(/*wait=*/false);
+  bool StoresInFlight() {
+    absl::MutexLock lock(&mu_);
+    return !in_flight_.empty();
+  }
+
+  void ReapNoError(bool wait = false) {
+    absl::Status status = Reap(wait);
     if (!status.ok()) {
       absl::MutexLock lock(&mu_);
       if (pending_error_.ok()) pending_error_ = status;
@@ -488,9 +497,18 @@ uint64_t SavedTensorEngine::Impl::Store(const SavedTensorInfo& info, CopyEngine*
   if (attached) {
     const bool to_pool =
         info.device >= 0 && options_.device_pool >= 0 && info.device == options_.pool_importer;
-    absl::StatusOr<Reservation> reserved =
-        to_pool ? client_->ReserveOnDevice(e.stored_bytes, options_.device_pool)
-                : client_->Reserve(e.stored_bytes);
+    auto reserve = [&] {
+      return to_pool ? client_->ReserveOnDevice(e.stored_bytes, options_.device_pool)
+                     : client_->Reserve(e.stored_bytes);
+    };
+    absl::StatusOr<Reservation> reserved = reserve();
+    if (!reserved.ok() && reserved.status().code() == absl::StatusCode::kResourceExhausted &&
+        StoresInFlight()) {
+      // A buffer whose copy still runs cannot be spilled to the daemon's
+      // disk: wait for those copies (they become spillable), then try again.
+      ReapNoError(/*wait=*/true);
+      reserved = reserve();
+    }
     if (reserved.ok() && info.device >= 0 && e.bf16 && !reserved->pinned && !reserved->on_device) {
       // The conversion kernel writes host memory only when it is registered:
       // store the exact bytes instead.
@@ -505,6 +523,7 @@ uint64_t SavedTensorEngine::Impl::Store(const SavedTensorInfo& info, CopyEngine*
       e.ticket = reserved->ticket;
       if (info.device < 0 && (info.sync || e.stored_bytes <= options_.inline_store_bytes)) {
         status = CopyNow(info, e.bf16, reserved->data, e.stored_bytes);
+        if (status.ok()) (void)client_->MarkWritten(e.ticket);  // spillable from now on
         inline_store = true;
       } else if (info.device >= 0 && !info.dense && !reserved->pinned && !reserved->on_device) {
         // A GPU kernel cannot gather into unpinned host memory.

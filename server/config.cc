@@ -86,6 +86,13 @@ constexpr Setting kSettings[] = {
     {"insecure",
      "Allow plaintext TCP on a non-loopback address (true/false; the flag "
      "alone means true)"},
+    {"spill_dir",
+     "Spill tier: when a session's lease cannot be granted from memory, its coldest "
+     "leased segments are written to unlinked files in this directory (on local NVMe "
+     "ideally) and read back ahead of backward; off by default"},
+    {"spill_size",
+     "Most bytes the spill tier may hold on disk, all sessions together (e.g. 200GiB); "
+     "default: the file system's free space"},
     {"exit_with_parent",
      "Shut down (as on SIGTERM) when the process that started the daemon exits, for a "
      "private daemon that lives as long as its trainer (true/false; the flag alone means "
@@ -314,6 +321,20 @@ absl::StatusOr<DaemonConfig> Resolve(const std::map<std::string, std::string>& v
         "--allow-uid $(id -u) for one user's trainers), and no allow_gid (a group is wider)");
   }
   if (const std::string* v = get("metrics_address")) config.metrics_address = *v;
+  if (const std::string* v = get("spill_dir")) config.spill_dir = *v;
+  if (const std::string* size = get("spill_size")) {
+    absl::StatusOr<uint64_t> parsed = ParseByteSize(*size);
+    if (!parsed.ok()) return bad("spill_size", parsed.status());
+    if (config.spill_dir.empty()) {
+      return absl::InvalidArgumentError("spill_size: needs spill_dir (where to spill)");
+    }
+    if (*parsed < config.segment_bytes) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("spill_size: ", FormatBytes(*parsed), " is smaller than one segment (",
+                       FormatBytes(config.segment_bytes), ")"));
+    }
+    config.spill_bytes = *parsed;
+  }
   if (const std::string* v = get("tls_cert")) config.tls_cert = *v;
   if (const std::string* v = get("tls_key")) config.tls_key = *v;
   if (const std::string* v = get("tls_client_ca")) config.tls_client_ca = *v;

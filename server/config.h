@@ -46,6 +46,10 @@ struct DaemonConfig {
   std::string tls_key;        // PEM file
   std::string tls_client_ca;  // PEM file: require client certificates it signed (mTLS)
   bool insecure = false;
+  // Spill tier: where spilled segments go (empty: no spilling) and the most
+  // bytes it may hold (0: the file system's free space).
+  std::string spill_dir;
+  uint64_t spill_bytes = 0;
   // Shut down when the parent process exits (a private daemon started by a
   // trainer, e.g. actstash.connect(start="auto")).
   bool exit_with_parent = false;

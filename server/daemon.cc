@@ -188,6 +188,19 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config
   const PoolStats stats = memory->pool->Stats();
   std::unique_ptr<Daemon> daemon(new Daemon(config, *std::move(memory)));
   daemon->work_ = std::make_unique<WorkQueue>();
+  if (!config.spill_dir.empty()) {
+    SpillOptions spill_options;
+    spill_options.dir = config.spill_dir;
+    spill_options.size_bytes = config.spill_bytes;
+    absl::StatusOr<std::unique_ptr<SpillTier>> spill = SpillTier::Open(spill_options);
+    if (!spill.ok()) return spill.status();
+    daemon->spill_ = *std::move(spill);
+    daemon->core_.spill = daemon->spill_.get();
+    spdlog::info("spill tier in {} ({}), {}", config.spill_dir,
+                 config.spill_bytes > 0 ? absl::StrCat("at most ", FormatBytes(config.spill_bytes))
+                                        : std::string("bounded by the free space"),
+                 daemon->spill_->Stats().io_mode);
+  }
   AttachServerOptions attach_options;
   attach_options.socket_path = attach::AttachSocketPath(config.socket_path);
   attach_options.socket_mode = config.socket_mode;
@@ -198,9 +211,11 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config
       attach_options, &daemon->sessions_, daemon->pool_.get(), [core](uint64_t session_id) {
         if (std::optional<SessionTotals> freed = CloseSessionAndFree(*core, session_id)) {
           core->sessions_reclaimed.fetch_add(1, std::memory_order_relaxed);
-          spdlog::info("session {} reclaimed: {} objects ({} bytes), {} leases ({} bytes)",
+          spdlog::info("session {} reclaimed: {} objects ({} bytes), {} leases ({} bytes), "
+                       "{} spill files ({} bytes)",
                        session_id, freed->objects.objects, freed->objects.bytes,
-                       freed->leases.objects, freed->leases.bytes);
+                       freed->leases.objects, freed->leases.bytes, freed->spilled.objects,
+                       freed->spilled.bytes);
         }
       });
   if (!attach_server.ok()) return attach_server.status();

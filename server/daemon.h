@@ -22,6 +22,7 @@
 #include "server/memory_pool.h"
 #include "server/metrics.h"
 #include "server/session_manager.h"
+#include "server/spill_tier.h"
 #include "server/stash_core.h"
 #include "server/stash_service.h"
 #include "server/work_queue.h"
@@ -76,6 +77,9 @@ class Daemon {
   StashCore core_;
   StashService service_;
   std::unique_ptr<WorkQueue> work_;
+  // Destroyed before work_ and the lease managers: its last operations
+  // release the leases they hold.
+  std::unique_ptr<SpillTier> spill_;  // null without --spill-dir
   std::unique_ptr<AttachServer> attach_;
   std::unique_ptr<Metrics> metrics_;
   std::unique_ptr<grpc::Server> server_;

@@ -200,6 +200,8 @@ grpc::ServerUnaryReactor* StashService::ReportUsage(grpc::CallbackServerContext*
   usage.bytes_fetched = request->bytes_fetched();
   usage.stores = request->stores();
   usage.fetches = request->fetches();
+  usage.spill_wait_ns = request->spill_wait_ns();
+  usage.restore_wait_ns = request->restore_wait_ns();
   (*session)->RecordLocalUsage(usage);
   return FinishUnary(ctx, absl::OkStatus());
 }

@@ -152,6 +152,16 @@ RemovedTotals LeaseManager::ReleaseSession(uint64_t session_id) {
   return TakeLocked(session_id, ids, &removed);
 }
 
+absl::StatusOr<std::shared_ptr<Lease>> LeaseManager::Find(uint64_t session_id,
+                                                          uint64_t id) const {
+  absl::MutexLock lock(&mu_);
+  auto it = leases_.find(id);
+  if (it == leases_.end() || it->second->session_id() != session_id) {
+    return absl::NotFoundError(absl::StrCat("no lease ", id, " in this session"));
+  }
+  return it->second;
+}
+
 uint64_t LeaseManager::leased_bytes() const {
   absl::MutexLock lock(&mu_);
   return leased_bytes_;

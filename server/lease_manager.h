@@ -88,6 +88,9 @@ class LeaseManager {
   absl::Status CheckReturn(uint64_t session_id, absl::Span<const uint64_t> ids) const;
   // Takes back those of `ids` that are the session's; ignores the others.
   RemovedTotals ReturnAny(uint64_t session_id, absl::Span<const uint64_t> ids);
+  // The session's lease `id` (host or device tier of this manager), or
+  // NOT_FOUND as Return.
+  absl::StatusOr<std::shared_ptr<Lease>> Find(uint64_t session_id, uint64_t id) const;
   // Takes back every lease of the session.
   RemovedTotals ReleaseSession(uint64_t session_id);
 

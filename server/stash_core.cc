@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/protocol.h"
 #include "server/attach_server.h"
+#include "server/spill_tier.h"
 
 namespace actstash::server {
 
@@ -112,6 +113,7 @@ std::optional<SessionTotals> CloseSessionAndFree(StashCore& core, uint64_t sessi
     totals.leases.objects += device.objects;
     totals.leases.bytes += device.bytes;
   }
+  if (core.spill != nullptr) totals.spilled = core.spill->ReleaseSession(session_id);
   return totals;
 }
 

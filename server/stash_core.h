@@ -23,6 +23,7 @@
 namespace actstash::server {
 
 class AttachServer;
+class SpillTier;
 class WorkQueue;
 
 // A device pool (--device-pool) and the manager of its leases (whose lease
@@ -46,6 +47,7 @@ struct StashCore {
   // Set once at start-up, before the gRPC server serves.
   AttachServer* attach = nullptr;
   WorkQueue* work = nullptr;
+  SpillTier* spill = nullptr;  // null without --spill-dir
   std::string attach_socket_name;
   uint64_t pool_segments = 0;
   std::vector<DeviceTier> device_tiers;
@@ -63,6 +65,7 @@ struct StashCore {
 struct SessionTotals {
   RemovedTotals objects;
   RemovedTotals leases;
+  RemovedTotals spilled;  // spill files deleted
 };
 
 // The pool's stats as sessions see them: memory being renewed moves from

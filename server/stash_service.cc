@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
 #include "common/protocol.h"
+#include "server/spill_tier.h"
 #include "server/stash_reactors.h"
 #include "spdlog/spdlog.h"
 
@@ -19,7 +20,8 @@ grpc::ServerUnaryReactor* FinishUnary(grpc::CallbackServerContext* ctx,
 
 namespace {
 
-void FillSessionStats(const SessionSnapshot& s, uint64_t objects, v1::SessionStats* out) {
+void FillSessionStats(const StashCore& core, const SessionSnapshot& s, uint64_t objects,
+                      v1::SessionStats* out) {
   out->set_session_id(s.id);
   out->set_client_name(s.name);
   out->set_client_pid(s.pid);
@@ -41,6 +43,16 @@ void FillSessionStats(const SessionSnapshot& s, uint64_t objects, v1::SessionSta
   out->set_local_bytes(s.local.bytes);
   out->set_local_bytes_stored(s.local.bytes_stored);
   out->set_local_bytes_fetched(s.local.bytes_fetched);
+  out->set_spill_wait_ns(s.local.spill_wait_ns);
+  out->set_restore_wait_ns(s.local.restore_wait_ns);
+  if (core.spill != nullptr) {
+    const SessionSpillStats spill = core.spill->SessionStats(s.id);
+    out->set_spill_on_disk_bytes(spill.on_disk_bytes);
+    out->set_spilled_bytes(spill.spilled_bytes);
+    out->set_restored_bytes(spill.restored_bytes);
+    out->set_spills(spill.spills);
+    out->set_restores(spill.restores);
+  }
 }
 
 }  // namespace
@@ -60,6 +72,7 @@ grpc::ServerUnaryReactor* StashService::OpenSession(grpc::CallbackServerContext*
   reply->set_daemon_version(kVersion);
   reply->set_attach_socket_name(core_->attach_socket_name);
   reply->set_segment_bytes(core_->pool.segment_bytes());
+  reply->set_spill_enabled(core_->spill != nullptr);
   for (const DeviceTier& tier : core_->device_tiers) {
     v1::DevicePoolInfo* info = reply->add_device_pools();
     info->set_device(static_cast<uint32_t>(tier.pool->device()));
@@ -140,11 +153,11 @@ grpc::ServerUnaryReactor* StashService::Stats(grpc::CallbackServerContext* ctx,
   reply->set_bytes_stored(core_->bytes_stored.load(std::memory_order_relaxed));
   reply->set_bytes_fetched(core_->bytes_fetched.load(std::memory_order_relaxed));
   const Session& self = **session;
-  FillSessionStats(self.Snapshot(), core_->catalog.SessionObjectCount(self.id()),
+  FillSessionStats(*core_, self.Snapshot(), core_->catalog.SessionObjectCount(self.id()),
                    reply->mutable_self());
   if (request->per_session()) {
     for (const std::shared_ptr<Session>& s : core_->sessions.List()) {
-      FillSessionStats(s->Snapshot(), core_->catalog.SessionObjectCount(s->id()),
+      FillSessionStats(*core_, s->Snapshot(), core_->catalog.SessionObjectCount(s->id()),
                        reply->add_sessions_detail());
     }
   }
@@ -166,6 +179,25 @@ grpc::ServerUnaryReactor* StashService::Stats(grpc::CallbackServerContext* ctx,
     device->set_segment_bytes(stats.segment_bytes);
     device->set_segments(stats.segments);
     device->set_leases(tier.leases->size());
+  }
+  if (core_->spill != nullptr) {
+    const SpillTierStats stats = core_->spill->Stats();
+    v1::SpillStats* spill = reply->mutable_spill();
+    spill->set_dir(core_->spill->dir());
+    spill->set_capacity_bytes(stats.capacity_bytes);
+    spill->set_on_disk_bytes(stats.on_disk_bytes);
+    spill->set_files(stats.files);
+    spill->set_writing_bytes(stats.writing_bytes);
+    spill->set_reading_bytes(stats.reading_bytes);
+    spill->set_bytes_written(stats.bytes_written);
+    spill->set_bytes_read(stats.bytes_read);
+    spill->set_spills(stats.spills);
+    spill->set_restores(stats.restores);
+    spill->set_write_seconds(static_cast<double>(stats.write_ns) * 1e-9);
+    spill->set_read_seconds(static_cast<double>(stats.read_ns) * 1e-9);
+    spill->set_failures(stats.failures);
+    spill->set_checksum_failures(stats.checksum_failures);
+    spill->set_io_mode(stats.io_mode);
   }
   return FinishUnary(ctx, absl::OkStatus());
 }

@@ -44,6 +44,15 @@ class StashService final : public v1::Stash::CallbackService {
   grpc::ServerUnaryReactor* ReportUsage(grpc::CallbackServerContext* ctx,
                                         const v1::ReportUsageRequest* request,
                                         v1::ReportUsageReply* reply) override;
+  // spill_handlers.cc
+  grpc::ServerUnaryReactor* Spill(grpc::CallbackServerContext* ctx,
+                                  const v1::SpillRequest* request, v1::SpillReply* reply) override;
+  grpc::ServerUnaryReactor* Restore(grpc::CallbackServerContext* ctx,
+                                    const v1::RestoreRequest* request,
+                                    v1::RestoreReply* reply) override;
+  grpc::ServerUnaryReactor* DropSpilled(grpc::CallbackServerContext* ctx,
+                                        const v1::DropSpilledRequest* request,
+                                        v1::DropSpilledReply* reply) override;
 
  private:
   StashCore* const core_;

@@ -73,6 +73,13 @@ void WriteSession(actstash::capi::JsonWriter& w, const actstash::SessionStatsEnt
   w.Field("leased_bytes", e.leased_bytes);
   w.Field("local_objects", e.local_objects);
   w.Field("local_bytes", e.local_bytes);
+  w.Field("spill_on_disk_bytes", e.spill_on_disk_bytes);
+  w.Field("spilled_bytes", e.spilled_bytes);
+  w.Field("restored_bytes", e.restored_bytes);
+  w.Field("spills", e.spills);
+  w.Field("restores", e.restores);
+  w.Field("spill_wait_ns", e.spill_wait_ns);
+  w.Field("restore_wait_ns", e.restore_wait_ns);
   w.End();
 }
 
@@ -154,6 +161,13 @@ char* actstash_client_info_json(actstash_client* c) {
   w.Field("unpinned_leases", u.unpinned_leases);
   w.Field("objects", u.objects);
   w.Field("bytes", u.bytes);
+  w.Field("spilled_leases", u.spilled_leases);
+  w.Field("spilled_bytes", u.spilled_bytes);
+  w.Field("spills", u.spills);
+  w.Field("restores", u.restores);
+  w.Field("restores_ahead", u.restores_ahead);
+  w.Field("spill_wait_ns", u.spill_wait_ns);
+  w.Field("restore_wait_ns", u.restore_wait_ns);
   w.End();
   w.End();
   return Dup(w.str());
@@ -192,6 +206,29 @@ int actstash_client_stats_json(actstash_client* c, int all_sessions, char** out)
     w.End();
   }
   w.EndArray();
+  if (stats->spill.has_value()) {
+    const actstash::SpillSnapshot& p = *stats->spill;
+    w.Key("spill");
+    w.Begin();
+    w.Field("dir", p.dir);
+    w.Field("capacity_bytes", p.capacity_bytes);
+    w.Field("on_disk_bytes", p.on_disk_bytes);
+    w.Field("files", p.files);
+    w.Field("writing_bytes", p.writing_bytes);
+    w.Field("reading_bytes", p.reading_bytes);
+    w.Field("bytes_written", p.bytes_written);
+    w.Field("bytes_read", p.bytes_read);
+    w.Field("spills", p.spills);
+    w.Field("restores", p.restores);
+    w.Field("write_seconds", p.write_seconds);
+    w.Field("read_seconds", p.read_seconds);
+    w.Field("failures", p.failures);
+    w.Field("checksum_failures", p.checksum_failures);
+    w.Field("io_mode", p.io_mode);
+    w.End();
+  } else {
+    w.NullField("spill");
+  }
   w.End();
   *out = Dup(w.str());
   return 0;

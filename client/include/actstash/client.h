@@ -73,6 +73,13 @@ struct ClientOptions {
   // (ReserveOnDevice): their memory is mapped into its context (with peer
   // access when the pool is on another GPU).
   int cuda_device = 0;
+  // Spill tier (a daemon started with --spill-dir): when no lease can be had,
+  // the client has the daemon write its coldest buffers to disk, and reads
+  // them back when they are fetched; reading a buffer also reads back the
+  // `restore_ahead` spilled leases stored just before it, in the background,
+  // ahead of backward. spill = false never spills (RESOURCE_EXHAUSTED).
+  bool spill = true;
+  uint32_t restore_ahead = 2;
 };
 
 // A device pool of the daemon (actstashd --device-pool GPU:SIZE).
@@ -114,6 +121,14 @@ struct ZeroCopyUsage {
   uint64_t unpinned_leases = 0;  // leases whose registration failed, cumulative
   uint64_t objects = 0;
   uint64_t bytes = 0;
+  // Spill tier, as this client sees it.
+  uint64_t spilled_leases = 0;  // on the daemon's disk now
+  uint64_t spilled_bytes = 0;
+  uint64_t spills = 0;          // leases written to disk (cumulative)
+  uint64_t restores = 0;        // leases read back (cumulative)
+  uint64_t restores_ahead = 0;  // of those, read back before a fetch needed them
+  uint64_t spill_wait_ns = 0;   // time stores waited for spills (cumulative)
+  uint64_t restore_wait_ns = 0;  // time fetches waited for restores (cumulative)
 };
 
 // A stored object, valid in the session that stored it. 0 is never a handle.
@@ -159,6 +174,33 @@ struct SessionStatsEntry {
   uint64_t bytes_fetched = 0;
   uint64_t puts = 0;
   uint64_t gets = 0;
+  // Spill tier (the daemon's counts; waits as the client reported them).
+  uint64_t spill_on_disk_bytes = 0;
+  uint64_t spilled_bytes = 0;   // cumulative
+  uint64_t restored_bytes = 0;  // cumulative
+  uint64_t spills = 0;
+  uint64_t restores = 0;
+  uint64_t spill_wait_ns = 0;
+  uint64_t restore_wait_ns = 0;
+};
+
+// The daemon's spill tier (actstashd --spill-dir).
+struct SpillSnapshot {
+  std::string dir;
+  uint64_t capacity_bytes = 0;  // 0: bounded by the free space
+  uint64_t on_disk_bytes = 0;
+  uint64_t files = 0;
+  uint64_t writing_bytes = 0;  // in flight now
+  uint64_t reading_bytes = 0;
+  uint64_t bytes_written = 0;  // cumulative
+  uint64_t bytes_read = 0;
+  uint64_t spills = 0;
+  uint64_t restores = 0;
+  double write_seconds = 0;  // summed time of the writes: bytes_written / this = MB/s
+  double read_seconds = 0;
+  uint64_t failures = 0;
+  uint64_t checksum_failures = 0;
+  std::string io_mode;  // "io_uring" or "pwrite"
 };
 
 // A device pool of the daemon (--device-pool GPU:SIZE).
@@ -194,6 +236,7 @@ struct StatsSnapshot {
   SessionStatsEntry self;
   std::vector<SessionStatsEntry> all_sessions;  // filled when asked for
   std::vector<DevicePoolSnapshot> device_pools;
+  std::optional<SpillSnapshot> spill;  // set when the daemon has a spill tier
   std::string daemon_version;
   uint64_t uptime_seconds = 0;
   uint32_t daemon_pid = 0;
@@ -238,6 +281,11 @@ class Client {
   // must have finished before the ticket is fetched or located. Only when
   // attached: FAILED_PRECONDITION otherwise (use Store). Store's errors.
   absl::StatusOr<Reservation> Reserve(size_t nbytes);
+  // Tells the client that a Reserve'd buffer is fully written (its copy has
+  // finished): from then on it may be spilled to the daemon's disk, and read
+  // back when it is fetched or located. Buffers never marked written are
+  // never spilled. NOT_FOUND for an unknown ticket.
+  absl::Status MarkWritten(const Ticket& ticket);
   // Reserve in the daemon's device pool on GPU `device` (its ordinal): `data`
   // is a device pointer in this process (mapped on options.cuda_device), to
   // be filled by a CUDA copy; Locate returns device pointers for its

@@ -1,0 +1,327 @@
+// LocalStore's spill side: spilling cold blocks to the daemon's disk when no
+// lease can be had, and reading them back when (or before) they are read.
+#include <algorithm>
+#include <chrono>
+
+#include "absl/strings/str_cat.h"
+#include "client/local_store.h"
+
+namespace actstash::client_internal {
+namespace {
+
+uint64_t NowNs() {
+  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                   std::chrono::steady_clock::now().time_since_epoch())
+                                   .count());
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<std::unique_ptr<LocalStore::Arena>>> LocalStore::LeaseOrSpill(
+    uint32_t count, uint32_t segments, bool dedicated) {
+  absl::StatusOr<std::vector<std::unique_ptr<Arena>>> arenas =
+      LeaseArenas(count, segments, dedicated);
+  if (!arenas.ok() && arenas.status().code() == absl::StatusCode::kResourceExhausted &&
+      count > 1) {
+    arenas = LeaseArenas(1, segments, dedicated);  // room for one, maybe
+  }
+  if (arenas.ok() || arenas.status().code() != absl::StatusCode::kResourceExhausted ||
+      !backend_.CanSpill() || importer_ != nullptr) {
+    return arenas;
+  }
+  absl::StatusOr<bool> spilled = SpillColdest(std::max<uint32_t>(lease_batch_, segments));
+  if (!spilled.ok()) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat(arenas.status().message(), "; spilling to the daemon's disk failed too: ",
+                     spilled.status().message()));
+  }
+  if (!*spilled) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        arenas.status().message(),
+        "; nothing more can be spilled to the daemon's disk (every buffer in memory is being "
+        "written or read)"));
+  }
+  return std::vector<std::unique_ptr<Arena>>{};
+}
+
+absl::StatusOr<bool> LocalStore::SpillColdest(uint32_t max_blocks) {
+  std::vector<Block*> chosen;
+  std::vector<uint64_t> lease_ids;
+  {
+    absl::MutexLock lock(&mu_);
+    std::vector<Block*> candidates;
+    for (const std::unique_ptr<Arena>& arena : arenas_) {
+      Block* block = arena->block;
+      if (!arena->on_device && block->state == Block::State::kResident &&
+          !block->allocator.empty() && block->unwritten == 0 && block->pins == 0) {
+        candidates.push_back(block);
+      }
+    }
+    // Activation order: the blocks stored first are read last by backward.
+    std::sort(candidates.begin(), candidates.end(),
+              [](const Block* a, const Block* b) { return a->last_seq < b->last_seq; });
+    if (candidates.size() > max_blocks) candidates.resize(max_blocks);
+    for (Block* block : candidates) {
+      block->state = Block::State::kSpilling;
+      chosen.push_back(block);
+      lease_ids.push_back(block->arena->lease_id);
+    }
+  }
+  if (chosen.empty()) return false;
+  const uint64_t start = NowNs();
+  absl::StatusOr<std::vector<uint64_t>> ids = backend_.Spill(lease_ids);
+  if (ids.ok() && ids->size() != chosen.size()) {
+    ids = absl::InternalError(absl::StrCat("the daemon answered ", ids->size(),
+                                           " spill ids for ", chosen.size(), " leases"));
+  }
+  std::vector<uint64_t> drop;
+  {
+    absl::MutexLock lock(&mu_);
+    usage_.spill_wait_ns += NowNs() - start;
+    for (size_t i = 0; i < chosen.size(); ++i) {
+      Block* block = chosen[i];
+      if (!ids.ok()) {
+        block->state = Block::State::kResident;  // its memory was never changed
+        continue;
+      }
+      Arena* arena = block->arena;
+      block->state = Block::State::kSpilled;
+      block->spill_id = (*ids)[i];
+      block->arena = nullptr;
+      FreshBlock(arena);
+      usage_.spills += 1;
+      if (block->allocator.empty()) {  // released while it was being written
+        drop.push_back(block->spill_id);
+        DeleteBlock(block);
+        continue;
+      }
+      usage_.spilled_blocks += 1;
+      usage_.spilled_bytes += block->bytes;
+    }
+    block_changed_.SignalAll();
+    if (ids.ok() && !restorer_.joinable() && restore_ahead_ > 0) {
+      restorer_ = std::thread([this] { RunRestorer(); });
+    }
+  }
+  if (!drop.empty()) (void)backend_.DropSpilled(drop);
+  if (!ids.ok()) return ids.status();
+  return true;
+}
+
+absl::Status LocalStore::EnsureResident(Block* block) {
+  uint64_t start = 0;
+  for (;;) {
+    switch (block->state) {
+      case Block::State::kResident:
+        if (start != 0) usage_.restore_wait_ns += NowNs() - start;
+        return absl::OkStatus();
+      case Block::State::kLost:
+        return block->error;
+      case Block::State::kSpilling:
+      case Block::State::kRestoring:
+        if (start == 0) start = NowNs();
+        block_changed_.Wait(&mu_);
+        break;
+      case Block::State::kSpilled: {
+        if (start == 0) start = NowNs();
+        block->state = Block::State::kRestoring;
+        mu_.Unlock();
+        absl::Status status = RestoreBlock(block, /*may_spill=*/true);
+        mu_.Lock();
+        // The caller's buffer keeps the block alive (it is not empty).
+        if (!status.ok() && block->state == Block::State::kSpilled) {
+          usage_.restore_wait_ns += NowNs() - start;
+          return status;
+        }
+        break;
+      }
+    }
+  }
+}
+
+absl::Status LocalStore::RestoreBlock(Block* block, bool may_spill) {
+  // Back to kSpilled (deleted, and its spill dropped, when nothing in it is
+  // needed any more).
+  auto give_up = [&](absl::Status status) {
+    uint64_t drop = 0;
+    {
+      absl::MutexLock lock(&mu_);
+      block->state = Block::State::kSpilled;
+      if (block->ahead) {
+        block->ahead = false;
+        ahead_ -= 1;
+      }
+      if (block->allocator.empty()) {
+        drop = block->spill_id;
+        usage_.spilled_blocks -= 1;
+        usage_.spilled_bytes -= block->bytes;
+        DeleteBlock(block);
+      }
+      block_changed_.SignalAll();
+    }
+    if (drop != 0) (void)backend_.DropSpilled(absl::MakeConstSpan(&drop, 1));
+    return status;
+  };
+  bool empty = false;
+  {
+    absl::MutexLock lock(&mu_);
+    empty = block->allocator.empty();
+  }
+  if (empty) return give_up(absl::OkStatus());  // nothing to read back
+  if (backend_.Lost()) {
+    return give_up(absl::UnavailableError(
+        "a buffer of this session was spilled to the daemon's disk, and the daemon went away "
+        "(its attach connection closed): that buffer is lost"));
+  }
+  const uint32_t segments = static_cast<uint32_t>(block->bytes / segment_bytes_);
+  Arena* target = nullptr;
+  lease_mu_.Lock();
+  while (target == nullptr) {
+    {
+      absl::MutexLock lock(&mu_);
+      for (const std::unique_ptr<Arena>& arena : arenas_) {
+        if (Empty(*arena) && arena->bytes == block->bytes && arena->dedicated == block->dedicated &&
+            !arena->on_device) {
+          target = arena.get();
+          break;
+        }
+      }
+      if (target != nullptr) {
+        DeleteBlock(target->block);
+        target->block = block;
+        block->arena = target;
+        break;
+      }
+    }
+    absl::StatusOr<std::vector<std::unique_ptr<Arena>>> granted =
+        LeaseArenas(1, segments, block->dedicated);
+    if (granted.ok()) {
+      absl::MutexLock lock(&mu_);
+      target = granted->front().get();
+      Adopt(std::move(granted->front()));
+      DeleteBlock(target->block);
+      target->block = block;
+      block->arena = target;
+      break;
+    }
+    absl::StatusOr<bool> spilled = false;
+    if (may_spill && granted.status().code() == absl::StatusCode::kResourceExhausted) {
+      spilled = SpillColdest(1);
+    }
+    if (!spilled.ok() || !*spilled) {
+      lease_mu_.Unlock();
+      return give_up(absl::ResourceExhaustedError(absl::StrCat(
+          "reading a spilled buffer back: ", granted.status().message(),
+          spilled.ok() ? "" : absl::StrCat("; spilling another failed: ",
+                                           spilled.status().message()))));
+    }
+  }
+  lease_mu_.Unlock();
+  absl::Status status = backend_.Restore(block->spill_id, target->lease_id);
+  absl::MutexLock lock(&mu_);
+  if (status.ok()) {
+    block->state = Block::State::kResident;
+    block->spill_id = 0;
+    usage_.restores += 1;
+    usage_.restores_ahead += block->ahead ? 1 : 0;
+  } else {
+    block->arena = nullptr;
+    FreshBlock(target);
+    if (status.code() == absl::StatusCode::kDataLoss ||
+        status.code() == absl::StatusCode::kNotFound) {
+      // The daemon dropped the spill: its buffers are gone for good.
+      block->state = Block::State::kLost;
+      block->error = absl::Status(
+          status.code(), absl::StrCat("a buffer of this session was spilled to the daemon's "
+                                      "disk and cannot be read back: ",
+                                      status.message()));
+      if (block->ahead) {
+        block->ahead = false;
+        ahead_ -= 1;
+      }
+    } else {
+      block->state = Block::State::kSpilled;  // e.g. a timeout: may be tried again
+      if (block->ahead) {
+        block->ahead = false;
+        ahead_ -= 1;
+      }
+      block_changed_.SignalAll();
+      return status;
+    }
+  }
+  usage_.spilled_blocks -= 1;
+  usage_.spilled_bytes -= block->bytes;
+  const bool lost = block->state == Block::State::kLost;
+  const absl::Status error = block->error;
+  if (block->allocator.empty() && lost) DeleteBlock(block);
+  block_changed_.SignalAll();
+  return lost ? error : absl::OkStatus();
+}
+
+void LocalStore::RestoreAhead(uint64_t seq) {
+  if (restore_ahead_ == 0) return;
+  while (ahead_ < restore_ahead_) {
+    Block* next = nullptr;
+    for (const auto& [ptr, block] : blocks_) {
+      if (block->state == Block::State::kSpilled && block->last_seq < seq &&
+          (next == nullptr || block->last_seq > next->last_seq)) {
+        next = ptr;
+      }
+    }
+    if (next == nullptr) return;
+    next->state = Block::State::kRestoring;  // a reader now waits for the restorer
+    next->ahead = true;
+    ahead_ += 1;
+    restore_queue_.push_back(next);
+  }
+}
+
+void LocalStore::RunRestorer() {
+  for (;;) {
+    Block* block = nullptr;
+    {
+      absl::MutexLock lock(&mu_);
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return stopping_ || !restore_queue_.empty();
+      };
+      mu_.Await(absl::Condition(&ready));
+      if (stopping_) return;
+      block = restore_queue_.front();
+      restore_queue_.pop_front();
+    }
+    // No spilling for a read ahead: it uses memory that is free.
+    (void)RestoreBlock(block, /*may_spill=*/false);
+  }
+}
+
+absl::StatusOr<LocalStore::Placement> LocalStore::PinForRead(uint64_t ticket, bool locate) {
+  absl::MutexLock lock(&mu_);
+  auto it = tickets_.find(ticket);
+  if (it == tickets_.end()) {
+    return absl::NotFoundError(absl::StrCat("unknown or released ticket ", ticket));
+  }
+  Block* block = it->second.block;
+  if (block->state != Block::State::kResident) {
+    absl::Status status = EnsureResident(block);
+    if (!status.ok()) {
+      return absl::Status(status.code(), absl::StrCat("ticket ", ticket, ": ", status.message()));
+    }
+    it = tickets_.find(ticket);  // the table may have changed meanwhile
+    if (it == tickets_.end()) {
+      return absl::NotFoundError(absl::StrCat("unknown or released ticket ", ticket));
+    }
+  }
+  Placement& placement = it->second;
+  if (block->ahead) {
+    block->ahead = false;
+    ahead_ -= 1;
+  }
+  if (!locate || !placement.located) block->pins += 1;
+  if (locate) placement.located = true;
+  ++usage_.fetches;
+  usage_.bytes_fetched += placement.size;
+  if (usage_.spilled_blocks > 0) RestoreAhead(placement.seq);
+  return placement;
+}
+
+}  // namespace actstash::client_internal

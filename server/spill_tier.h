@@ -1,0 +1,131 @@
+// SpillTier: the daemon's disk tier below the host pool. A session's leased
+// segments are written to files in --spill-dir (the lease stays the
+// session's, so the memory is reused at once) and read back into a lease of
+// the same size when the session asks, checksum verified.
+//
+// Files are created unlinked (O_TMPFILE, else created and unlinked at once):
+// the daemon's open fd is the only name a spill file has, so a daemon killed
+// with SIGKILL leaves nothing on disk, and closing the fd frees the space.
+#ifndef ACTSTASH_SERVER_SPILL_TIER_H_
+#define ACTSTASH_SERVER_SPILL_TIER_H_
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/types/span.h"
+#include "server/catalog.h"
+#include "server/lease_manager.h"
+#include "server/session.h"
+
+namespace actstash::server {
+
+struct SpillOptions {
+  std::string dir;
+  uint64_t size_bytes = 0;  // 0: bounded by the file system's free space only
+  uint32_t workers = 2;     // segments written or read at once
+  uint32_t depth = 8;       // I/O requests in flight per worker
+  uint64_t chunk_bytes = 4ull << 20;
+};
+
+struct SpillTierStats {
+  uint64_t capacity_bytes = 0;  // --spill-size; 0: unbounded
+  uint64_t on_disk_bytes = 0;   // written and being written
+  uint64_t files = 0;
+  uint64_t writing_bytes = 0;  // in flight now
+  uint64_t reading_bytes = 0;
+  uint64_t bytes_written = 0;  // cumulative
+  uint64_t bytes_read = 0;
+  uint64_t spills = 0;  // completed writes, cumulative
+  uint64_t restores = 0;
+  uint64_t write_ns = 0;  // time writes took (checksum included), summed
+  uint64_t read_ns = 0;
+  uint64_t failures = 0;           // failed writes and reads (disk full included)
+  uint64_t checksum_failures = 0;  // restores refused with DATA_LOSS
+  std::string io_mode;             // "io_uring" or "pwrite"
+};
+
+struct SessionSpillStats {
+  uint64_t on_disk_bytes = 0;
+  uint64_t spilled_bytes = 0;  // cumulative
+  uint64_t restored_bytes = 0;
+  uint64_t spills = 0;
+  uint64_t restores = 0;
+};
+
+// Thread-safe. Spill and Restore return at once; their `done` runs later on
+// a spill worker thread (it must not block). The destructor waits for the
+// operations in flight, runs their `done`, and closes every file.
+class SpillTier {
+ public:
+  // Checks that `options.dir` is a writable directory where unlinked files
+  // can be made; FAILED_PRECONDITION naming the problem otherwise.
+  static absl::StatusOr<std::unique_ptr<SpillTier>> Open(const SpillOptions& options);
+  ~SpillTier();
+  SpillTier(const SpillTier&) = delete;
+  SpillTier& operator=(const SpillTier&) = delete;
+
+  // Writes all of `lease`'s memory to a new file of the session; `done` gets
+  // its spill id. RESOURCE_EXHAUSTED (with the numbers) when --spill-size or
+  // the disk is full: nothing stays on disk, the memory is untouched. The
+  // caller must not let the lease's memory change until `done` runs.
+  using SpillDone = std::function<void(absl::StatusOr<uint64_t>)>;
+  void Spill(std::shared_ptr<Session> session, std::shared_ptr<Lease> lease, SpillDone done);
+  // Reads spill `spill_id` of the session into `lease` (of the same size),
+  // verifies its checksum, then deletes the file. NOT_FOUND for another
+  // session's or an unknown id, FAILED_PRECONDITION while it is still being
+  // written or read, INVALID_ARGUMENT for a size mismatch, DATA_LOSS when the
+  // bytes read are not the bytes written (the file is then dropped).
+  void Restore(std::shared_ptr<Session> session, uint64_t spill_id, std::shared_ptr<Lease> lease,
+               std::function<void(absl::Status)> done);
+  // Deletes spill files of the session, all or none (NOT_FOUND, as Return).
+  absl::StatusOr<RemovedTotals> Drop(uint64_t session_id, absl::Span<const uint64_t> ids);
+  // Deletes every spill file of the session (closed, reclaimed). A write or
+  // read in flight finishes first; its file is dropped when it does.
+  RemovedTotals ReleaseSession(uint64_t session_id);
+
+  SpillTierStats Stats() const;
+  SessionSpillStats SessionStats(uint64_t session_id) const;
+  const std::string& dir() const { return options_.dir; }
+
+ private:
+  struct File;
+  struct PerSession {
+    SessionSpillStats stats;
+  };
+  explicit SpillTier(const SpillOptions& options, int dir_fd, bool tmpfile);
+  // Creates an unlinked file of `bytes` (fallocated); RESOURCE_EXHAUSTED when
+  // the file system is full.
+  absl::StatusOr<int> CreateFile(uint64_t bytes);
+  void Post(std::function<void(class SpillFileIo&)> job) ABSL_LOCKS_EXCLUDED(mu_);
+  void RunWorker();
+  void Forget(uint64_t spill_id) ABSL_LOCKS_EXCLUDED(mu_);
+
+  const SpillOptions options_;
+  const int dir_fd_;
+  const bool tmpfile_;  // O_TMPFILE works in dir_
+  std::string io_mode_;
+  mutable absl::Mutex mu_;
+  uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  uint64_t reserved_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // files, written or being written
+  absl::flat_hash_map<uint64_t, std::shared_ptr<File>> files_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uint64_t, PerSession> sessions_ ABSL_GUARDED_BY(mu_);
+  SpillTierStats totals_ ABSL_GUARDED_BY(mu_);
+  std::deque<std::function<void(SpillFileIo&)>> jobs_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<std::thread> workers_;
+  std::atomic<uint64_t> name_counter_{0};
+};
+
+}  // namespace actstash::server
+
+#endif  // ACTSTASH_SERVER_SPILL_TIER_H_

@@ -1,0 +1,391 @@
+// The spill tier against a real actstashd with a real spill directory:
+// buffers beyond the pool go to disk and come back byte for byte, corrupt
+// files are DATA_LOSS, nothing is left on disk after kills, and a full spill
+// space is RESOURCE_EXHAUSTED with nothing lost.
+#include <dirent.h>
+#include <fcntl.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <thread>
+
+#include <grpcpp/create_channel.h>
+#include <grpcpp/security/credentials.h>
+
+#include "actstash/v1/stash.grpc.pb.h"
+#include "common/protocol.h"
+#include "tests/integration/test_util.h"
+
+namespace actstash::testing {
+namespace {
+
+using ::testing::HasSubstr;
+namespace pb = ::actstash::v1;
+constexpr uint64_t kMiB = 1 << 20;
+
+std::string MakeTempDir() {
+  std::string pattern = (std::filesystem::temp_directory_path() / "actstash-spill-XXXXXX").string();
+  const char* dir = mkdtemp(pattern.data());
+  EXPECT_NE(dir, nullptr);
+  return pattern;
+}
+
+// Names in `dir` (the spill files have none: they are created unlinked).
+std::vector<std::string> Entries(const std::string& dir) {
+  std::vector<std::string> names;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    names.push_back(entry.path().filename().string());
+  }
+  return names;
+}
+
+// The daemon's open spill files: /proc/<pid>/fd links into `dir`.
+std::vector<std::string> SpillFds(pid_t pid, const std::string& dir) {
+  std::vector<std::string> fds;
+  const std::string fd_dir = "/proc/" + std::to_string(pid) + "/fd";
+  for (const auto& entry : std::filesystem::directory_iterator(fd_dir)) {
+    std::error_code error;
+    const std::string target = std::filesystem::read_symlink(entry.path(), error).string();
+    if (!error && target.rfind(dir + "/", 0) == 0) fds.push_back(entry.path().string());
+  }
+  return fds;
+}
+
+struct Stored {
+  Ticket ticket;
+  std::vector<std::byte> data;
+};
+
+class SpillTest : public ::testing::Test {
+ protected:
+  void SetUp() override { spill_dir_ = MakeTempDir(); }
+  void TearDown() override {
+    daemon_.reset();
+    std::filesystem::remove_all(spill_dir_);
+  }
+  void StartDaemon(const std::string& pool = "64MiB", std::vector<std::string> extra = {}) {
+    DaemonProcessOptions options;
+    options.pool_size = pool;
+    options.segment_size = "4MiB";
+    options.extra_args = {"--spill-dir", spill_dir_};
+    options.extra_args.insert(options.extra_args.end(), extra.begin(), extra.end());
+    daemon_ = StartDaemonOrDie(options);
+    ASSERT_NE(daemon_, nullptr);
+  }
+  std::unique_ptr<Client> Attached(uint64_t quota = 0) {
+    ClientOptions options;
+    options.address = daemon_->address();
+    options.quota_bytes = quota;
+    options.attach = AttachMode::kRequired;
+    options.lease_batch = 2;
+    absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(options);
+    EXPECT_TRUE(client.ok()) << client.status();
+    return client.ok() ? *std::move(client) : nullptr;
+  }
+  StatsSnapshot Stats() {
+    auto observer = ConnectOrDie(*daemon_, 1, "observer");
+    absl::StatusOr<StatsSnapshot> stats = observer->Stats(/*all_sessions=*/true);
+    EXPECT_TRUE(stats.ok()) << stats.status();
+    return stats.ok() ? *stats : StatsSnapshot{};
+  }
+  // Stores buffers of 64 KiB to 3 MiB (and one of 6 MiB, a dedicated lease
+  // every 16) until `total` bytes are stored.
+  std::vector<Stored> StoreMany(Client& client, uint64_t total, uint64_t seed) {
+    std::vector<Stored> stored;
+    uint64_t bytes = 0;
+    std::mt19937_64 random(seed);
+    while (bytes < total) {
+      const size_t size = stored.size() % 16 == 15 ? 6 * kMiB : 64 * 1024 + random() % (3 * kMiB);
+      Stored s;
+      s.data = RandomBytes(size, seed * 1000 + stored.size());
+      absl::StatusOr<Ticket> ticket = client.Store(s.data.data(), s.data.size());
+      EXPECT_TRUE(ticket.ok()) << ticket.status() << " after " << bytes << " bytes";
+      if (!ticket.ok()) break;
+      s.ticket = *ticket;
+      bytes += size;
+      stored.push_back(std::move(s));
+    }
+    return stored;
+  }
+  // Fetches in reverse order (as backward does), checks, releases.
+  void FetchAllBack(Client& client, std::vector<Stored>& stored) {
+    for (size_t i = stored.size(); i-- > 0;) {
+      std::vector<std::byte> back(stored[i].data.size());
+      absl::Status status = client.Fetch(stored[i].ticket, back.data(), back.size());
+      ASSERT_TRUE(status.ok()) << "buffer " << i << ": " << status;
+      ASSERT_EQ(0, std::memcmp(back.data(), stored[i].data.data(), back.size())) << "buffer " << i;
+      ASSERT_TRUE(client.Release(stored[i].ticket).ok());
+    }
+  }
+
+  std::string spill_dir_;
+  std::unique_ptr<DaemonProcess> daemon_;
+};
+
+TEST_F(SpillTest, ThreeTimesThePoolComesBackByteForByte) {
+  StartDaemon();
+  auto client = Attached();
+  ASSERT_NE(client, nullptr);
+  std::vector<Stored> stored = StoreMany(*client, 192 * kMiB, 1);
+  const ZeroCopyUsage after_store = client->zero_copy_usage();
+  EXPECT_GT(after_store.spills, 0u);
+  EXPECT_GE(after_store.spilled_bytes, 120 * kMiB) << "most of 192 MiB must be on disk";
+  EXPECT_LE(after_store.leased_bytes, 64 * kMiB);
+  EXPECT_TRUE(Entries(spill_dir_).empty()) << "spill files have no name";
+  EXPECT_FALSE(SpillFds(daemon_->pid(), spill_dir_).empty());
+  StatsSnapshot stats = Stats();
+  ASSERT_TRUE(stats.spill.has_value());
+  EXPECT_EQ(stats.spill->on_disk_bytes, after_store.spilled_bytes);
+  EXPECT_GE(stats.spill->bytes_written, after_store.spilled_bytes);
+  FetchAllBack(*client, stored);
+  const ZeroCopyUsage after_fetch = client->zero_copy_usage();
+  EXPECT_EQ(after_fetch.spilled_leases, 0u);
+  EXPECT_GT(after_fetch.restores, 0u);
+  EXPECT_GT(after_fetch.restores_ahead, 0u) << "backward should find blocks read back ahead";
+  ASSERT_TRUE(client->Stats().ok());  // reports this client's waits
+  stats = Stats();
+  EXPECT_EQ(stats.spill->on_disk_bytes, 0u);
+  EXPECT_EQ(stats.spill->files, 0u);
+  EXPECT_GE(stats.spill->bytes_read, 64 * kMiB);
+  EXPECT_EQ(stats.spill->checksum_failures, 0u);
+  // The session's numbers, and the waits the client reported.
+  bool found = false;
+  for (const SessionStatsEntry& s : stats.all_sessions) {
+    if (s.session_id != client->session_id()) continue;
+    found = true;
+    EXPECT_EQ(s.spilled_bytes, stats.spill->bytes_written);
+    EXPECT_EQ(s.restored_bytes, stats.spill->bytes_read);
+    EXPECT_GT(s.spill_wait_ns, 0u);
+  }
+  EXPECT_TRUE(found);
+  EXPECT_TRUE(SpillFds(daemon_->pid(), spill_dir_).empty());
+}
+
+TEST_F(SpillTest, ReleasedSpilledBuffersDropTheirFilesWithoutReadingThem) {
+  StartDaemon();
+  auto client = Attached();
+  ASSERT_NE(client, nullptr);
+  std::vector<Stored> stored = StoreMany(*client, 160 * kMiB, 2);
+  ASSERT_GT(client->zero_copy_usage().spilled_leases, 0u);
+  for (Stored& s : stored) ASSERT_TRUE(client->Release(s.ticket).ok());
+  EXPECT_EQ(client->zero_copy_usage().restores, 0u);
+  const StatsSnapshot stats = Stats();
+  EXPECT_EQ(stats.spill->on_disk_bytes, 0u);
+  EXPECT_EQ(stats.spill->bytes_read, 0u);
+}
+
+TEST_F(SpillTest, TwoSessionsSharingASmallPoolBothSpill) {
+  StartDaemon();
+  auto a = Attached();
+  auto b = Attached();
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  std::thread other([&] {
+    for (int round = 0; round < 2; ++round) {
+      std::vector<Stored> stored = StoreMany(*b, 96 * kMiB, 20 + round);
+      FetchAllBack(*b, stored);
+    }
+  });
+  for (int round = 0; round < 2; ++round) {
+    std::vector<Stored> stored = StoreMany(*a, 96 * kMiB, 10 + round);
+    FetchAllBack(*a, stored);
+  }
+  other.join();
+  EXPECT_GT(a->zero_copy_usage().spills, 0u);
+  EXPECT_GT(b->zero_copy_usage().spills, 0u);
+  EXPECT_EQ(Stats().spill->on_disk_bytes, 0u);
+}
+
+TEST_F(SpillTest, CorruptSpillFileIsDataLossAndTheDaemonGoesOn) {
+  StartDaemon();
+  auto client = Attached();
+  ASSERT_NE(client, nullptr);
+  std::vector<Stored> stored = StoreMany(*client, 160 * kMiB, 3);
+  const std::vector<std::string> fds = SpillFds(daemon_->pid(), spill_dir_);
+  ASSERT_FALSE(fds.empty());
+  for (const std::string& fd : fds) {
+    const int file = open(fd.c_str(), O_WRONLY);
+    ASSERT_GE(file, 0) << fd << ": " << std::strerror(errno);
+    const char garbage[] = "not what was written";
+    ASSERT_EQ(pwrite(file, garbage, sizeof(garbage), 4096), static_cast<ssize_t>(sizeof(garbage)));
+    fsync(file);
+    close(file);
+  }
+  int data_loss = 0;
+  for (size_t i = stored.size(); i-- > 0;) {
+    std::vector<std::byte> back(stored[i].data.size());
+    absl::Status status = client->Fetch(stored[i].ticket, back.data(), back.size());
+    if (status.code() == absl::StatusCode::kDataLoss) {
+      ++data_loss;
+      EXPECT_THAT(std::string(status.message()), HasSubstr("checksum"));
+      EXPECT_THAT(std::string(status.message()),
+                  HasSubstr("session " + std::to_string(client->session_id())));
+    } else {
+      ASSERT_TRUE(status.ok()) << status;
+      EXPECT_EQ(0, std::memcmp(back.data(), stored[i].data.data(), back.size()))
+          << "buffer " << i << " came back wrong without an error";
+    }
+    ASSERT_TRUE(client->Release(stored[i].ticket).ok());
+  }
+  EXPECT_GT(data_loss, 0);
+  const StatsSnapshot stats = Stats();
+  EXPECT_GE(stats.spill->checksum_failures, 1u);
+  EXPECT_EQ(stats.spill->on_disk_bytes, 0u);
+  // Still serving, spilling included.
+  std::vector<Stored> again = StoreMany(*client, 128 * kMiB, 4);
+  FetchAllBack(*client, again);
+}
+
+TEST_F(SpillTest, KilledDaemonLeavesNoFiles) {
+  StartDaemon();
+  auto client = Attached();
+  ASSERT_NE(client, nullptr);
+  std::vector<Stored> stored = StoreMany(*client, 160 * kMiB, 5);
+  ASSERT_FALSE(SpillFds(daemon_->pid(), spill_dir_).empty());
+  absl::StatusOr<int> code = daemon_->Stop(SIGKILL, std::chrono::seconds(10));
+  ASSERT_TRUE(code.ok()) << code.status();
+  EXPECT_TRUE(Entries(spill_dir_).empty());
+  // A spilled buffer is gone with the daemon: a clear error, not bad bytes.
+  std::vector<std::byte> back(stored[0].data.size());
+  const absl::Status status = client->Fetch(stored[0].ticket, back.data(), back.size());
+  EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
+  EXPECT_THAT(std::string(status.message()), HasSubstr("went away"));
+}
+
+TEST_F(SpillTest, KilledClientsSpillSpaceIsFreedWithinASecond) {
+  StartDaemon();
+  int pipe_fds[2];
+  ASSERT_EQ(pipe(pipe_fds), 0);
+  const std::string address = daemon_->address();
+  const pid_t child = fork();
+  if (child == 0) {
+    dup2(pipe_fds[1], STDOUT_FILENO);
+    close(pipe_fds[0]);
+    execl(ACTSTASH_WORKER_BINARY, ACTSTASH_WORKER_BINARY, "--address", address.c_str(),
+          "--hold-bytes", "201326592", nullptr);
+    _exit(127);
+  }
+  close(pipe_fds[1]);
+  FILE* out = fdopen(pipe_fds[0], "r");
+  char line[256] = {};
+  ASSERT_NE(fgets(line, sizeof(line), out), nullptr);
+  ASSERT_STREQ(line, "holding\n");
+  StatsSnapshot stats = Stats();
+  ASSERT_GE(stats.spill->on_disk_bytes, 100 * kMiB);
+  kill(child, SIGKILL);
+  waitpid(child, nullptr, 0);
+  fclose(out);
+  const auto killed = std::chrono::steady_clock::now();
+  while (Stats().spill->on_disk_bytes != 0 &&
+         std::chrono::steady_clock::now() - killed < std::chrono::seconds(1)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  stats = Stats();
+  EXPECT_EQ(stats.spill->on_disk_bytes, 0u);
+  EXPECT_EQ(stats.spill->files, 0u);
+  EXPECT_TRUE(SpillFds(daemon_->pid(), spill_dir_).empty());
+}
+
+TEST_F(SpillTest, FullSpillSpaceIsResourceExhaustedAndLosesNothing) {
+  StartDaemon("64MiB", {"--spill-size", "32MiB"});
+  auto client = Attached();
+  ASSERT_NE(client, nullptr);
+  std::vector<Stored> stored;
+  absl::Status status;
+  for (int i = 0; i < 200 && status.ok(); ++i) {
+    Stored s;
+    s.data = RandomBytes(1 * kMiB + 4096 * i, 600 + i);
+    absl::StatusOr<Ticket> ticket = client->Store(s.data.data(), s.data.size());
+    status = ticket.status();
+    if (ticket.ok()) {
+      s.ticket = *ticket;
+      stored.push_back(std::move(s));
+    }
+  }
+  ASSERT_EQ(status.code(), absl::StatusCode::kResourceExhausted) << status;
+  EXPECT_THAT(std::string(status.message()), HasSubstr("spill space is full"));
+  EXPECT_THAT(std::string(status.message()), HasSubstr("32.0 MiB"));
+  const StatsSnapshot stats = Stats();
+  EXPECT_LE(stats.spill->on_disk_bytes, 32 * kMiB);
+  EXPECT_GE(stats.spill->failures, 1u);
+  FetchAllBack(*client, stored);  // everything stored before is intact
+}
+
+// Raw RPCs: what a buggy or hostile client could send.
+class RawSession {
+ public:
+  explicit RawSession(const std::string& address)
+      : stub_(pb::Stash::NewStub(
+            grpc::CreateChannel(address, grpc::InsecureChannelCredentials()))) {
+    grpc::ClientContext ctx;
+    pb::OpenSessionRequest request;
+    pb::OpenSessionReply reply;
+    EXPECT_TRUE(stub_->OpenSession(&ctx, request, &reply).ok());
+    token_ = reply.token();
+  }
+  template <typename Request, typename Reply, typename Method>
+  grpc::StatusCode Call(Method method, const Request& request, Reply* reply) {
+    grpc::ClientContext ctx;
+    ctx.AddMetadata(kTokenMetadataKey, token_);
+    return ((*stub_).*method)(&ctx, request, reply).error_code();
+  }
+
+ private:
+  std::unique_ptr<pb::Stash::Stub> stub_;
+  std::string token_;
+};
+
+TEST_F(SpillTest, SpillRpcsCheckEveryIdTheClientSends) {
+  StartDaemon();
+  auto client = Attached();
+  ASSERT_NE(client, nullptr);
+  std::vector<Stored> stored = StoreMany(*client, 128 * kMiB, 8);
+  ASSERT_GT(client->zero_copy_usage().spilled_leases, 0u);
+  RawSession raw(daemon_->address());
+  pb::SpillReply spill_reply;
+  pb::SpillRequest spill;
+  EXPECT_EQ(raw.Call(&pb::Stash::Stub::Spill, spill, &spill_reply),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  // Lease ids are small sequential numbers: another session's are NOT_FOUND.
+  for (uint64_t id = 1; id < 64; ++id) spill.add_lease_ids(id);
+  EXPECT_EQ(raw.Call(&pb::Stash::Stub::Spill, spill, &spill_reply), grpc::StatusCode::NOT_FOUND);
+  pb::RestoreRequest restore;
+  pb::RestoreReply restore_reply;
+  for (uint64_t id = 1; id < 64; ++id) {
+    restore.set_spill_id(id);
+    restore.set_lease_id(id);
+    EXPECT_EQ(raw.Call(&pb::Stash::Stub::Restore, restore, &restore_reply),
+              grpc::StatusCode::NOT_FOUND);
+  }
+  pb::DropSpilledRequest drop;
+  pb::DropSpilledReply drop_reply;
+  for (uint64_t id = 1; id < 64; ++id) drop.add_spill_ids(id);
+  EXPECT_EQ(raw.Call(&pb::Stash::Stub::DropSpilled, drop, &drop_reply),
+            grpc::StatusCode::NOT_FOUND);
+  // The owner's buffers are untouched by all of that.
+  FetchAllBack(*client, stored);
+
+  DaemonProcessOptions plain;
+  plain.pool_size = "64MiB";
+  plain.segment_size = "4MiB";
+  auto no_spill = StartDaemonOrDie(plain);
+  ASSERT_NE(no_spill, nullptr);
+  RawSession without(no_spill->address());
+  spill.Clear();
+  spill.add_lease_ids(1);
+  EXPECT_EQ(without.Call(&pb::Stash::Stub::Spill, spill, &spill_reply),
+            grpc::StatusCode::FAILED_PRECONDITION);
+  auto other = ConnectOrDie(*no_spill, 0, "no-spill");
+  std::vector<std::byte> big(96 * kMiB);
+  absl::StatusOr<Ticket> too_big = other->Store(big.data(), big.size());
+  EXPECT_EQ(too_big.status().code(), absl::StatusCode::kResourceExhausted);
+}
+
+}  // namespace
+}  // namespace actstash::testing
