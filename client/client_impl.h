@@ -134,7 +134,8 @@ struct Client::Impl final : public client_internal::LeaseBackend {
   // Spill tier: the daemon's Spill/Restore/DropSpilled.
   bool spill_enabled = false;  // the daemon has one (OpenSession)
   bool CanSpill() const override { return spill_enabled && options.spill; }
-  absl::StatusOr<std::vector<uint64_t>> Spill(absl::Span<const uint64_t> lease_ids) override {
+  absl::StatusOr<std::vector<uint64_t>> Spill(absl::Span<const uint64_t> lease_ids,
+                                              uint64_t* return_bytes) override {
     grpc::ClientContext ctx;
     Prepare(&ctx);
     v1::SpillRequest request;
@@ -144,6 +145,7 @@ struct Client::Impl final : public client_internal::LeaseBackend {
     if (!status.ok()) return Fail(status, "Spill");
     std::vector<uint64_t> ids;
     for (const v1::SpilledLease& spilled : reply.spilled()) ids.push_back(spilled.spill_id());
+    *return_bytes = reply.return_bytes();
     return ids;
   }
   absl::Status Restore(uint64_t spill_id, uint64_t lease_id) override {
@@ -302,7 +304,8 @@ struct Client::Impl final : public client_internal::LeaseBackend {
     local = std::make_unique<client_internal::LocalStore>(this, segment_bytes, options.lease_batch,
                                                           registrar.get(),
                                                           options.pin_leases == PinPolicy::kOn,
-                                                          options.restore_ahead);
+                                                          options.restore_ahead,
+                                                          options.pool_wait);
     attach_status = absl::OkStatus();
     StartReporter();
     return attach_status;

@@ -60,14 +60,16 @@ absl::StatusOr<std::byte*> MapLease(const GrantedLease& lease, uint64_t segment_
 }  // namespace
 
 LocalStore::LocalStore(LeaseBackend* backend, uint64_t segment_bytes, uint32_t lease_batch,
-                       PinnedRegistrar* registrar, bool require_pinned, uint32_t restore_ahead)
+                       PinnedRegistrar* registrar, bool require_pinned, uint32_t restore_ahead,
+                       std::chrono::milliseconds pool_wait)
     : backend_(*backend),
       segment_bytes_(segment_bytes),
       lease_batch_(std::max<uint32_t>(1, lease_batch)),
       registrar_(registrar),
       require_pinned_(require_pinned),
       importer_(nullptr),
-      restore_ahead_(restore_ahead) {}
+      restore_ahead_(restore_ahead),
+      pool_wait_(pool_wait) {}
 
 LocalStore::LocalStore(LeaseBackend* backend, uint64_t segment_bytes, uint32_t lease_batch,
                        DeviceImporter* importer)
@@ -77,7 +79,8 @@ LocalStore::LocalStore(LeaseBackend* backend, uint64_t segment_bytes, uint32_t l
       registrar_(nullptr),
       require_pinned_(false),
       importer_(importer),
-      restore_ahead_(0) {}
+      restore_ahead_(0),
+      pool_wait_(0) {}
 
 LocalStore::~LocalStore() {
   {
@@ -447,13 +450,17 @@ void LocalStore::GiveBack(std::unique_ptr<Arena> arena) {
   if (!backend_.Lost()) (void)backend_.Return(absl::MakeConstSpan(&arena->lease_id, 1));
 }
 
-void LocalStore::GiveBackEmpty(const std::function<bool(const Arena&)>& keep) {
+void LocalStore::GiveBackEmpty(const std::function<bool(const Arena&)>& keep, uint64_t limit) {
   std::vector<std::unique_ptr<Arena>> back;
   {
     absl::MutexLock lock(&mu_);
-    for (size_t i = arenas_.size(); i-- > 0;) {
+    uint64_t given = 0;
+    for (size_t i = arenas_.size(); i-- > 0 && given < limit;) {
       Arena* arena = arenas_[i].get();
-      if (Empty(*arena) && !keep(*arena)) back.push_back(Detach(arena));
+      if (Empty(*arena) && !keep(*arena)) {
+        given += arena->bytes;
+        back.push_back(Detach(arena));
+      }
     }
   }
   for (std::unique_ptr<Arena>& arena : back) GiveBack(std::move(arena));

@@ -8,6 +8,7 @@
 #define ACTSTASH_CLIENT_LOCAL_STORE_H_
 
 #include <atomic>
+#include <chrono>
 #include <deque>
 #include <functional>
 #include <thread>
@@ -52,7 +53,10 @@ class LeaseBackend {
   // back into a lease of the same size and deletes it; DropSpilled deletes
   // spills no longer needed. Any thread, concurrently.
   virtual bool CanSpill() const { return false; }
-  virtual absl::StatusOr<std::vector<uint64_t>> Spill(absl::Span<const uint64_t> lease_ids) {
+  // `return_bytes`: how much memory the daemon asks back (another session
+  // waits for the pool and this one holds more than its share).
+  virtual absl::StatusOr<std::vector<uint64_t>> Spill(absl::Span<const uint64_t> lease_ids,
+                                                      uint64_t* return_bytes) {
     return absl::UnimplementedError("no spill tier");
   }
   virtual absl::Status Restore(uint64_t spill_id, uint64_t lease_id) {
@@ -120,9 +124,12 @@ class LocalStore {
   // once when mapped and unregistered before it is unmapped; a failed
   // registration fails the Store when `require_pinned`, else the lease is
   // used unpinned and the first error is kept (pin_status).
+  // `pool_wait`: how long a Store may wait for pool memory that other
+  // sessions hold when this one has nothing left to spill (spill tier only).
   LocalStore(LeaseBackend* backend, uint64_t segment_bytes, uint32_t lease_batch,
              PinnedRegistrar* registrar = nullptr, bool require_pinned = false,
-             uint32_t restore_ahead = 2);
+             uint32_t restore_ahead = 2,
+             std::chrono::milliseconds pool_wait = std::chrono::seconds(30));
   // A store of the device tier: leases are ranges of a daemon device pool,
   // made addressable by `importer` (which must outlive the store). Its
   // buffers are device memory: Store and Fetch (host memcpy) are
@@ -231,11 +238,13 @@ class LocalStore {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(lease_mu_) ABSL_LOCKS_EXCLUDED(mu_);
   // Spills up to `max_blocks` of the coldest spillable blocks (at least
   // one); false when none can be spilled. Called with lease_mu_ held.
-  absl::StatusOr<bool> SpillColdest(uint32_t max_blocks) ABSL_EXCLUSIVE_LOCKS_REQUIRED(lease_mu_)
-      ABSL_LOCKS_EXCLUDED(mu_);
+  // `return_bytes` (if set): what the daemon asked back.
+  absl::StatusOr<bool> SpillColdest(uint32_t max_blocks, uint64_t* return_bytes = nullptr)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(lease_mu_) ABSL_LOCKS_EXCLUDED(mu_);
   // Gives back empty leases that `keep` rejects (memory spilling freed that
   // the next lease needs in the daemon's pool).
-  void GiveBackEmpty(const std::function<bool(const Arena&)>& keep) ABSL_LOCKS_EXCLUDED(mu_);
+  void GiveBackEmpty(const std::function<bool(const Arena&)>& keep,
+                     uint64_t limit = UINT64_MAX) ABSL_LOCKS_EXCLUDED(mu_);
   // Waits until `block` is resident, reading it back itself when it is
   // spilled; the block's error when it is lost. Drops mu_ meanwhile.
   absl::Status EnsureResident(Block* block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -286,6 +295,7 @@ class LocalStore {
   // Read-back ahead of need: blocks queued for the restorer thread (started
   // at the first spill), and how many were read ahead and not read since.
   const uint32_t restore_ahead_;
+  const std::chrono::milliseconds pool_wait_;
   std::deque<Block*> restore_queue_ ABSL_GUARDED_BY(mu_);
   uint32_t ahead_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;

@@ -2,7 +2,9 @@
 // lease can be had, and reading them back when (or before) they are read.
 #include <algorithm>
 #include <chrono>
+#include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "client/local_store.h"
 
@@ -29,22 +31,45 @@ absl::StatusOr<std::vector<std::unique_ptr<LocalStore::Arena>>> LocalStore::Leas
       !backend_.CanSpill() || importer_ != nullptr) {
     return arenas;
   }
-  absl::StatusOr<bool> spilled = SpillColdest(std::max<uint32_t>(lease_batch_, segments));
+  uint64_t return_bytes = 0;
+  absl::StatusOr<bool> spilled =
+      SpillColdest(std::max<uint32_t>(lease_batch_, segments), &return_bytes);
   if (!spilled.ok()) {
     return absl::ResourceExhaustedError(
         absl::StrCat(arenas.status().message(), "; spilling to the daemon's disk failed too: ",
                      spilled.status().message()));
   }
-  if (!*spilled) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        arenas.status().message(),
-        "; nothing more can be spilled to the daemon's disk (every buffer in memory is being "
-        "written or read)"));
+  if (*spilled) {
+    // Another session waits and this one holds more than its share: what
+    // spilling emptied goes back to the pool rather than being reused.
+    if (return_bytes > 0) GiveBackEmpty([](const Arena&) { return false; }, return_bytes);
+    return std::vector<std::unique_ptr<Arena>>{};
   }
-  return std::vector<std::unique_ptr<Arena>>{};
+  // Nothing of ours can spill. When other sessions hold the pool, they give
+  // memory back as they spill or finish their backward: wait for it.
+  const auto deadline = std::chrono::steady_clock::now() + pool_wait_;
+  auto pause = std::chrono::milliseconds(5);
+  absl::Status last = arenas.status();
+  while (absl::StrContains(last.message(), "pool exhausted") &&
+         std::chrono::steady_clock::now() + pause < deadline) {
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::milliseconds(100));
+    const uint64_t start = NowNs();
+    arenas = LeaseArenas(1, segments, dedicated);
+    {
+      absl::MutexLock lock(&mu_);
+      usage_.spill_wait_ns += NowNs() - start;
+    }
+    if (arenas.ok()) return arenas;
+    last = arenas.status();
+  }
+  return absl::ResourceExhaustedError(absl::StrCat(
+      last.message(),
+      "; nothing more of this session can be spilled to the daemon's disk (every buffer in "
+      "memory is being written or read)"));
 }
 
-absl::StatusOr<bool> LocalStore::SpillColdest(uint32_t max_blocks) {
+absl::StatusOr<bool> LocalStore::SpillColdest(uint32_t max_blocks, uint64_t* return_bytes) {
   std::vector<Block*> chosen;
   std::vector<uint64_t> lease_ids;
   {
@@ -69,7 +94,9 @@ absl::StatusOr<bool> LocalStore::SpillColdest(uint32_t max_blocks) {
   }
   if (chosen.empty()) return false;
   const uint64_t start = NowNs();
-  absl::StatusOr<std::vector<uint64_t>> ids = backend_.Spill(lease_ids);
+  uint64_t asked_back = 0;
+  absl::StatusOr<std::vector<uint64_t>> ids = backend_.Spill(lease_ids, &asked_back);
+  if (return_bytes != nullptr) *return_bytes = asked_back;
   if (ids.ok() && ids->size() != chosen.size()) {
     ids = absl::InternalError(absl::StrCat("the daemon answered ", ids->size(),
                                            " spill ids for ", chosen.size(), " leases"));

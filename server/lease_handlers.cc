@@ -7,6 +7,7 @@
 #include <optional>
 #include <string>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
 #include "server/attach_server.h"
@@ -154,12 +155,29 @@ grpc::ServerUnaryReactor* StashService::Lease(grpc::CallbackServerContext* ctx,
                                 "Lease needs the session's attach connection; attach to the "
                                 "daemon's attach socket first"));
   }
+  if (device == nullptr) {
+    // Fair share under pressure: while another session waits for pool memory,
+    // one above its share does not grow (it spills its own instead).
+    const uint64_t want = uint64_t{request->count()} * per_lease * core_->pool.segment_bytes();
+    const uint64_t leased = (*session)->Snapshot().leased_bytes;
+    if (BytesAboveFairShare(*core_, (*session)->id(), leased + want) > 0) {
+      return FinishUnary(ctx, absl::ResourceExhaustedError(absl::StrCat(
+                                  "host pool exhausted: another session waits for pool memory "
+                                  "and this one holds ",
+                                  leased, " bytes, its fair share or more")));
+    }
+  }
   // Counted like a stream: shutdown waits for it, and the work queue and the
   // attach server outlive every such call.
   core_->streams_in_flight.fetch_add(1, std::memory_order_acq_rel);
   auto call = std::make_shared<LeaseCall>(core_, ctx->DefaultReactor(), ctx, reply,
                                           *std::move(session), request->count(), per_lease, device);
   absl::StatusOr<std::vector<std::shared_ptr<server::Lease>>> granted = call->Grant();
+  if (!granted.ok() && device == nullptr &&
+      granted.status().code() == absl::StatusCode::kResourceExhausted &&
+      absl::StrContains(granted.status().message(), "pool exhausted")) {
+    NotePoolPressure(*core_, call->session->id());
+  }
   if (!granted.ok() && granted.status().code() == absl::StatusCode::kResourceExhausted &&
       call->leases.renewals_pending() > 0) {
     // Memory being renewed counts as used: try again behind those renewals

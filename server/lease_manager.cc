@@ -172,6 +172,13 @@ size_t LeaseManager::size() const {
   return leases_.size();
 }
 
+uint64_t LeaseManager::sessions_holding() const {
+  absl::MutexLock lock(&mu_);
+  absl::flat_hash_set<uint64_t> sessions;
+  for (const auto& [id, lease] : leases_) sessions.insert(lease->session_id());
+  return sessions.size();
+}
+
 uint64_t LeaseManager::granted_total() const {
   absl::MutexLock lock(&mu_);
   return granted_total_;

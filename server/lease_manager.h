@@ -100,6 +100,8 @@ class LeaseManager {
   uint64_t leased_bytes() const;
   size_t size() const;
   uint64_t granted_total() const;
+  // Sessions holding at least one lease.
+  uint64_t sessions_holding() const;
 
  private:
   // Removes those of `ids` that are the session's into `removed` (whose

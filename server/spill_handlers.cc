@@ -37,6 +37,7 @@ struct SpillCall {
   grpc::ServerUnaryReactor* reactor;
   v1::SpillReply* reply;
   uint64_t session_id;
+  std::shared_ptr<Session> session;
   absl::Mutex mu;
   size_t pending ABSL_GUARDED_BY(mu) = 0;
   absl::Status status ABSL_GUARDED_BY(mu);
@@ -74,6 +75,8 @@ struct SpillCall {
         spilled->set_spill_id(written[i]);
         spilled->set_bytes(bytes[i]);
       }
+      reply->set_return_bytes(
+          BytesAboveFairShare(*core, session_id, session->Snapshot().leased_bytes));
     }
     reactor->Finish(ToGrpcStatus(result));
     core->streams_in_flight.fetch_sub(1, std::memory_order_acq_rel);
@@ -114,6 +117,7 @@ grpc::ServerUnaryReactor* StashService::Spill(grpc::CallbackServerContext* ctx,
   call->reactor = ctx->DefaultReactor();
   call->reply = reply;
   call->session_id = (*session)->id();
+  call->session = *session;
   {
     absl::MutexLock lock(&call->mu);
     call->pending = leases.size();

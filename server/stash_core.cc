@@ -94,6 +94,24 @@ absl::StatusOr<RemovedTotals> ReturnLeases(StashCore& core, uint64_t session_id,
   return totals;
 }
 
+constexpr int64_t kPressureMs = 1000;
+
+void NotePoolPressure(StashCore& core, uint64_t session_id) {
+  core.pressure_session.store(session_id, std::memory_order_relaxed);
+  core.pressure_until_ms.store(SteadyNowMs() + kPressureMs, std::memory_order_release);
+}
+
+uint64_t BytesAboveFairShare(const StashCore& core, uint64_t session_id, uint64_t leased_bytes) {
+  if (core.spill == nullptr || SteadyNowMs() > core.pressure_until_ms.load() ||
+      core.pressure_session.load() == session_id) {
+    return 0;
+  }
+  // The waiting session counts even when it holds nothing yet.
+  const uint64_t holders = core.leases.sessions_holding() + 1;
+  const uint64_t share = core.pool.Stats().total_bytes / holders;
+  return leased_bytes > share ? leased_bytes - share : 0;
+}
+
 PoolStats SessionPoolStats(const StashCore& core) {
   PoolStats stats = core.pool.Stats();
   stats.renewing_bytes = std::min(core.leases.renewing_bytes(), stats.used_bytes);

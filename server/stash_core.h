@@ -60,7 +60,18 @@ struct StashCore {
   // waits for this to reach zero (or its grace period to end).
   std::atomic<int64_t> streams_in_flight{0};
   std::atomic<uint64_t> sessions_reclaimed{0};
+  // Pool pressure (with a spill tier): a host Lease failed for want of pool
+  // memory; until `pressure_until_ms` (steady clock), sessions above their
+  // fair share of the pool may not grow and are asked to give memory back.
+  std::atomic<int64_t> pressure_until_ms{0};
+  std::atomic<uint64_t> pressure_session{0};
 };
+
+// How far `session_id` is above its fair share of the host pool while
+// another session waits for pool memory (0: not above, or no pressure).
+uint64_t BytesAboveFairShare(const StashCore& core, uint64_t session_id, uint64_t leased_bytes);
+// Records that `session_id` waits for pool memory.
+void NotePoolPressure(StashCore& core, uint64_t session_id);
 
 struct SessionTotals {
   RemovedTotals objects;

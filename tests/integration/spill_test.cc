@@ -66,6 +66,7 @@ class SpillTest : public ::testing::Test {
  protected:
   void SetUp() override { spill_dir_ = MakeTempDir(); }
   void TearDown() override {
+    if (HasFailure() && daemon_ != nullptr) std::fprintf(stderr, "%s", daemon_->log().c_str());
     daemon_.reset();
     std::filesystem::remove_all(spill_dir_);
   }

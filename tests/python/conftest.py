@@ -35,12 +35,12 @@ def daemon_binary():
 
 
 class Daemon:
-    def __init__(self, pool="1GiB", extra=()):
+    def __init__(self, pool="1GiB", extra=(), segment="16MiB"):
         self.dir = tempfile.mkdtemp(prefix="actstash-py-")
         self.socket = os.path.join(self.dir, "actstash.sock")
         self.log = open(os.path.join(self.dir, "actstashd.log"), "w+")
         self.args = [daemon_binary(), "--socket", self.socket,
-                     "--pool-size", pool, "--segment-size", "16MiB", *extra]
+                     "--pool-size", pool, "--segment-size", segment, *extra]
         self.proc = None
         self.start()
 

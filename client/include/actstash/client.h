@@ -80,6 +80,10 @@ struct ClientOptions {
   // ahead of backward. spill = false never spills (RESOURCE_EXHAUSTED).
   bool spill = true;
   uint32_t restore_ahead = 2;
+  // With a spill tier: how long a Store that has nothing of its own left to
+  // spill waits for pool memory held by other sessions (which are asked to
+  // give back what exceeds their fair share) before RESOURCE_EXHAUSTED.
+  std::chrono::milliseconds pool_wait{30000};
 };
 
 // A device pool of the daemon (actstashd --device-pool GPU:SIZE).

@@ -304,9 +304,18 @@ class Stash:
                 out["leased_bytes"] = daemon["self"]["leased_bytes"]
                 out["leases"] = daemon["self"]["leases"]
                 out["attached"] = daemon["self"]["attached"]
+                # Spill tier (actstashd --spill-dir), cumulative, as the daemon counts.
+                out["bytes_spilled"] = daemon["self"]["spilled_bytes"]
+                out["bytes_restored"] = daemon["self"]["restored_bytes"]
             except StashError:
                 pass
             usage = self._client.zero_copy_usage()
+            out["spilled_now_bytes"] = usage["spilled_bytes"]  # on the daemon's disk now
+            out["spills"] = usage["spills"]
+            out["restores"] = usage["restores"]
+            out["restores_ahead"] = usage["restores_ahead"]  # read back before needed
+            out["spill_wait_seconds"] = usage["spill_wait_ns"] / 1e9
+            out["restore_wait_seconds"] = usage["restore_wait_ns"] / 1e9
             out["pinned_bytes"] = usage["pinned_bytes"]
             out["unpinned_leases"] = usage["unpinned_leases"]
             out["pin_error"] = self._client.pin_error

@@ -1,0 +1,117 @@
+"""The spill tier from a trainer's side: a GPT whose activations are several times the
+daemon's pool trains with stash.offload() against a daemon with --spill-dir; gradients
+are bitwise those of plain autograd (with and without injected copy delays), and the
+bytes really went to disk and came back (the daemon's and the client's counters)."""
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import pytest
+import torch
+
+import actstash
+from conftest import Daemon, PACKAGE_ENV, ROOT
+from gpt import GPT, loss_fn
+
+torch.set_num_threads(1)
+POOL = 64 << 20
+
+
+@pytest.fixture(scope="module")
+def spill_daemon():
+    spill_dir = tempfile.mkdtemp(prefix="actstash-spill-py-")
+    d = Daemon(pool="64MiB", segment="4MiB", extra=("--spill-dir", spill_dir))
+    yield d
+    d.stop()
+    assert os.listdir(spill_dir) == []  # spill files never have a name
+    shutil.rmtree(spill_dir)
+
+
+def _model():
+    torch.manual_seed(0)
+    return GPT(vocab=256, dim=256, heads=4, layers=6, context=256, dropout=0.0)
+
+
+def _batch(step):
+    return torch.randint(0, 256, (8, 257), generator=torch.Generator().manual_seed(step))
+
+
+def _plain_grads(steps):
+    model = _model()
+    grads = []
+    for step in range(steps):
+        model.zero_grad()
+        loss_fn(model, _batch(step)).backward()
+        grads.append([p.grad.clone() for p in model.parameters()])
+    return grads
+
+
+@pytest.mark.parametrize("delay_us", [0, 300], ids=["no-delay", "delay300us"])
+def test_activations_three_times_the_pool_spill_and_train_bitwise(spill_daemon, delay_us):
+    steps = 2
+    expected = _plain_grads(steps)
+    stash = actstash.connect(spill_daemon.socket, copy_delay_us=delay_us, seed=3)
+    model = _model()
+    offloaded = 0
+    for step in range(steps):
+        model.zero_grad()
+        before = stash.stats()["bytes_offloaded"]
+        with stash.offload(min_bytes=0):
+            loss = loss_fn(model, _batch(step))
+        offloaded = stash.stats()["bytes_offloaded"] - before
+        loss.backward()
+        for p, g in zip(model.parameters(), expected[step]):
+            assert torch.equal(p.grad, g), f"step {step}: gradients differ"
+    s = stash.stats()
+    # The activations were over three times the pool; most of them went to disk and
+    # came back, partly read back ahead of backward.
+    assert offloaded >= 3 * POOL, offloaded
+    assert s["bytes_spilled"] >= 2 * POOL, s
+    assert s["bytes_restored"] >= POOL, s
+    assert s["restores"] > 0 and s["restores_ahead"] > 0, s
+    assert s["spilled_now_bytes"] == 0, s
+    assert s["tensors_fetched"] == s["tensors_offloaded"] and s["unpacked_from_source"] == 0, s
+    daemon = stash.client.stats()
+    assert daemon["spill"]["on_disk_bytes"] == 0
+    assert daemon["spill"]["checksum_failures"] == 0
+    stash.close()
+
+
+TRAINER = r'''
+import sys, torch, actstash
+sys.path.insert(0, sys.argv[2])
+from gpt import GPT, loss_fn
+torch.set_num_threads(1)
+def model():
+    torch.manual_seed(0)
+    return GPT(vocab=256, dim=256, heads=4, layers=4, context=256, dropout=0.0)
+batch = torch.randint(0, 256, (8, 257), generator=torch.Generator().manual_seed(5))
+plain = model()
+loss_fn(plain, batch).backward()
+stash = actstash.connect(sys.argv[1], copy_delay_us=100, seed=int(sys.argv[3]))
+m = model()
+for _ in range(2):
+    m.zero_grad()
+    with stash.offload(min_bytes=0):
+        loss = loss_fn(m, batch)
+    loss.backward()
+    assert all(torch.equal(a.grad, b.grad) for a, b in zip(m.parameters(), plain.parameters()))
+s = stash.stats()
+print("spilled", s["bytes_spilled"], "restored", s["bytes_restored"], flush=True)
+'''
+
+
+def test_two_trainers_sharing_a_small_pool_both_spill(spill_daemon):
+    env = dict(os.environ, **PACKAGE_ENV)
+    procs = [subprocess.Popen([sys.executable, "-c", TRAINER, spill_daemon.socket,
+                               os.path.join(ROOT, "examples"), str(seed)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+             for seed in (1, 2)]
+    for proc in procs:
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err
+        words = out.split()
+        assert int(words[words.index("spilled") + 1]) > 0, out
+        assert int(words[words.index("restored") + 1]) > 0, out
