@@ -45,9 +45,17 @@ absl::StatusOr<std::vector<std::unique_ptr<LocalStore::Arena>>> LocalStore::Leas
     if (return_bytes > 0) GiveBackEmpty([](const Arena&) { return false; }, return_bytes);
     return std::vector<std::unique_ptr<Arena>>{};
   }
-  // Nothing of ours can spill. When other sessions hold the pool, they give
-  // memory back as they spill or finish their backward: wait for it.
-  const auto deadline = std::chrono::steady_clock::now() + pool_wait_;
+  // Nothing of ours can spill. Buffers still being written will be
+  // spillable once their writer marks them: let the caller do that first.
+  bool unwritten = false;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const std::unique_ptr<Arena>& arena : arenas_) unwritten |= arena->block->unwritten > 0;
+  }
+  // Otherwise, when other sessions hold the pool, they give memory back as
+  // they spill or finish their backward: wait for it.
+  const auto deadline =
+      std::chrono::steady_clock::now() + (unwritten ? std::chrono::milliseconds(0) : pool_wait_);
   auto pause = std::chrono::milliseconds(5);
   absl::Status last = arenas.status();
   while (absl::StrContains(last.message(), "pool exhausted") &&

@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "server/lease_manager.h"
+#include "server/spill_tier.h"
 
 namespace actstash::server {
 namespace {
@@ -131,10 +132,59 @@ class StashCollector final : public prometheus::Collectable {
     AddValue(&local, local_stored, {{"direction", "stored"}});
     AddValue(&local, local_fetched, {{"direction", "fetched"}});
     out.push_back(std::move(local));
+    if (core_.spill != nullptr) AddSpill(sessions, &out);
     return out;
   }
 
  private:
+  // The spill tier's numbers (--spill-dir only).
+  void AddSpill(const std::vector<std::shared_ptr<Session>>& sessions,
+                std::vector<MetricFamily>* out) const {
+    const SpillTierStats spill = core_.spill->Stats();
+    MetricFamily bytes = Family("actstash_spill_bytes",
+                                "Spill tier bytes by state (on_disk includes writing; capacity "
+                                "is --spill-size, 0 for the free space)",
+                                MetricType::Gauge);
+    AddValue(&bytes, static_cast<double>(spill.on_disk_bytes), {{"state", "on_disk"}});
+    AddValue(&bytes, static_cast<double>(spill.writing_bytes), {{"state", "writing"}});
+    AddValue(&bytes, static_cast<double>(spill.reading_bytes), {{"state", "reading"}});
+    AddValue(&bytes, static_cast<double>(spill.capacity_bytes), {{"state", "capacity"}});
+    out->push_back(std::move(bytes));
+    MetricFamily io = Family("actstash_spill_io_bytes_total",
+                             "Bytes written to and read back from the spill tier",
+                             MetricType::Counter);
+    AddValue(&io, static_cast<double>(spill.bytes_written), {{"direction", "write"}});
+    AddValue(&io, static_cast<double>(spill.bytes_read), {{"direction", "read"}});
+    out->push_back(std::move(io));
+    MetricFamily busy = Family("actstash_spill_io_seconds_total",
+                               "Time spill writes (checksum included) and reads took, summed; "
+                               "bytes over seconds is the throughput",
+                               MetricType::Counter);
+    AddValue(&busy, static_cast<double>(spill.write_ns) * 1e-9, {{"direction", "write"}});
+    AddValue(&busy, static_cast<double>(spill.read_ns) * 1e-9, {{"direction", "read"}});
+    out->push_back(std::move(busy));
+    MetricFamily failures = Family("actstash_spill_failures_total",
+                                   "Failed spill writes/reads (kind=io, disk or space full "
+                                   "included) and restores refused for a bad checksum",
+                                   MetricType::Counter);
+    AddValue(&failures, static_cast<double>(spill.failures), {{"kind", "io"}});
+    AddValue(&failures, static_cast<double>(spill.checksum_failures), {{"kind", "checksum"}});
+    out->push_back(std::move(failures));
+    double spill_wait = 0, restore_wait = 0;
+    for (const auto& s : sessions) {
+      const SessionSnapshot snap = s->Snapshot();
+      spill_wait += static_cast<double>(snap.local.spill_wait_ns) * 1e-9;
+      restore_wait += static_cast<double>(snap.local.restore_wait_ns) * 1e-9;
+    }
+    MetricFamily wait = Family("actstash_spill_wait_seconds",
+                               "Time trainers of open sessions waited for spills (stores) and "
+                               "restores (fetches), as their clients report it",
+                               MetricType::Gauge);
+    AddValue(&wait, spill_wait, {{"op", "spill"}});
+    AddValue(&wait, restore_wait, {{"op", "restore"}});
+    out->push_back(std::move(wait));
+  }
+
   StashCore& core_;
 };
 

@@ -70,7 +70,9 @@ void PrintSessionJson(const actstash::SessionStatsEntry& s) {
       "{\"session_id\": %llu, \"client_name\": \"%s\", \"client_pid\": %u, "
       "\"quota_bytes\": %llu, \"used_bytes\": %llu, \"objects\": %llu, \"bytes_stored\": %llu, "
       "\"bytes_fetched\": %llu, \"attached\": %s, \"peer_uid\": %u, \"peer_pid\": %u, "
-      "\"leases\": %llu, \"leased_bytes\": %llu, \"local_objects\": %llu, \"local_bytes\": %llu}",
+      "\"leases\": %llu, \"leased_bytes\": %llu, \"local_objects\": %llu, \"local_bytes\": %llu, "
+      "\"spill_on_disk_bytes\": %llu, \"spilled_bytes\": %llu, \"restored_bytes\": %llu, "
+      "\"spill_wait_ns\": %llu, \"restore_wait_ns\": %llu}",
       static_cast<unsigned long long>(s.session_id), JsonEscape(s.client_name).c_str(),
       s.client_pid, static_cast<unsigned long long>(s.quota_bytes),
       static_cast<unsigned long long>(s.used_bytes), static_cast<unsigned long long>(s.objects),
@@ -79,23 +81,29 @@ void PrintSessionJson(const actstash::SessionStatsEntry& s) {
       s.peer_pid, static_cast<unsigned long long>(s.leases),
       static_cast<unsigned long long>(s.leased_bytes),
       static_cast<unsigned long long>(s.local_objects),
-      static_cast<unsigned long long>(s.local_bytes));
+      static_cast<unsigned long long>(s.local_bytes),
+      static_cast<unsigned long long>(s.spill_on_disk_bytes),
+      static_cast<unsigned long long>(s.spilled_bytes),
+      static_cast<unsigned long long>(s.restored_bytes),
+      static_cast<unsigned long long>(s.spill_wait_ns),
+      static_cast<unsigned long long>(s.restore_wait_ns));
 }
 
 void PrintSessionTable(const actstash::StatsSnapshot& s) {
   using actstash::FormatBytes;
   using ull = unsigned long long;
-  std::printf("%8s  %-20s %8s %6s %12s %12s %12s %8s %12s %12s\n", "SESSION", "NAME", "PID", "UID",
-              "QUOTA", "USED", "LEASED", "OBJECTS", "STORED", "FETCHED");
+  std::printf("%8s  %-20s %8s %6s %12s %12s %12s %8s %12s %12s %12s\n", "SESSION", "NAME", "PID",
+              "UID", "QUOTA", "USED", "LEASED", "OBJECTS", "STORED", "FETCHED", "SPILLED");
   for (const actstash::SessionStatsEntry& e : s.all_sessions) {
     // Attached sessions show the kernel's view of the peer (SO_PEERCRED),
     // the others what the client said; objects of both data paths count.
     const std::string uid = e.attached ? std::to_string(e.peer_uid) : "-";
-    std::printf("%8llu  %-20s %8u %6s %12s %12s %12s %8llu %12s %12s\n", ull(e.session_id),
+    std::printf("%8llu  %-20s %8u %6s %12s %12s %12s %8llu %12s %12s %12s\n", ull(e.session_id),
                 e.client_name.substr(0, 20).c_str(), e.attached ? e.peer_pid : e.client_pid,
                 uid.c_str(), FormatBytes(e.quota_bytes).c_str(), FormatBytes(e.used_bytes).c_str(),
                 FormatBytes(e.leased_bytes).c_str(), ull(e.objects + e.local_objects),
-                FormatBytes(e.bytes_stored).c_str(), FormatBytes(e.bytes_fetched).c_str());
+                FormatBytes(e.bytes_stored).c_str(), FormatBytes(e.bytes_fetched).c_str(),
+                FormatBytes(e.spill_on_disk_bytes).c_str());
   }
 }
 
@@ -157,7 +165,23 @@ int RunStats(const Common& common, bool json, bool sessions_only) {
           i > 0 ? ", " : "", d.device, ull(d.total_bytes), ull(d.used_bytes), ull(d.free_bytes),
           ull(d.scrubbing_bytes), ull(d.segment_bytes), ull(d.segments), ull(d.leases));
     }
-    std::printf("], \"session_list\": [");
+    std::printf("], \"spill\": ");
+    if (s.spill.has_value()) {
+      const actstash::SpillSnapshot& p = *s.spill;
+      std::printf(
+          "{\"dir\": \"%s\", \"capacity_bytes\": %llu, \"on_disk_bytes\": %llu, \"files\": %llu, "
+          "\"writing_bytes\": %llu, \"reading_bytes\": %llu, \"bytes_written\": %llu, "
+          "\"bytes_read\": %llu, \"spills\": %llu, \"restores\": %llu, \"write_seconds\": %.6f, "
+          "\"read_seconds\": %.6f, \"failures\": %llu, \"checksum_failures\": %llu, "
+          "\"io_mode\": \"%s\"}",
+          JsonEscape(p.dir).c_str(), ull(p.capacity_bytes), ull(p.on_disk_bytes), ull(p.files),
+          ull(p.writing_bytes), ull(p.reading_bytes), ull(p.bytes_written), ull(p.bytes_read),
+          ull(p.spills), ull(p.restores), p.write_seconds, p.read_seconds, ull(p.failures),
+          ull(p.checksum_failures), JsonEscape(p.io_mode).c_str());
+    } else {
+      std::printf("null");
+    }
+    std::printf(", \"session_list\": [");
     for (size_t i = 0; i < s.all_sessions.size(); ++i) {
       if (i > 0) std::printf(", ");
       PrintSessionJson(s.all_sessions[i]);
@@ -188,6 +212,22 @@ int RunStats(const Common& common, bool json, bool sessions_only) {
                 d.device, FormatBytes(d.total_bytes).c_str(), FormatBytes(d.used_bytes).c_str(),
                 FormatBytes(d.free_bytes).c_str(), FormatBytes(d.scrubbing_bytes).c_str(),
                 ull(d.segments), ull(d.leases));
+  }
+  if (s.spill.has_value()) {
+    const actstash::SpillSnapshot& p = *s.spill;
+    auto rate = [](uint64_t bytes, double seconds) {
+      return seconds > 0 ? absl::StrFormat("%.0f MB/s", bytes / seconds / 1e6) : std::string("-");
+    };
+    std::printf(
+        "spill    %s on disk in %llu files (of %s) in %s, %s; %s being written, %s being read\n"
+        "         %s written (%s), %s read (%s) since start; %llu failures, %llu checksum "
+        "failures\n",
+        FormatBytes(p.on_disk_bytes).c_str(), ull(p.files),
+        p.capacity_bytes > 0 ? FormatBytes(p.capacity_bytes).c_str() : "the free space",
+        p.dir.c_str(), p.io_mode.c_str(), FormatBytes(p.writing_bytes).c_str(),
+        FormatBytes(p.reading_bytes).c_str(), FormatBytes(p.bytes_written).c_str(),
+        rate(p.bytes_written, p.write_seconds).c_str(), FormatBytes(p.bytes_read).c_str(),
+        rate(p.bytes_read, p.read_seconds).c_str(), ull(p.failures), ull(p.checksum_failures));
   }
   std::printf("objects  %llu stored; %s stored and %s fetched since start\n", ull(s.objects),
               FormatBytes(s.bytes_stored).c_str(), FormatBytes(s.bytes_fetched).c_str());

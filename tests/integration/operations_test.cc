@@ -97,6 +97,61 @@ TEST(OperationsTest, MetricsAreScrapedAndMove) {
   EXPECT_GT(after["actstash_pool_bytes{state=\"used\"}"], 0);
 }
 
+// The CLI's stdout (and stderr) for `args`.
+std::string RunCli(const std::vector<std::string>& args) {
+  std::string command = ACTSTASH_CLI_BINARY;
+  for (const std::string& arg : args) command += " '" + arg + "'";
+  FILE* pipe = popen((command + " 2>&1").c_str(), "r");
+  std::string output;
+  char buffer[4096];
+  size_t n = 0;
+  while ((n = fread(buffer, 1, sizeof(buffer), pipe)) > 0) output.append(buffer, n);
+  EXPECT_EQ(WEXITSTATUS(pclose(pipe)), 0) << output;
+  return output;
+}
+
+TEST(OperationsTest, SpillMetricsAndCliStats) {
+  char spill_dir[] = "/tmp/actstash-spill-ops-XXXXXX";
+  ASSERT_NE(mkdtemp(spill_dir), nullptr);
+  DaemonProcessOptions options;
+  options.pool_size = "32MiB";
+  options.segment_size = "4MiB";
+  options.extra_args = {"--metrics-address", "127.0.0.1:0", "--spill-dir", spill_dir};
+  auto daemon = StartDaemonOrDie(options);
+  ASSERT_NE(daemon, nullptr);
+  const int port = LoggedPort(*daemon, "metrics on");
+  ASSERT_GT(port, 0) << daemon->log();
+  auto client = ConnectOrDie(*daemon, 0, "spiller");
+  ASSERT_NE(client, nullptr);
+  const std::vector<std::byte> data = RandomBytes(3 << 20, 2);
+  std::vector<Ticket> tickets;
+  for (int i = 0; i < 32; ++i) {  // 96 MiB through a 32 MiB pool
+    absl::StatusOr<Ticket> ticket = client->Store(data.data(), data.size());
+    ASSERT_TRUE(ticket.ok()) << ticket.status();
+    tickets.push_back(*ticket);
+  }
+  std::vector<std::byte> back(data.size());
+  ASSERT_TRUE(client->Fetch(tickets.front(), back.data(), back.size()).ok());
+  ASSERT_TRUE(client->Stats().ok());  // reports the client's waits
+  std::map<std::string, double> metrics = Scrape(port);
+  EXPECT_GE(metrics["actstash_spill_io_bytes_total{direction=\"write\"}"], 48.0 * (1 << 20));
+  EXPECT_GT(metrics["actstash_spill_io_bytes_total{direction=\"read\"}"], 0);
+  EXPECT_GT(metrics["actstash_spill_bytes{state=\"on_disk\"}"], 0);
+  EXPECT_GT(metrics["actstash_spill_io_seconds_total{direction=\"write\"}"], 0);
+  EXPECT_EQ(metrics["actstash_spill_failures_total{kind=\"checksum\"}"], 0);
+  EXPECT_GT(metrics["actstash_spill_wait_seconds{op=\"spill\"}"], 0);
+
+  const std::string table = RunCli({"--address", daemon->address(), "stats"});
+  EXPECT_THAT(table, HasSubstr("spill "));
+  EXPECT_THAT(table, HasSubstr(spill_dir));
+  const std::string json = RunCli({"--address", daemon->address(), "stats", "--json"});
+  EXPECT_THAT(json, HasSubstr("\"spill\": {\"dir\": \""));
+  EXPECT_THAT(json, HasSubstr("\"spill_on_disk_bytes\": "));
+  client.reset();
+  daemon.reset();
+  rmdir(spill_dir);
+}
+
 std::string Read(const std::string& path) {
   std::ifstream in(path);
   std::stringstream text;

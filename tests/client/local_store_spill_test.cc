@@ -1,0 +1,254 @@
+// LocalStore's spilling against a fake backend whose "disk" is a map: which
+// blocks spill (written, unlocated, coldest first), that they come back byte
+// for byte (ahead of need too), and what a failed spill or restore does.
+#include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <map>
+#include <random>
+#include <set>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "client/local_store.h"
+
+namespace actstash::client_internal {
+namespace {
+
+constexpr uint64_t kSegment = 1 << 20;
+
+// A pool of `segments` memfd segments and a disk of byte vectors. The fake
+// keeps its own fd of every segment to read and write the lease's bytes.
+class SpillingBackend : public LeaseBackend {
+ public:
+  explicit SpillingBackend(uint64_t segments) : segments_left_(segments) {}
+  ~SpillingBackend() override {
+    for (auto& [id, fds] : fds_) {
+      for (int fd : fds) close(fd);
+    }
+  }
+  absl::StatusOr<std::vector<GrantedLease>> Lease(uint32_t count, uint32_t per) override {
+    absl::MutexLock lock(&mu_);
+    if (uint64_t{count} * per > segments_left_) {
+      return absl::ResourceExhaustedError("fake host pool exhausted");
+    }
+    segments_left_ -= uint64_t{count} * per;
+    std::vector<GrantedLease> granted;
+    for (uint32_t i = 0; i < count; ++i) {
+      GrantedLease lease{next_id_++, per, {}, std::nullopt};
+      for (uint32_t s = 0; s < per; ++s) {
+        const int fd = memfd_create("fake-segment", MFD_CLOEXEC);
+        EXPECT_EQ(ftruncate(fd, kSegment), 0);
+        lease.fds.push_back(fd);
+        fds_[lease.lease_id].push_back(dup(fd));
+      }
+      granted.push_back(std::move(lease));
+    }
+    return granted;
+  }
+  absl::Status Return(absl::Span<const uint64_t> ids) override {
+    absl::MutexLock lock(&mu_);
+    for (uint64_t id : ids) {
+      auto it = fds_.find(id);
+      if (it == fds_.end()) return absl::NotFoundError("unknown lease");
+      segments_left_ += it->second.size();
+      for (int fd : it->second) close(fd);
+      fds_.erase(it);
+    }
+    return absl::OkStatus();
+  }
+  bool Lost() const override { return false; }
+  bool CanSpill() const override { return true; }
+  absl::StatusOr<std::vector<uint64_t>> Spill(absl::Span<const uint64_t> ids,
+                                              uint64_t* return_bytes) override {
+    absl::MutexLock lock(&mu_);
+    *return_bytes = 0;
+    if (fail_spills_) return absl::ResourceExhaustedError("fake disk full");
+    std::vector<uint64_t> out;
+    for (uint64_t id : ids) {
+      std::vector<std::byte> bytes;
+      for (int fd : fds_.at(id)) {
+        const size_t at = bytes.size();
+        bytes.resize(at + kSegment);
+        EXPECT_EQ(pread(fd, bytes.data() + at, kSegment, 0), static_cast<ssize_t>(kSegment));
+      }
+      disk_[next_spill_] = std::move(bytes);
+      out.push_back(next_spill_++);
+      ++spills_;
+    }
+    return out;
+  }
+  absl::Status Restore(uint64_t spill_id, uint64_t lease_id) override {
+    absl::MutexLock lock(&mu_);
+    auto it = disk_.find(spill_id);
+    if (it == disk_.end()) return absl::NotFoundError("no such spill");
+    if (corrupt_.count(spill_id) > 0) {
+      disk_.erase(it);
+      return absl::DataLossError("fake checksum mismatch");
+    }
+    const std::vector<int>& fds = fds_.at(lease_id);
+    EXPECT_EQ(it->second.size(), fds.size() * kSegment);
+    for (size_t i = 0; i < fds.size(); ++i) {
+      EXPECT_EQ(pwrite(fds[i], it->second.data() + i * kSegment, kSegment, 0),
+                static_cast<ssize_t>(kSegment));
+    }
+    disk_.erase(it);
+    ++restores_;
+    return absl::OkStatus();
+  }
+  absl::Status DropSpilled(absl::Span<const uint64_t> ids) override {
+    absl::MutexLock lock(&mu_);
+    for (uint64_t id : ids) disk_.erase(id);
+    return absl::OkStatus();
+  }
+
+  absl::Mutex mu_;
+  uint64_t segments_left_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  uint64_t next_spill_ ABSL_GUARDED_BY(mu_) = 1;
+  std::map<uint64_t, std::vector<int>> fds_ ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, std::vector<std::byte>> disk_ ABSL_GUARDED_BY(mu_);
+  std::set<uint64_t> corrupt_ ABSL_GUARDED_BY(mu_);
+  bool fail_spills_ ABSL_GUARDED_BY(mu_) = false;
+  int spills_ ABSL_GUARDED_BY(mu_) = 0;
+  int restores_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+std::vector<std::byte> Bytes(size_t n, uint64_t seed) {
+  std::vector<std::byte> out(n);
+  std::mt19937_64 random(seed);
+  for (auto& b : out) b = static_cast<std::byte>(random());
+  return out;
+}
+
+struct Held {
+  uint64_t ticket;
+  std::vector<std::byte> data;
+};
+
+std::vector<Held> StoreMany(LocalStore& store, int n, size_t size, uint64_t seed) {
+  std::vector<Held> held;
+  for (int i = 0; i < n; ++i) {
+    Held h{0, Bytes(size, seed + i)};
+    absl::StatusOr<uint64_t> ticket = store.Store(h.data.data(), h.data.size());
+    EXPECT_TRUE(ticket.ok()) << i << ": " << ticket.status();
+    if (!ticket.ok()) break;
+    h.ticket = *ticket;
+    held.push_back(std::move(h));
+  }
+  return held;
+}
+
+void ExpectBack(LocalStore& store, const Held& h) {
+  std::vector<std::byte> back(h.data.size());
+  ASSERT_TRUE(store.Fetch(h.ticket, back.data(), back.size()).ok());
+  EXPECT_EQ(0, std::memcmp(back.data(), h.data.data(), back.size()));
+}
+
+TEST(LocalStoreSpillTest, ThreeTimesThePoolComesBackInBackwardOrder) {
+  SpillingBackend backend(8);
+  LocalStore store(&backend, kSegment, /*lease_batch=*/2, nullptr, false, /*restore_ahead=*/2);
+  std::vector<Held> held = StoreMany(store, 96, 256 << 10, 1);  // 24 MiB through 8 MiB
+  ASSERT_EQ(held.size(), 96u);
+  EXPECT_GE(store.usage().spilled_bytes, 14 * kSegment);
+  EXPECT_LE(store.usage().leased_bytes, 8 * kSegment);
+  for (size_t i = held.size(); i-- > 0;) {
+    ExpectBack(store, held[i]);
+    ASSERT_TRUE(store.Release(held[i].ticket).ok());
+  }
+  const LocalUsage usage = store.usage();
+  EXPECT_EQ(usage.spilled_blocks, 0u);
+  EXPECT_GT(usage.restores, 0u);
+  EXPECT_GT(usage.restores_ahead, 0u);
+  absl::MutexLock lock(&backend.mu_);
+  EXPECT_TRUE(backend.disk_.empty());
+}
+
+TEST(LocalStoreSpillTest, ColdestBlocksSpillFirst) {
+  SpillingBackend backend(4);
+  LocalStore store(&backend, kSegment, 1, nullptr, false, /*restore_ahead=*/0);
+  std::vector<Held> held = StoreMany(store, 20, 512 << 10, 2);  // 10 segments' worth
+  ASSERT_EQ(held.size(), 20u);
+  // The first buffers are on disk, the last ones in memory: fetching the last
+  // reads nothing back.
+  ExpectBack(store, held.back());
+  EXPECT_EQ(store.usage().restores, 0u);
+  ExpectBack(store, held.front());
+  EXPECT_EQ(store.usage().restores, 1u);
+}
+
+TEST(LocalStoreSpillTest, UnwrittenReservationsNeverSpill) {
+  SpillingBackend backend(4);
+  LocalStore store(&backend, kSegment, 1, nullptr, false, 0);
+  std::vector<uint64_t> tickets;
+  absl::Status status;
+  for (int i = 0; i < 16 && status.ok(); ++i) {
+    absl::StatusOr<Placed> placed = store.Reserve(kSegment / 2);
+    status = placed.status();
+    if (placed.ok()) tickets.push_back(placed->ticket);
+  }
+  EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted) << status;
+  EXPECT_NE(std::string(status.message()).find("nothing more"), std::string::npos) << status;
+  EXPECT_EQ(store.usage().spills, 0u);
+  for (uint64_t ticket : tickets) ASSERT_TRUE(store.MarkWritten(ticket).ok());
+  EXPECT_TRUE(store.Reserve(kSegment / 2).ok());
+  EXPECT_GT(store.usage().spills, 0u);
+}
+
+TEST(LocalStoreSpillTest, LocatedBuffersStayWhereTheyWere) {
+  SpillingBackend backend(4);
+  LocalStore store(&backend, kSegment, 1, nullptr, false, 0);
+  std::vector<Held> first = StoreMany(store, 1, 512 << 10, 3);
+  absl::StatusOr<Located> located = store.Locate(first[0].ticket);
+  ASSERT_TRUE(located.ok());
+  std::vector<Held> more = StoreMany(store, 30, 512 << 10, 4);
+  ASSERT_EQ(more.size(), 30u);
+  EXPECT_GT(store.usage().spills, 0u);
+  // The located buffer's block never left memory: the pointer still holds it.
+  EXPECT_EQ(0, std::memcmp(located->data, first[0].data.data(), first[0].data.size()));
+  for (const Held& h : more) ExpectBack(store, h);
+}
+
+TEST(LocalStoreSpillTest, FailedSpillKeepsEverythingAndSaysWhy) {
+  SpillingBackend backend(4);
+  LocalStore store(&backend, kSegment, 1, nullptr, false, 0);
+  std::vector<Held> held = StoreMany(store, 8, 512 << 10, 5);  // the pool is full
+  {
+    absl::MutexLock lock(&backend.mu_);
+    backend.fail_spills_ = true;
+  }
+  std::vector<std::byte> one(512 << 10);
+  absl::StatusOr<uint64_t> refused = store.Store(one.data(), one.size());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(std::string(refused.status().message()).find("fake disk full"), std::string::npos);
+  for (const Held& h : held) ExpectBack(store, h);
+}
+
+TEST(LocalStoreSpillTest, LostSpillIsDataLossForItsBuffersOnly) {
+  SpillingBackend backend(4);
+  LocalStore store(&backend, kSegment, 1, nullptr, false, 0);
+  std::vector<Held> held = StoreMany(store, 16, 512 << 10, 6);
+  {
+    absl::MutexLock lock(&backend.mu_);
+    ASSERT_FALSE(backend.disk_.empty());
+    backend.corrupt_.insert(backend.disk_.begin()->first);
+  }
+  int lost = 0;
+  for (const Held& h : held) {
+    std::vector<std::byte> back(h.data.size());
+    absl::Status status = store.Fetch(h.ticket, back.data(), back.size());
+    if (status.code() == absl::StatusCode::kDataLoss) {
+      ++lost;
+      continue;
+    }
+    ASSERT_TRUE(status.ok()) << status;
+    EXPECT_EQ(0, std::memcmp(back.data(), h.data.data(), back.size()));
+  }
+  EXPECT_EQ(lost, 2);  // the two buffers of that segment
+  for (const Held& h : held) EXPECT_TRUE(store.Release(h.ticket).ok());
+}
+
+}  // namespace
+}  // namespace actstash::client_internal
