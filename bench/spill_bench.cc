@@ -56,11 +56,11 @@ Round RunOnce(const std::string& dir, const std::string& pool, uint64_t segment,
   const uint64_t dd_count = (total - pool_bytes) / segment;
   const std::string file = dir + "/actstash-spill-bench-dd";
   const double dd_bytes = static_cast<double>(dd_count * segment);
-  round.dd_write = dd_bytes / RunDd("dd if=/dev/zero of=" + file + " bs=" +
-                                    std::to_string(segment) + " count=" + std::to_string(dd_count) +
-                                    " oflag=direct conv=fsync");
-  round.dd_read = dd_bytes / RunDd("dd if=" + file + " of=/dev/null bs=" +
-                                   std::to_string(segment) + " iflag=direct");
+  round.dd_write =
+      dd_bytes / RunDd("dd if=/dev/zero of=" + file + " bs=" + std::to_string(segment) +
+                       " count=" + std::to_string(dd_count) + " oflag=direct conv=fsync");
+  round.dd_read = dd_bytes / RunDd("dd if=" + file + " of=/dev/null bs=" + std::to_string(segment) +
+                                   " iflag=direct");
   std::filesystem::remove(file);
 
   actstash::testing::DaemonProcessOptions options;
@@ -145,10 +145,11 @@ int main(int argc, char** argv) {
   };
   struct stat st {};
   stat(dir.c_str(), &st);
-  std::printf("spill_bench: pool %s, segments of %s, %.1fx the pool stored, spill dir %s "
-              "(device %u:%u), %d repetitions (medians)\n",
-              pool.c_str(), SizeName(segment).c_str(), factor, dir.c_str(), major(st.st_dev),
-              minor(st.st_dev), reps);
+  std::printf(
+      "spill_bench: pool %s, segments of %s, %.1fx the pool stored, spill dir %s "
+      "(device %u:%u), %d repetitions (medians)\n",
+      pool.c_str(), SizeName(segment).c_str(), factor, dir.c_str(), major(st.st_dev),
+      minor(st.st_dev), reps);
   std::printf("  spilled %.0f MiB, read back %.0f MiB per repetition\n",
               rounds.back().spilled / 1048576.0, rounds.back().restored / 1048576.0);
   const double dw = median(&Round::dd_write), dr = median(&Round::dd_read);
@@ -159,9 +160,10 @@ int main(int argc, char** argv) {
   std::printf("  %-34s %10.0f MB/s\n", "dd read (iflag=direct)", dr / 1e6);
   std::printf("  %-34s %10.0f MB/s   %.2fx dd\n", "restore read (daemon, verified)", sr / 1e6,
               sr / dr);
-  std::printf("  store phase %.2f s, fetch phase %.2f s (restore waits %.2f s; %.0f%% of restores "
-              "read back ahead of the fetch)\n",
-              median(&Round::store_seconds), median(&Round::fetch_seconds),
-              median(&Round::restore_wait), 100 * median(&Round::ahead_fraction));
+  std::printf(
+      "  store phase %.2f s, fetch phase %.2f s (restore waits %.2f s; %.0f%% of restores "
+      "read back ahead of the fetch)\n",
+      median(&Round::store_seconds), median(&Round::fetch_seconds), median(&Round::restore_wait),
+      100 * median(&Round::ahead_fraction));
   return 0;
 }

@@ -103,17 +103,15 @@ absl::StatusOr<std::unique_ptr<LocalStore::Arena>> LocalStore::MapArena(const Gr
     }
     absl::StatusOr<void*> base = importer_->Resolve(*lease.device);
     if (!base.ok()) return base.status();
-    auto arena =
-        std::unique_ptr<Arena>(new Arena{lease.lease_id, static_cast<std::byte*>(*base),
-                                         lease_bytes, dedicated});
+    auto arena = std::unique_ptr<Arena>(
+        new Arena{lease.lease_id, static_cast<std::byte*>(*base), lease_bytes, dedicated});
     arena->on_device = true;
     return arena;
   }
   absl::StatusOr<std::byte*> base = MapLease(lease, segment_bytes_);  // closes the fds
   if (!base.ok()) return base.status();
   const uint64_t bytes = uint64_t{lease.segments} * segment_bytes_;
-  auto arena = std::unique_ptr<Arena>(
-      new Arena{lease.lease_id, *base, bytes, dedicated});
+  auto arena = std::unique_ptr<Arena>(new Arena{lease.lease_id, *base, bytes, dedicated});
   if (registrar_ != nullptr && registrar_->Ready()) {
     // Once per lease, for as long as it is mapped: a CUDA copy into or out of
     // it is then a plain DMA (no staging, asynchronous).

@@ -9,13 +9,13 @@
 
 #include <atomic>
 #include <chrono>
-#include <deque>
-#include <functional>
-#include <thread>
 #include <cstddef>
 #include <cstdint>
+#include <deque>
+#include <functional>
 #include <memory>
 #include <optional>
+#include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -79,13 +79,13 @@ struct LocalUsage {
   uint64_t pinned_bytes = 0;     // of leased_bytes, registered for CUDA
   uint64_t unpinned_leases = 0;  // leases whose registration failed (cumulative)
   // Spill tier, as this client sees it.
-  uint64_t spilled_blocks = 0;     // on the daemon's disk now
-  uint64_t spilled_bytes = 0;      // their lease bytes
-  uint64_t spills = 0;             // leases written (cumulative)
-  uint64_t restores = 0;           // leases read back (cumulative)
-  uint64_t restores_ahead = 0;     // of those, read back before a fetch needed them
-  uint64_t spill_wait_ns = 0;      // stores waiting for spills (cumulative)
-  uint64_t restore_wait_ns = 0;    // fetches waiting for restores (cumulative)
+  uint64_t spilled_blocks = 0;   // on the daemon's disk now
+  uint64_t spilled_bytes = 0;    // their lease bytes
+  uint64_t spills = 0;           // leases written (cumulative)
+  uint64_t restores = 0;         // leases read back (cumulative)
+  uint64_t restores_ahead = 0;   // of those, read back before a fetch needed them
+  uint64_t spill_wait_ns = 0;    // stores waiting for spills (cumulative)
+  uint64_t restore_wait_ns = 0;  // fetches waiting for restores (cumulative)
 };
 
 // Where a reserved buffer lies: the caller writes it.
@@ -194,13 +194,13 @@ class LocalStore {
     uint64_t bytes;
     bool dedicated;
     State state = State::kResident;
-    Arena* arena = nullptr;     // null while spilled (or lost)
-    uint64_t spill_id = 0;      // while spilled
-    uint64_t last_seq = 0;      // the newest buffer placed in it
-    uint32_t unwritten = 0;     // Reserve'd buffers not marked written
-    uint32_t pins = 0;          // located buffers and copies in progress
-    bool ahead = false;         // read back ahead and not read since
-    absl::Status error;         // kLost: why its bytes are gone
+    Arena* arena = nullptr;  // null while spilled (or lost)
+    uint64_t spill_id = 0;   // while spilled
+    uint64_t last_seq = 0;   // the newest buffer placed in it
+    uint32_t unwritten = 0;  // Reserve'd buffers not marked written
+    uint32_t pins = 0;       // located buffers and copies in progress
+    bool ahead = false;      // read back ahead and not read since
+    absl::Status error;      // kLost: why its bytes are gone
   };
   struct Placement {
     Block* block = nullptr;
@@ -243,8 +243,8 @@ class LocalStore {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(lease_mu_) ABSL_LOCKS_EXCLUDED(mu_);
   // Gives back empty leases that `keep` rejects (memory spilling freed that
   // the next lease needs in the daemon's pool).
-  void GiveBackEmpty(const std::function<bool(const Arena&)>& keep,
-                     uint64_t limit = UINT64_MAX) ABSL_LOCKS_EXCLUDED(mu_);
+  void GiveBackEmpty(const std::function<bool(const Arena&)>& keep, uint64_t limit = UINT64_MAX)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Waits until `block` is resident, reading it back itself when it is
   // spilled; the block's error when it is lost. Drops mu_ meanwhile.
   absl::Status EnsureResident(Block* block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -23,8 +23,7 @@ absl::StatusOr<std::vector<std::unique_ptr<LocalStore::Arena>>> LocalStore::Leas
     uint32_t count, uint32_t segments, bool dedicated) {
   absl::StatusOr<std::vector<std::unique_ptr<Arena>>> arenas =
       LeaseArenas(count, segments, dedicated);
-  if (!arenas.ok() && arenas.status().code() == absl::StatusCode::kResourceExhausted &&
-      count > 1) {
+  if (!arenas.ok() && arenas.status().code() == absl::StatusCode::kResourceExhausted && count > 1) {
     arenas = LeaseArenas(1, segments, dedicated);  // room for one, maybe
   }
   if (arenas.ok() || arenas.status().code() != absl::StatusCode::kResourceExhausted ||
@@ -36,8 +35,8 @@ absl::StatusOr<std::vector<std::unique_ptr<LocalStore::Arena>>> LocalStore::Leas
       SpillColdest(std::max<uint32_t>(lease_batch_, segments), &return_bytes);
   if (!spilled.ok()) {
     return absl::ResourceExhaustedError(
-        absl::StrCat(arenas.status().message(), "; spilling to the daemon's disk failed too: ",
-                     spilled.status().message()));
+        absl::StrCat(arenas.status().message(),
+                     "; spilling to the daemon's disk failed too: ", spilled.status().message()));
   }
   if (*spilled) {
     // Another session waits and this one holds more than its share: what
@@ -106,8 +105,8 @@ absl::StatusOr<bool> LocalStore::SpillColdest(uint32_t max_blocks, uint64_t* ret
   absl::StatusOr<std::vector<uint64_t>> ids = backend_.Spill(lease_ids, &asked_back);
   if (return_bytes != nullptr) *return_bytes = asked_back;
   if (ids.ok() && ids->size() != chosen.size()) {
-    ids = absl::InternalError(absl::StrCat("the daemon answered ", ids->size(),
-                                           " spill ids for ", chosen.size(), " leases"));
+    ids = absl::InternalError(absl::StrCat("the daemon answered ", ids->size(), " spill ids for ",
+                                           chosen.size(), " leases"));
   }
   std::vector<uint64_t> drop;
   {
@@ -210,6 +209,8 @@ absl::Status LocalStore::RestoreBlock(Block* block, bool may_spill) {
   }
   const uint32_t segments = static_cast<uint32_t>(block->bytes / segment_bytes_);
   Arena* target = nullptr;
+  const auto deadline = std::chrono::steady_clock::now() + pool_wait_;
+  auto pause = std::chrono::milliseconds(5);
   lease_mu_.Lock();
   while (target == nullptr) {
     {
@@ -242,13 +243,22 @@ absl::Status LocalStore::RestoreBlock(Block* block, bool may_spill) {
     absl::StatusOr<bool> spilled = false;
     if (may_spill && granted.status().code() == absl::StatusCode::kResourceExhausted) {
       spilled = SpillColdest(1);
+      if (spilled.ok() && !*spilled &&
+          absl::StrContains(granted.status().message(), "pool exhausted") &&
+          std::chrono::steady_clock::now() + pause < deadline) {
+        // Other sessions hold the pool: they give memory back as they spill
+        // or finish their backward.
+        std::this_thread::sleep_for(pause);
+        pause = std::min(pause * 2, std::chrono::milliseconds(100));
+        continue;
+      }
     }
     if (!spilled.ok() || !*spilled) {
       lease_mu_.Unlock();
       return give_up(absl::ResourceExhaustedError(absl::StrCat(
           "reading a spilled buffer back: ", granted.status().message(),
-          spilled.ok() ? "" : absl::StrCat("; spilling another failed: ",
-                                           spilled.status().message()))));
+          spilled.ok() ? ""
+                       : absl::StrCat("; spilling another failed: ", spilled.status().message()))));
     }
   }
   lease_mu_.Unlock();

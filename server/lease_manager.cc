@@ -172,9 +172,10 @@ size_t LeaseManager::size() const {
   return leases_.size();
 }
 
-uint64_t LeaseManager::sessions_holding() const {
+uint64_t LeaseManager::sessions_holding(uint64_t also) const {
   absl::MutexLock lock(&mu_);
   absl::flat_hash_set<uint64_t> sessions;
+  if (also != 0) sessions.insert(also);
   for (const auto& [id, lease] : leases_) sessions.insert(lease->session_id());
   return sessions.size();
 }

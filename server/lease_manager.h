@@ -100,8 +100,9 @@ class LeaseManager {
   uint64_t leased_bytes() const;
   size_t size() const;
   uint64_t granted_total() const;
-  // Sessions holding at least one lease.
-  uint64_t sessions_holding() const;
+  // Sessions holding at least one lease, `also` counted whether or not it
+  // holds one (0: none).
+  uint64_t sessions_holding(uint64_t also = 0) const;
 
  private:
   // Removes those of `ids` that are the session's into `removed` (whose

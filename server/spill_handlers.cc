@@ -24,8 +24,8 @@ absl::Status NoSpillTier() {
 absl::StatusOr<std::shared_ptr<Lease>> HostLease(const StashCore& core, uint64_t session_id,
                                                  uint64_t lease_id) {
   if (LeaseTierOf(lease_id) != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "lease ", lease_id, " is a device-pool lease; only host leases spill"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("lease ", lease_id, " is a device-pool lease; only host leases spill"));
   }
   return core.leases.Find(session_id, lease_id);
 }
@@ -105,9 +105,9 @@ grpc::ServerUnaryReactor* StashService::Spill(grpc::CallbackServerContext* ctx,
     }
     absl::StatusOr<std::shared_ptr<server::Lease>> lease = HostLease(*core_, (*session)->id(), id);
     if (!lease.ok()) {
-      return FinishUnary(ctx, absl::Status(lease.status().code(),
-                                           absl::StrCat(lease.status().message(),
-                                                        "; nothing spilled")));
+      return FinishUnary(ctx,
+                         absl::Status(lease.status().code(),
+                                      absl::StrCat(lease.status().message(), "; nothing spilled")));
     }
     leases.push_back(*std::move(lease));
   }

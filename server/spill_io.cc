@@ -126,7 +126,8 @@ absl::Status SpillFileIo::Transfer(bool write, int fd, std::byte* data, uint64_t
       continue;
     }
     if (res <= 0) {
-      if (status.ok()) status = SpillIoError(write, res < 0 ? -res : (write ? ENOSPC : EIO), r.offset);
+      if (status.ok())
+        status = SpillIoError(write, res < 0 ? -res : (write ? ENOSPC : EIO), r.offset);
       free_slots.push_back(slot);
       continue;
     }

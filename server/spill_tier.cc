@@ -101,9 +101,8 @@ void SpillTier::RunWorker() {
     std::function<void(SpillFileIo&)> job;
     {
       absl::MutexLock lock(&mu_);
-      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return stopping_ || !jobs_.empty();
-      };
+      auto ready = [this]()
+                       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_ || !jobs_.empty(); };
       mu_.Await(absl::Condition(&ready));
       if (jobs_.empty()) return;  // stopping, and nothing left to run
       job = std::move(jobs_.front());
@@ -130,9 +129,8 @@ absl::StatusOr<int> SpillTier::CreateFile(uint64_t bytes) {
   if (fd < 0) {
     const int err = errno;
     if (err == ENOSPC || err == EDQUOT) {
-      return absl::ResourceExhaustedError(absl::StrCat("creating a spill file in ", options_.dir,
-                                                       ": ", std::strerror(err),
-                                                       FreeSpace(dir_fd_)));
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "creating a spill file in ", options_.dir, ": ", std::strerror(err), FreeSpace(dir_fd_)));
     }
     return absl::InternalError(
         absl::StrCat("creating a spill file in ", options_.dir, ": ", std::strerror(err)));
@@ -146,8 +144,9 @@ absl::StatusOr<int> SpillTier::CreateFile(uint64_t bytes) {
   if (rc != 0 && errno != EOPNOTSUPP) {
     const int err = errno;
     close(fd);
-    const std::string what = absl::StrCat("reserving ", FormatBytes(bytes), " in spill dir ",
-                                          options_.dir, ": ", std::strerror(err), FreeSpace(dir_fd_));
+    const std::string what =
+        absl::StrCat("reserving ", FormatBytes(bytes), " in spill dir ", options_.dir, ": ",
+                     std::strerror(err), FreeSpace(dir_fd_));
     if (err == ENOSPC || err == EDQUOT) return absl::ResourceExhaustedError(what);
     return absl::InternalError(what);
   }
@@ -162,7 +161,8 @@ void SpillTier::Spill(std::shared_ptr<Session> session, std::shared_ptr<Lease> l
   {
     absl::MutexLock lock(&mu_);
     if (session->closed()) {
-      refused = absl::FailedPreconditionError(absl::StrCat("session ", session->id(), " is closed"));
+      refused =
+          absl::FailedPreconditionError(absl::StrCat("session ", session->id(), " is closed"));
     } else if (options_.size_bytes > 0 && reserved_bytes_ + bytes > options_.size_bytes) {
       totals_.failures += 1;
       refused = absl::ResourceExhaustedError(absl::StrCat(
@@ -189,8 +189,7 @@ void SpillTier::Spill(std::shared_ptr<Session> session, std::shared_ptr<Lease> l
     absl::StatusOr<int> fd = CreateFile(bytes);
     absl::Status status = fd.status();
     if (status.ok()) status = io.Write(*fd, lease->data(), bytes);
-    if (!status.ok() && status.code() == absl::StatusCode::kResourceExhausted &&
-        fd.ok()) {
+    if (!status.ok() && status.code() == absl::StatusCode::kResourceExhausted && fd.ok()) {
       status = absl::ResourceExhaustedError(absl::StrCat(status.message(), FreeSpace(dir_fd_)));
     }
     const uint64_t elapsed = NowNs() - start;
@@ -237,16 +236,16 @@ void SpillTier::Restore(std::shared_ptr<Session> session, uint64_t spill_id,
     absl::MutexLock lock(&mu_);
     auto it = files_.find(spill_id);
     if (it == files_.end() || it->second->session_id != session->id() || it->second->dropped) {
-      refused = absl::NotFoundError(
-          absl::StrCat("no spilled segment ", spill_id, " in this session"));
+      refused =
+          absl::NotFoundError(absl::StrCat("no spilled segment ", spill_id, " in this session"));
     } else if (it->second->state != File::State::kOnDisk) {
-      refused = absl::FailedPreconditionError(absl::StrCat(
-          "spilled segment ", spill_id, " is still being ",
-          it->second->state == File::State::kWriting ? "written" : "restored"));
+      refused = absl::FailedPreconditionError(
+          absl::StrCat("spilled segment ", spill_id, " is still being ",
+                       it->second->state == File::State::kWriting ? "written" : "restored"));
     } else if (it->second->bytes != lease->bytes()) {
-      refused = absl::InvalidArgumentError(
-          absl::StrCat("spilled segment ", spill_id, " holds ", it->second->bytes,
-                       " bytes; lease ", lease->id(), " holds ", lease->bytes()));
+      refused = absl::InvalidArgumentError(absl::StrCat("spilled segment ", spill_id, " holds ",
+                                                        it->second->bytes, " bytes; lease ",
+                                                        lease->id(), " holds ", lease->bytes()));
     } else {
       file = it->second;
       file->state = File::State::kReading;
@@ -310,8 +309,7 @@ void SpillTier::Restore(std::shared_ptr<Session> session, uint64_t spill_id,
   });
 }
 
-absl::StatusOr<RemovedTotals> SpillTier::Drop(uint64_t session_id,
-                                              absl::Span<const uint64_t> ids) {
+absl::StatusOr<RemovedTotals> SpillTier::Drop(uint64_t session_id, absl::Span<const uint64_t> ids) {
   std::vector<int> to_close;
   RemovedTotals totals;
   {

@@ -102,12 +102,13 @@ void NotePoolPressure(StashCore& core, uint64_t session_id) {
 }
 
 uint64_t BytesAboveFairShare(const StashCore& core, uint64_t session_id, uint64_t leased_bytes) {
+  const uint64_t waiting = core.pressure_session.load();
   if (core.spill == nullptr || SteadyNowMs() > core.pressure_until_ms.load() ||
-      core.pressure_session.load() == session_id) {
+      waiting == session_id) {
     return 0;
   }
   // The waiting session counts even when it holds nothing yet.
-  const uint64_t holders = core.leases.sessions_holding() + 1;
+  const uint64_t holders = std::max<uint64_t>(1, core.leases.sessions_holding(waiting));
   const uint64_t share = core.pool.Stats().total_bytes / holders;
   return leased_bytes > share ? leased_bytes - share : 0;
 }

@@ -5,6 +5,8 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <gmock/gmock.h>
+#include <grpcpp/create_channel.h>
+#include <grpcpp/security/credentials.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -14,9 +16,6 @@
 #include <cstdlib>
 #include <filesystem>
 #include <thread>
-
-#include <grpcpp/create_channel.h>
-#include <grpcpp/security/credentials.h>
 
 #include "actstash/v1/stash.grpc.pb.h"
 #include "common/protocol.h"
@@ -322,8 +321,8 @@ TEST_F(SpillTest, FullSpillSpaceIsResourceExhaustedAndLosesNothing) {
 class RawSession {
  public:
   explicit RawSession(const std::string& address)
-      : stub_(pb::Stash::NewStub(
-            grpc::CreateChannel(address, grpc::InsecureChannelCredentials()))) {
+      : stub_(
+            pb::Stash::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()))) {
     grpc::ClientContext ctx;
     pb::OpenSessionRequest request;
     pb::OpenSessionReply reply;

@@ -72,7 +72,10 @@ def test_activations_three_times_the_pool_spill_and_train_bitwise(spill_daemon, 
     assert s["bytes_restored"] >= POOL, s
     assert s["restores"] > 0 and s["restores_ahead"] > 0, s
     assert s["spilled_now_bytes"] == 0, s
-    assert s["tensors_fetched"] == s["tensors_offloaded"] and s["unpacked_from_source"] == 0, s
+    # With copy delays the last stores of forward may still run when backward needs
+    # them: those come from their source (the exact bytes), the rest from the daemon.
+    assert s["tensors_fetched"] + s["unpacked_from_source"] == s["tensors_offloaded"], s
+    assert delay_us or s["unpacked_from_source"] == 0, s
     daemon = stash.client.stats()
     assert daemon["spill"]["on_disk_bytes"] == 0
     assert daemon["spill"]["checksum_failures"] == 0
@@ -115,3 +118,53 @@ def test_two_trainers_sharing_a_small_pool_both_spill(spill_daemon):
         words = out.split()
         assert int(words[words.index("spilled") + 1]) > 0, out
         assert int(words[words.index("restored") + 1]) > 0, out
+
+
+def _spill_fds(pid, spill_dir):
+    fd_dir = f"/proc/{pid}/fd"
+    out = []
+    for name in os.listdir(fd_dir):
+        try:
+            target = os.readlink(os.path.join(fd_dir, name))
+        except OSError:
+            continue
+        if target.startswith(spill_dir + "/"):
+            out.append(os.path.join(fd_dir, name))
+    return out
+
+
+def test_corrupt_spill_file_is_an_error_in_the_trainer_and_the_daemon_goes_on(tmp_path):
+    spill_dir = str(tmp_path)
+    d = Daemon(pool="64MiB", segment="4MiB", extra=("--spill-dir", spill_dir))
+    try:
+        stash = actstash.connect(d.socket, seed=4)
+        model = _model()
+        with stash.offload(min_bytes=0):
+            loss = loss_fn(model, _batch(0))
+        fds = _spill_fds(d.proc.pid, spill_dir)
+        assert fds, "forward at 3x the pool must have spilled"
+        for path in fds:
+            with open(path, "r+b") as f:
+                f.seek(8192)
+                f.write(b"bit rot" * 100)
+                f.flush()
+                os.fsync(f.fileno())
+        # torch re-raises an unpack hook's StashError as a RuntimeError with its text.
+        with pytest.raises(RuntimeError, match="StashError.*session .* failed its checksum"):
+            loss.backward()
+        del loss
+        stash.close()
+        assert d.proc.poll() is None, "the daemon must keep serving"
+        # A fresh trainer on the same daemon trains, spilling included.
+        expected = _plain_grads(1)[0]
+        again = actstash.connect(d.socket, seed=5)
+        model = _model()
+        with again.offload(min_bytes=0):
+            loss = loss_fn(model, _batch(0))
+        loss.backward()
+        assert all(torch.equal(p.grad, g) for p, g in zip(model.parameters(), expected))
+        assert again.stats()["bytes_spilled"] > 0
+        assert again.client.stats()["spill"]["checksum_failures"] >= 1
+        again.close()
+    finally:
+        d.stop()
