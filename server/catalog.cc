@@ -1,5 +1,7 @@
 #include "server/catalog.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 
 namespace actstash::server {
@@ -79,6 +81,35 @@ RemovedTotals Catalog::RemoveSession(uint64_t session_id) {
   }
   totals.objects = removed.size();
   return totals;
+}
+
+std::vector<std::shared_ptr<StoredObject>> Catalog::BeginSpill(uint64_t session_id,
+                                                               uint64_t bytes,
+                                                               const StoredObject* except) {
+  std::vector<std::shared_ptr<StoredObject>> chosen;
+  absl::MutexLock lock(&mu_);
+  auto owned = by_session_.find(session_id);
+  if (owned == by_session_.end()) return chosen;
+  std::vector<uint64_t> handles(owned->second.begin(), owned->second.end());
+  std::sort(handles.begin(), handles.end());  // handles grow: oldest first
+  uint64_t total = 0;
+  for (uint64_t handle : handles) {
+    if (total >= bytes) break;
+    const std::shared_ptr<StoredObject>& object = objects_.at(handle);
+    if (object.get() == except || object->meta().nbytes == 0 || !object->TryBeginSpill()) continue;
+    total += object->meta().nbytes;
+    chosen.push_back(object);
+  }
+  return chosen;
+}
+
+void Catalog::RemoveAll() {
+  absl::flat_hash_map<uint64_t, std::shared_ptr<StoredObject>> removed;
+  {
+    absl::MutexLock lock(&mu_);
+    removed.swap(objects_);
+    by_session_.clear();
+  }
 }
 
 size_t Catalog::size() const {

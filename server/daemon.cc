@@ -175,7 +175,12 @@ absl::StatusOr<Daemon::Memory> Daemon::CreateMemory(const DaemonConfig& config,
   return memory;
 }
 
-Daemon::~Daemon() { Shutdown(std::chrono::milliseconds(0)); }
+Daemon::~Daemon() {
+  Shutdown(std::chrono::milliseconds(0));
+  // Spilled objects drop their files through the spill tier, which goes
+  // before the catalog.
+  catalog_.RemoveAll();
+}
 
 absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config,
                                                       std::unique_ptr<DeviceMemory> device_memory) {

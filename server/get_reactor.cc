@@ -4,6 +4,7 @@
 
 #include "common/grpc_status.h"
 #include "common/protocol.h"
+#include "server/object_spill.h"
 #include "server/stash_reactors.h"
 
 namespace actstash::server {
@@ -30,6 +31,31 @@ class GetReactor final : public grpc::ServerWriteReactor<v1::GetChunk> {
       return;
     }
     object_ = *std::move(object);
+    // A spilled object is read back first; the header goes out once it is.
+    absl::StatusOr<StoredObject::ReadStart> start =
+        object_->BeginRead([this](absl::Status ready) {
+          if (!ready.ok()) {
+            object_.reset();
+            return Finish(ToGrpcStatus(ready));
+          }
+          reading_ = true;
+          SendHeader();
+        });
+    if (!start.ok()) {
+      object_.reset();
+      Finish(ToGrpcStatus(start.status()));
+      return;
+    }
+    if (*start == StoredObject::ReadStart::kMustRestore) {
+      RestoreObject(core_, session_, object_);
+      return;
+    }
+    if (*start == StoredObject::ReadStart::kWait) return;
+    reading_ = true;
+    SendHeader();
+  }
+
+  void SendHeader() {
     const ObjectMeta& meta = object_->meta();
     v1::ObjectHeader* header = chunk_.mutable_header();
     header->set_dtype(meta.dtype);
@@ -40,6 +66,7 @@ class GetReactor final : public grpc::ServerWriteReactor<v1::GetChunk> {
           static_cast<v1::ChecksumAlgorithm>(meta.checksum_algorithm));
       header->mutable_checksum()->set_value(meta.checksum);
     }
+    data_ = object_->data();
     StartWrite(&chunk_);
   }
 
@@ -47,7 +74,7 @@ class GetReactor final : public grpc::ServerWriteReactor<v1::GetChunk> {
     // The object reference is dropped before Finish: once the client sees
     // the call end, a Delete it sent frees the memory at once.
     if (!ok) {  // the client went away or cancelled
-      object_.reset();
+      Drop();
       Finish(grpc::Status(grpc::StatusCode::CANCELLED, "Get stream was cancelled"));
       return;
     }
@@ -55,12 +82,12 @@ class GetReactor final : public grpc::ServerWriteReactor<v1::GetChunk> {
     if (sent_ == nbytes) {
       session_->RecordFetch(nbytes);
       core_.bytes_fetched.fetch_add(nbytes, std::memory_order_relaxed);
-      object_.reset();
+      Drop();
       Finish(grpc::Status::OK);
       return;
     }
     const uint64_t n = std::min(kMaxChunkBytes, nbytes - sent_);
-    chunk_.set_data(reinterpret_cast<const char*>(object_->data() + sent_), n);
+    chunk_.set_data(reinterpret_cast<const char*>(data_ + sent_), n);
     sent_ += n;
     StartWrite(&chunk_);
   }
@@ -71,9 +98,17 @@ class GetReactor final : public grpc::ServerWriteReactor<v1::GetChunk> {
   }
 
  private:
+  void Drop() {
+    if (reading_) object_->EndRead();
+    reading_ = false;
+    object_.reset();
+  }
+
   StashCore& core_;
   std::shared_ptr<Session> session_;
   std::shared_ptr<const StoredObject> object_;
+  const std::byte* data_ = nullptr;  // while reading_
+  bool reading_ = false;             // between BeginRead and EndRead
   v1::GetChunk chunk_;
   uint64_t sent_ = 0;
 };

@@ -5,6 +5,7 @@
 #include "common/checksum.h"
 #include "common/grpc_status.h"
 #include "common/protocol.h"
+#include "server/object_spill.h"
 #include "server/stash_reactors.h"
 #include "server/work_queue.h"
 
@@ -56,6 +57,8 @@ class PutReactor final : public grpc::ServerReadReactor<v1::PutChunk> {
     absl::Status status = ok ? Consume() : Complete();
     if (!status.ok()) {
       FinishOnce(status);
+    } else if (ok && waiting_for_spill_) {
+      SpillAndRetry();
     } else if (ok && waiting_for_memory_) {
       // The pool is short while returned leases are being renewed: retry
       // behind those renewals (the work queue runs in order). No read is
@@ -113,21 +116,49 @@ class PutReactor final : public grpc::ServerReadReactor<v1::PutChunk> {
     meta_.checksum_algorithm = header.checksum().algorithm();
     meta_.checksum = header.checksum().value();
     hash_ = meta_.checksum_algorithm == v1::CHECKSUM_ALGORITHM_XXH3_64;
-    // Quota first, so a session over its quota never takes pool memory.
-    absl::StatusOr<QuotaReservation> reservation = session_->Reserve(meta_.nbytes);
-    if (!reservation.ok()) return reservation.status();
-    reservation_ = *std::move(reservation);
-    absl::StatusOr<Allocation> memory = core_.pool.Allocate(meta_.nbytes);
-    if (!memory.ok()) {
-      if (memory.status().code() == absl::StatusCode::kResourceExhausted && core_.work != nullptr &&
-          core_.leases.renewals_pending() > 0) {
-        waiting_for_memory_ = true;
-        return absl::OkStatus();
-      }
-      return memory.status();
+    absl::Status status = TakeMemory();
+    if (status.code() == absl::StatusCode::kResourceExhausted && core_.spill != nullptr) {
+      waiting_for_spill_ = true;  // the session's older objects make room
+      return absl::OkStatus();
     }
+    if (status.code() == absl::StatusCode::kResourceExhausted && core_.work != nullptr &&
+        reservation_.bytes() == meta_.nbytes && core_.leases.renewals_pending() > 0) {
+      waiting_for_memory_ = true;
+      return absl::OkStatus();
+    }
+    return status;
+  }
+
+  // Quota first, so a session over its quota never takes pool memory.
+  absl::Status TakeMemory() {
+    if (reservation_.bytes() < meta_.nbytes || meta_.nbytes == 0) {
+      absl::StatusOr<QuotaReservation> reservation = session_->Reserve(meta_.nbytes);
+      if (!reservation.ok()) return reservation.status();
+      reservation_ = *std::move(reservation);
+    }
+    absl::StatusOr<Allocation> memory = core_.pool.Allocate(meta_.nbytes);
+    if (!memory.ok()) return memory.status();
     memory_ = *std::move(memory);
     return absl::OkStatus();
+  }
+
+  // Spills the session's oldest unread objects, then takes the memory again;
+  // as long as spilling frees something. No read is pending meanwhile, so
+  // nothing else touches this reactor; the callbacks run on spill workers.
+  void SpillAndRetry() {
+    waiting_for_spill_ = false;
+    SpillObjects(core_, session_, meta_.nbytes, nullptr, [this](uint64_t spilled) {
+      absl::Status status = TakeMemory();
+      if (status.ok()) return StartRead(&chunk_);
+      if (status.code() == absl::StatusCode::kResourceExhausted && spilled > 0) {
+        return SpillAndRetry();
+      }
+      if (status.code() == absl::StatusCode::kResourceExhausted) {
+        status = absl::ResourceExhaustedError(absl::StrCat(
+            status.message(), "; no more objects of this session could be spilled to disk"));
+      }
+      FinishOnce(status);
+    });
   }
 
   absl::Status Complete() {
@@ -176,6 +207,7 @@ class PutReactor final : public grpc::ServerReadReactor<v1::PutChunk> {
   bool have_header_ = false;
   bool hash_ = false;
   bool waiting_for_memory_ = false;  // Begin found the pool short; see OnReadDone
+  bool waiting_for_spill_ = false;   // Begin found no room; spilling makes some
   ObjectMeta meta_;
   QuotaReservation reservation_;
   Allocation memory_;

@@ -153,9 +153,8 @@ absl::StatusOr<int> SpillTier::CreateFile(uint64_t bytes) {
   return fd;
 }
 
-void SpillTier::Spill(std::shared_ptr<Session> session, std::shared_ptr<Lease> lease,
-                      SpillDone done) {
-  const uint64_t bytes = lease->bytes();
+void SpillTier::SpillBytes(std::shared_ptr<Session> session, const std::byte* data,
+                           uint64_t bytes, std::shared_ptr<const void> keepalive, SpillDone done) {
   uint64_t id = 0;
   absl::Status refused;  // answered outside mu_: `done` may call back in
   {
@@ -167,8 +166,8 @@ void SpillTier::Spill(std::shared_ptr<Session> session, std::shared_ptr<Lease> l
       totals_.failures += 1;
       refused = absl::ResourceExhaustedError(absl::StrCat(
           "spill space is full: ", FormatBytes(reserved_bytes_), " of ",
-          FormatBytes(options_.size_bytes), " (--spill-size) on disk or being written; lease ",
-          lease->id(), " needs ", FormatBytes(bytes)));
+          FormatBytes(options_.size_bytes), " (--spill-size) on disk or being written; this spill "
+          "needs ", FormatBytes(bytes)));
     } else {
       reserved_bytes_ += bytes;
       totals_.writing_bytes += bytes;
@@ -182,13 +181,13 @@ void SpillTier::Spill(std::shared_ptr<Session> session, std::shared_ptr<Lease> l
     }
   }
   if (!refused.ok()) return done(refused);
-  Post([this, id, bytes, session = std::move(session), lease = std::move(lease),
+  Post([this, id, bytes, data, session = std::move(session), keepalive = std::move(keepalive),
         done = std::move(done)](SpillFileIo& io) {
     const uint64_t start = NowNs();
-    const uint64_t checksum = Xxh3(lease->data(), bytes);
+    const uint64_t checksum = Xxh3(data, bytes);
     absl::StatusOr<int> fd = CreateFile(bytes);
     absl::Status status = fd.status();
-    if (status.ok()) status = io.Write(*fd, lease->data(), bytes);
+    if (status.ok()) status = io.Write(*fd, data, bytes);
     if (!status.ok() && status.code() == absl::StatusCode::kResourceExhausted && fd.ok()) {
       status = absl::ResourceExhaustedError(absl::StrCat(status.message(), FreeSpace(dir_fd_)));
     }
@@ -228,8 +227,9 @@ void SpillTier::Spill(std::shared_ptr<Session> session, std::shared_ptr<Lease> l
   });
 }
 
-void SpillTier::Restore(std::shared_ptr<Session> session, uint64_t spill_id,
-                        std::shared_ptr<Lease> lease, std::function<void(absl::Status)> done) {
+void SpillTier::RestoreBytes(std::shared_ptr<Session> session, uint64_t spill_id, std::byte* data,
+                             uint64_t bytes, std::shared_ptr<const void> keepalive,
+                             std::function<void(absl::Status)> done) {
   std::shared_ptr<File> file;
   absl::Status refused;  // answered outside mu_: `done` may call back in
   {
@@ -242,10 +242,10 @@ void SpillTier::Restore(std::shared_ptr<Session> session, uint64_t spill_id,
       refused = absl::FailedPreconditionError(
           absl::StrCat("spilled segment ", spill_id, " is still being ",
                        it->second->state == File::State::kWriting ? "written" : "restored"));
-    } else if (it->second->bytes != lease->bytes()) {
+    } else if (it->second->bytes != bytes) {
       refused = absl::InvalidArgumentError(absl::StrCat("spilled segment ", spill_id, " holds ",
-                                                        it->second->bytes, " bytes; lease ",
-                                                        lease->id(), " holds ", lease->bytes()));
+                                                        it->second->bytes, " bytes; the memory holds ",
+                                                        bytes));
     } else {
       file = it->second;
       file->state = File::State::kReading;
@@ -253,13 +253,13 @@ void SpillTier::Restore(std::shared_ptr<Session> session, uint64_t spill_id,
     }
   }
   if (!refused.ok()) return done(refused);
-  Post([this, file = std::move(file), session = std::move(session), lease = std::move(lease),
-        done = std::move(done)](SpillFileIo& io) {
+  Post([this, file = std::move(file), session = std::move(session), data,
+        keepalive = std::move(keepalive), done = std::move(done)](SpillFileIo& io) {
     const uint64_t start = NowNs();
-    absl::Status status = io.Read(file->fd, lease->data(), file->bytes);
+    absl::Status status = io.Read(file->fd, data, file->bytes);
     bool corrupt = false;
     if (status.ok()) {
-      const uint64_t checksum = Xxh3(lease->data(), file->bytes);
+      const uint64_t checksum = Xxh3(data, file->bytes);
       if (checksum != file->checksum) {
         corrupt = true;
         status = absl::DataLossError(absl::StrCat(

@@ -79,14 +79,30 @@ class SpillTier {
   // the disk is full: nothing stays on disk, the memory is untouched. The
   // caller must not let the lease's memory change until `done` runs.
   using SpillDone = std::function<void(absl::StatusOr<uint64_t>)>;
-  void Spill(std::shared_ptr<Session> session, std::shared_ptr<Lease> lease, SpillDone done);
+  void Spill(std::shared_ptr<Session> session, std::shared_ptr<Lease> lease, SpillDone done) {
+    std::byte* data = lease->data();
+    const uint64_t bytes = lease->bytes();
+    SpillBytes(std::move(session), data, bytes, std::move(lease), std::move(done));
+  }
+  // Spill of any daemon memory of the session (an inline object): `data`
+  // stays valid (`keepalive` holds it) and unchanged until `done` runs.
+  void SpillBytes(std::shared_ptr<Session> session, const std::byte* data, uint64_t bytes,
+                  std::shared_ptr<const void> keepalive, SpillDone done);
   // Reads spill `spill_id` of the session into `lease` (of the same size),
   // verifies its checksum, then deletes the file. NOT_FOUND for another
   // session's or an unknown id, FAILED_PRECONDITION while it is still being
   // written or read, INVALID_ARGUMENT for a size mismatch, DATA_LOSS when the
   // bytes read are not the bytes written (the file is then dropped).
   void Restore(std::shared_ptr<Session> session, uint64_t spill_id, std::shared_ptr<Lease> lease,
-               std::function<void(absl::Status)> done);
+               std::function<void(absl::Status)> done) {
+    std::byte* data = lease->data();
+    const uint64_t bytes = lease->bytes();
+    RestoreBytes(std::move(session), spill_id, data, bytes, std::move(lease), std::move(done));
+  }
+  // Restore into any daemon memory of `bytes` (kept alive by `keepalive`).
+  void RestoreBytes(std::shared_ptr<Session> session, uint64_t spill_id, std::byte* data,
+                    uint64_t bytes, std::shared_ptr<const void> keepalive,
+                    std::function<void(absl::Status)> done);
   // Deletes spill files of the session, all or none (NOT_FOUND, as Return).
   absl::StatusOr<RemovedTotals> Drop(uint64_t session_id, absl::Span<const uint64_t> ids);
   // Deletes every spill file of the session (closed, reclaimed). A write or

@@ -317,6 +317,83 @@ TEST_F(SpillTest, FullSpillSpaceIsResourceExhaustedAndLosesNothing) {
   FetchAllBack(*client, stored);  // everything stored before is intact
 }
 
+TEST_F(SpillTest, InlineObjectsSpillAndComeBack) {
+  StartDaemon();
+  auto client = ConnectOrDie(*daemon_, 0, "inline");
+  ASSERT_NE(client, nullptr);
+  std::vector<std::pair<Handle, std::vector<std::byte>>> objects;
+  PutOptions options;
+  options.checksum = true;
+  for (int i = 0; i < 40; ++i) {  // 160 MiB through a 64 MiB pool and quota
+    std::vector<std::byte> data = RandomBytes(4 * kMiB - 4096 * i, 900 + i);
+    absl::StatusOr<Handle> handle = client->Put(data.data(), data.size(), options);
+    ASSERT_TRUE(handle.ok()) << i << ": " << handle.status();
+    objects.emplace_back(*handle, std::move(data));
+  }
+  StatsSnapshot stats = Stats();
+  ASSERT_TRUE(stats.spill.has_value());
+  EXPECT_GE(stats.spill->on_disk_bytes, 90 * kMiB);
+  EXPECT_EQ(stats.objects, 40u);
+  // Two readers of the same spilled object at once, then everything, oldest
+  // (spilled) first.
+  std::thread other([&] {
+    absl::StatusOr<Object> got = client->Get(objects[0].first);
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(got->data, objects[0].second);
+  });
+  for (const auto& [handle, data] : objects) {
+    absl::StatusOr<Object> got = client->Get(handle);
+    ASSERT_TRUE(got.ok()) << got.status();
+    ASSERT_EQ(got->data, data);
+    EXPECT_TRUE(got->info.checksum_xxh3.has_value());
+  }
+  other.join();
+  stats = Stats();
+  EXPECT_GE(stats.spill->bytes_read, 90 * kMiB);
+  EXPECT_EQ(stats.spill->checksum_failures, 0u);
+  for (const auto& entry : objects) ASSERT_TRUE(client->Delete(entry.first).ok());
+  stats = Stats();
+  EXPECT_EQ(stats.spill->on_disk_bytes, 0u);
+  EXPECT_EQ(stats.spill->files, 0u);
+  EXPECT_TRUE(SpillFds(daemon_->pid(), spill_dir_).empty());
+}
+
+TEST_F(SpillTest, CorruptInlineObjectIsDataLoss) {
+  StartDaemon();
+  auto client = ConnectOrDie(*daemon_, 0, "inline");
+  ASSERT_NE(client, nullptr);
+  std::vector<std::pair<Handle, std::vector<std::byte>>> objects;
+  for (int i = 0; i < 24; ++i) {
+    std::vector<std::byte> data = RandomBytes(4 * kMiB, 700 + i);
+    absl::StatusOr<Handle> handle = client->Put(data.data(), data.size());
+    ASSERT_TRUE(handle.ok()) << handle.status();
+    objects.emplace_back(*handle, std::move(data));
+  }
+  for (const std::string& fd : SpillFds(daemon_->pid(), spill_dir_)) {
+    const int file = open(fd.c_str(), O_WRONLY);
+    ASSERT_GE(file, 0);
+    ASSERT_EQ(pwrite(file, "x", 1, 12345), 1);
+    fsync(file);
+    close(file);
+  }
+  int lost = 0;
+  for (const auto& [handle, data] : objects) {
+    absl::StatusOr<Object> got = client->Get(handle);
+    if (got.status().code() == absl::StatusCode::kDataLoss) {
+      ++lost;
+      EXPECT_THAT(std::string(got.status().message()), HasSubstr("checksum"));
+      // Still DATA_LOSS the second time, and Delete works.
+      EXPECT_EQ(client->Get(handle).status().code(), absl::StatusCode::kDataLoss);
+      continue;
+    }
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(got->data, data);
+  }
+  EXPECT_GT(lost, 0);
+  for (const auto& entry : objects) ASSERT_TRUE(client->Delete(entry.first).ok());
+  EXPECT_EQ(Stats().spill->on_disk_bytes, 0u);
+}
+
 // Raw RPCs: what a buggy or hostile client could send.
 class RawSession {
  public:
