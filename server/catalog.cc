@@ -83,8 +83,7 @@ RemovedTotals Catalog::RemoveSession(uint64_t session_id) {
   return totals;
 }
 
-std::vector<std::shared_ptr<StoredObject>> Catalog::BeginSpill(uint64_t session_id,
-                                                               uint64_t bytes,
+std::vector<std::shared_ptr<StoredObject>> Catalog::BeginSpill(uint64_t session_id, uint64_t bytes,
                                                                const StoredObject* except) {
   std::vector<std::shared_ptr<StoredObject>> chosen;
   absl::MutexLock lock(&mu_);

@@ -32,15 +32,14 @@ class GetReactor final : public grpc::ServerWriteReactor<v1::GetChunk> {
     }
     object_ = *std::move(object);
     // A spilled object is read back first; the header goes out once it is.
-    absl::StatusOr<StoredObject::ReadStart> start =
-        object_->BeginRead([this](absl::Status ready) {
-          if (!ready.ok()) {
-            object_.reset();
-            return Finish(ToGrpcStatus(ready));
-          }
-          reading_ = true;
-          SendHeader();
-        });
+    absl::StatusOr<StoredObject::ReadStart> start = object_->BeginRead([this](absl::Status ready) {
+      if (!ready.ok()) {
+        object_.reset();
+        return Finish(ToGrpcStatus(ready));
+      }
+      reading_ = true;
+      SendHeader();
+    });
     if (!start.ok()) {
       object_.reset();
       Finish(ToGrpcStatus(start.status()));

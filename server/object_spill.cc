@@ -75,23 +75,21 @@ void TryRestore(std::shared_ptr<Restore> r) {
   absl::Status status = TakeMemory(*r->core, *r->session, bytes, &r->reservation, &r->memory);
   if (!status.ok() && status.code() == absl::StatusCode::kResourceExhausted) {
     // Make room among the session's other objects, then try again.
-    return SpillObjects(*r->core, r->session, bytes, r->object.get(),
-                        [r, status](uint64_t spilled) {
-                          if (spilled > 0) return TryRestore(r);
-                          r->object->FinishRestore(
-                              absl::ResourceExhaustedError(absl::StrCat(
-                                  "reading a spilled object back: ", status.message(),
-                                  "; no other object of this session could be spilled")),
-                              Allocation(), QuotaReservation());
-                        });
+    return SpillObjects(
+        *r->core, r->session, bytes, r->object.get(), [r, status](uint64_t spilled) {
+          if (spilled > 0) return TryRestore(r);
+          r->object->FinishRestore(absl::ResourceExhaustedError(absl::StrCat(
+                                       "reading a spilled object back: ", status.message(),
+                                       "; no other object of this session could be spilled")),
+                                   Allocation(), QuotaReservation());
+        });
   }
   if (!status.ok()) return r->object->FinishRestore(status, Allocation(), QuotaReservation());
   std::byte* data = r->memory.data();
-  r->core->spill->RestoreBytes(r->session, r->object->spill_id(), data, bytes, r,
-                               [r](const absl::Status& read) {
-                                 r->object->FinishRestore(read, std::move(r->memory),
-                                                          std::move(r->reservation));
-                               });
+  r->core->spill->RestoreBytes(
+      r->session, r->object->spill_id(), data, bytes, r, [r](const absl::Status& read) {
+        r->object->FinishRestore(read, std::move(r->memory), std::move(r->reservation));
+      });
 }
 
 }  // namespace

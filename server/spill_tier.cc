@@ -153,8 +153,8 @@ absl::StatusOr<int> SpillTier::CreateFile(uint64_t bytes) {
   return fd;
 }
 
-void SpillTier::SpillBytes(std::shared_ptr<Session> session, const std::byte* data,
-                           uint64_t bytes, std::shared_ptr<const void> keepalive, SpillDone done) {
+void SpillTier::SpillBytes(std::shared_ptr<Session> session, const std::byte* data, uint64_t bytes,
+                           std::shared_ptr<const void> keepalive, SpillDone done) {
   uint64_t id = 0;
   absl::Status refused;  // answered outside mu_: `done` may call back in
   {
@@ -164,10 +164,12 @@ void SpillTier::SpillBytes(std::shared_ptr<Session> session, const std::byte* da
           absl::FailedPreconditionError(absl::StrCat("session ", session->id(), " is closed"));
     } else if (options_.size_bytes > 0 && reserved_bytes_ + bytes > options_.size_bytes) {
       totals_.failures += 1;
-      refused = absl::ResourceExhaustedError(absl::StrCat(
-          "spill space is full: ", FormatBytes(reserved_bytes_), " of ",
-          FormatBytes(options_.size_bytes), " (--spill-size) on disk or being written; this spill "
-          "needs ", FormatBytes(bytes)));
+      refused = absl::ResourceExhaustedError(
+          absl::StrCat("spill space is full: ", FormatBytes(reserved_bytes_), " of ",
+                       FormatBytes(options_.size_bytes),
+                       " (--spill-size) on disk or being written; this spill "
+                       "needs ",
+                       FormatBytes(bytes)));
     } else {
       reserved_bytes_ += bytes;
       totals_.writing_bytes += bytes;
@@ -244,8 +246,8 @@ void SpillTier::RestoreBytes(std::shared_ptr<Session> session, uint64_t spill_id
                        it->second->state == File::State::kWriting ? "written" : "restored"));
     } else if (it->second->bytes != bytes) {
       refused = absl::InvalidArgumentError(absl::StrCat("spilled segment ", spill_id, " holds ",
-                                                        it->second->bytes, " bytes; the memory holds ",
-                                                        bytes));
+                                                        it->second->bytes,
+                                                        " bytes; the memory holds ", bytes));
     } else {
       file = it->second;
       file->state = File::State::kReading;
