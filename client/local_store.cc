@@ -88,7 +88,6 @@ LocalStore::~LocalStore() {
     stopping_ = true;
   }
   if (restorer_.joinable()) restorer_.join();
-  if (provisioner_.joinable()) provisioner_.join();
   absl::MutexLock lock(&mu_);
   for (const std::unique_ptr<Arena>& arena : arenas_) UnmapArena(*arena);
 }
@@ -328,17 +327,9 @@ absl::StatusOr<Placed> LocalStore::Place(size_t nbytes, bool written) {
     if (!placed) {
       // Slow path: lease more segments. One thread leases; the others wait
       // for it and then find room in what it mapped.
-      const bool provisioning = provision_;
       mu_.Unlock();
-      const auto waited_from = std::chrono::steady_clock::now();
       absl::MutexLock lease_lock(&lease_mu_);
       mu_.Lock();
-      if (provisioning) {  // the lock was the background spiller's: a wait for a spill
-        usage_.spill_wait_ns +=
-            static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                      std::chrono::steady_clock::now() - waited_from)
-                                      .count());
-      }
       placed = TryPlace(nbytes, &placement);
       bool spilled = false;
       while (!placed) {
@@ -361,7 +352,6 @@ absl::StatusOr<Placed> LocalStore::Place(size_t nbytes, bool written) {
     }
     placement.written = written;
     ticket = NewTicket(placement, nbytes);
-    if (provision_ && placement.offset == 0) MaybeProvision();  // a fresh arena began filling
     mu_.Unlock();
   }
   Arena* arena = nullptr;

@@ -239,10 +239,8 @@ class LocalStore {
   // Spills up to `max_blocks` of the coldest spillable blocks (at least
   // one); false when none can be spilled. Called with lease_mu_ held.
   // `return_bytes` (if set): what the daemon asked back.
-  // `foreground`: a store waits for it (counted in spill_wait_ns).
-  absl::StatusOr<bool> SpillColdest(uint32_t max_blocks, uint64_t* return_bytes = nullptr,
-                                    bool foreground = true) ABSL_EXCLUSIVE_LOCKS_REQUIRED(lease_mu_)
-      ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<bool> SpillColdest(uint32_t max_blocks, uint64_t* return_bytes = nullptr)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(lease_mu_) ABSL_LOCKS_EXCLUDED(mu_);
   // Gives back empty leases that `keep` rejects (memory spilling freed that
   // the next lease needs in the daemon's pool).
   void GiveBackEmpty(const std::function<bool(const Arena&)>& keep, uint64_t limit = UINT64_MAX)
@@ -258,11 +256,6 @@ class LocalStore {
   // Queues read-backs of the spilled blocks stored just before `seq`.
   void RestoreAhead(uint64_t seq) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RunRestorer() ABSL_LOCKS_EXCLUDED(mu_);
-  // Once this store has spilled, keeps `lease_batch` empty shared arenas
-  // ready in the background (leasing them, or spilling the coldest blocks
-  // when the pool is full), so forward's stores rarely wait for a spill.
-  void MaybeProvision() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void RunProvisioner() ABSL_LOCKS_EXCLUDED(mu_, lease_mu_);
   // A ticket's placement once its block is resident, pinned (pins + 1) for
   // the caller, who unpins it after copying. Counts as a fetch.
   absl::StatusOr<Placement> PinForRead(uint64_t ticket, bool locate) ABSL_LOCKS_EXCLUDED(mu_);
@@ -307,9 +300,6 @@ class LocalStore {
   uint32_t ahead_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::thread restorer_;
-  bool provision_ ABSL_GUARDED_BY(mu_) = false;  // set by the first spill
-  bool provision_wanted_ ABSL_GUARDED_BY(mu_) = false;
-  std::thread provisioner_;
 };
 
 }  // namespace actstash::client_internal

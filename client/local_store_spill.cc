@@ -76,8 +76,7 @@ absl::StatusOr<std::vector<std::unique_ptr<LocalStore::Arena>>> LocalStore::Leas
       "memory is being written or read)"));
 }
 
-absl::StatusOr<bool> LocalStore::SpillColdest(uint32_t max_blocks, uint64_t* return_bytes,
-                                              bool foreground) {
+absl::StatusOr<bool> LocalStore::SpillColdest(uint32_t max_blocks, uint64_t* return_bytes) {
   std::vector<Block*> chosen;
   std::vector<uint64_t> lease_ids;
   {
@@ -112,7 +111,7 @@ absl::StatusOr<bool> LocalStore::SpillColdest(uint32_t max_blocks, uint64_t* ret
   std::vector<uint64_t> drop;
   {
     absl::MutexLock lock(&mu_);
-    if (foreground) usage_.spill_wait_ns += NowNs() - start;
+    usage_.spill_wait_ns += NowNs() - start;
     for (size_t i = 0; i < chosen.size(); ++i) {
       Block* block = chosen[i];
       if (!ids.ok()) {
@@ -137,7 +136,6 @@ absl::StatusOr<bool> LocalStore::SpillColdest(uint32_t max_blocks, uint64_t* ret
     if (ids.ok() && !restorer_.joinable() && restore_ahead_ > 0) {
       restorer_ = std::thread([this] { RunRestorer(); });
     }
-    if (ids.ok()) provision_ = true;
   }
   if (!drop.empty()) (void)backend_.DropSpilled(drop);
   if (!ids.ok()) return ids.status();
@@ -345,53 +343,6 @@ void LocalStore::RunRestorer() {
     }
     // No spilling for a read ahead: it uses memory that is free.
     (void)RestoreBlock(block, /*may_spill=*/false);
-  }
-}
-
-void LocalStore::MaybeProvision() {
-  size_t empty = 0;
-  for (const std::unique_ptr<Arena>& arena : arenas_) {
-    empty += !arena->dedicated && Empty(*arena);
-  }
-  if (empty >= lease_batch_) return;
-  provision_wanted_ = true;
-  if (!provisioner_.joinable()) provisioner_ = std::thread([this] { RunProvisioner(); });
-}
-
-void LocalStore::RunProvisioner() {
-  for (;;) {
-    {
-      absl::MutexLock lock(&mu_);
-      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return stopping_ || provision_wanted_;
-      };
-      mu_.Await(absl::Condition(&ready));
-      if (stopping_) return;
-      provision_wanted_ = false;
-    }
-    if (backend_.Lost()) continue;
-    absl::MutexLock lease_lock(&lease_mu_);
-    uint32_t empty = 0;
-    {
-      absl::MutexLock lock(&mu_);
-      for (const std::unique_ptr<Arena>& arena : arenas_) {
-        empty += !arena->dedicated && Empty(*arena);
-      }
-    }
-    if (empty >= lease_batch_) continue;
-    const uint32_t want = lease_batch_ - empty;
-    absl::StatusOr<std::vector<std::unique_ptr<Arena>>> arenas = LeaseArenas(want, 1, false);
-    if (arenas.ok()) {
-      absl::MutexLock lock(&mu_);
-      for (std::unique_ptr<Arena>& arena : *arenas) Adopt(std::move(arena));
-      continue;
-    }
-    if (arenas.status().code() != absl::StatusCode::kResourceExhausted) continue;
-    uint64_t return_bytes = 0;
-    absl::StatusOr<bool> spilled = SpillColdest(want, &return_bytes, /*foreground=*/false);
-    if (spilled.ok() && *spilled && return_bytes > 0) {
-      GiveBackEmpty([](const Arena&) { return false; }, return_bytes);
-    }
   }
 }
 
