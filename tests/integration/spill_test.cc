@@ -9,6 +9,7 @@
 #include <grpcpp/security/credentials.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -315,6 +316,55 @@ TEST_F(SpillTest, FullSpillSpaceIsResourceExhaustedAndLosesNothing) {
   EXPECT_LE(stats.spill->on_disk_bytes, 32 * kMiB);
   EXPECT_GE(stats.spill->failures, 1u);
   FetchAllBack(*client, stored);  // everything stored before is intact
+}
+
+// A really full file system (a 24 MiB tmpfs, which also has no O_DIRECT):
+// RESOURCE_EXHAUSTED with the free space, nothing half-written, nothing lost.
+TEST_F(SpillTest, FullDiskIsResourceExhaustedAndLosesNothing) {
+  const std::string mount_point = spill_dir_ + "/small";
+  ASSERT_EQ(mkdir(mount_point.c_str(), 0700), 0);
+  const std::string mount =
+      "mount -t tmpfs -o size=24m,mode=0700 tmpfs '" + mount_point + "' 2>/dev/null";
+  if (std::system(mount.c_str()) != 0) {
+    GTEST_SKIP() << "cannot mount a small tmpfs here (needs root); the full-disk path is "
+                    "covered where it can";
+  }
+  // Unmounted however the test ends (before TearDown removes the directory).
+  struct Unmount {
+    std::string path;
+    std::string* spill_dir;
+    std::string real_dir;
+    std::unique_ptr<DaemonProcess>* daemon;
+    ~Unmount() {
+      daemon->reset();
+      EXPECT_EQ(std::system(("umount '" + path + "'").c_str()), 0);
+      *spill_dir = real_dir;
+    }
+  } unmount{mount_point, &spill_dir_, spill_dir_, &daemon_};
+  spill_dir_ = mount_point;
+  StartDaemon();
+  auto client = Attached();
+  ASSERT_NE(client, nullptr);
+  std::vector<Stored> stored;
+  absl::Status status;
+  for (int i = 0; i < 200 && status.ok(); ++i) {
+    Stored s;
+    s.data = RandomBytes(1 * kMiB, 800 + i);
+    absl::StatusOr<Ticket> ticket = client->Store(s.data.data(), s.data.size());
+    status = ticket.status();
+    if (ticket.ok()) {
+      s.ticket = *ticket;
+      stored.push_back(std::move(s));
+    }
+  }
+  EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted) << status;
+  EXPECT_THAT(std::string(status.message()), HasSubstr("No space left on device"));
+  EXPECT_THAT(std::string(status.message()), HasSubstr("free of"));
+  const StatsSnapshot stats = Stats();
+  EXPECT_LE(stats.spill->on_disk_bytes, 24 * kMiB);
+  EXPECT_GE(stats.spill->failures, 1u);
+  FetchAllBack(*client, stored);
+  client.reset();
 }
 
 TEST_F(SpillTest, InlineObjectsSpillAndComeBack) {
