@@ -330,8 +330,8 @@ phase_pytest() {
   local build=$AS_WORK/build
   cd "$AS_WORK/src"
   PYTHONPATH="$build/python${PYTHONPATH:+:$PYTHONPATH}" ACTSTASH_BUILD_DIR="$build" \
-    "$AS_PYTHON" -m pytest -q -rs -p no:cacheprovider --junitxml="$AS_RESULTS/pytest.xml" \
-    tests/python
+    "$AS_PYTHON" -m pytest -v -rs --durations=15 -p no:cacheprovider \
+    --junitxml="$AS_RESULTS/pytest.xml" tests/python
 }
 
 phase_bench() {
