@@ -94,7 +94,7 @@ def model():
 batch = torch.randint(0, 256, (8, 257), generator=torch.Generator().manual_seed(5))
 plain = model()
 loss_fn(plain, batch).backward()
-stash = actstash.connect(sys.argv[1], copy_delay_us=100, seed=int(sys.argv[3]))
+stash = actstash.connect(sys.argv[1], quota=32 << 20, copy_delay_us=100, seed=int(sys.argv[3]))
 m = model()
 for _ in range(2):
     m.zero_grad()
@@ -108,6 +108,9 @@ print("spilled", s["bytes_spilled"], "restored", s["bytes_restored"], flush=True
 
 
 def test_two_trainers_sharing_a_small_pool_both_spill(spill_daemon):
+    # Each trainer gets half the pool as its quota (as ranks of one node should:
+    # ARCHITECTURE, "Spill tier"): each then spills against its own quota and
+    # always makes progress.
     env = dict(os.environ, **PACKAGE_ENV)
     procs = [subprocess.Popen([sys.executable, "-c", TRAINER, spill_daemon.socket,
                                os.path.join(ROOT, "examples"), str(seed)],
