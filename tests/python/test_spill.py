@@ -139,9 +139,11 @@ def _spill_fds(pid, spill_dir):
 
 def test_corrupt_spill_file_is_an_error_in_the_trainer_and_the_daemon_goes_on(tmp_path):
     spill_dir = str(tmp_path)
-    d = Daemon(pool="64MiB", segment="4MiB", extra=("--spill-dir", spill_dir))
+    # Two sessions, each with half the pool as quota: the second trains whatever
+    # the first (whose graph the exception may keep alive) still holds.
+    d = Daemon(pool="128MiB", segment="4MiB", extra=("--spill-dir", spill_dir))
     try:
-        stash = actstash.connect(d.socket, seed=4)
+        stash = actstash.connect(d.socket, quota=64 << 20, seed=4)
         model = _model()
         with stash.offload(min_bytes=0):
             loss = loss_fn(model, _batch(0))
@@ -161,7 +163,7 @@ def test_corrupt_spill_file_is_an_error_in_the_trainer_and_the_daemon_goes_on(tm
         assert d.proc.poll() is None, "the daemon must keep serving"
         # A fresh trainer on the same daemon trains, spilling included.
         expected = _plain_grads(1)[0]
-        again = actstash.connect(d.socket, seed=5)
+        again = actstash.connect(d.socket, quota=64 << 20, seed=5)
         model = _model()
         with again.offload(min_bytes=0):
             loss = loss_fn(model, _batch(0))
