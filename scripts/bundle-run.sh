@@ -475,7 +475,7 @@ if [ "${status[configure]}" = ok ]; then
   run_phase build "$build_timeout"
   run_phase ctest 300
   if [ -n "$torch_line" ]; then
-    run_phase pytest 300
+    run_phase pytest 900
   else
     skip pytest skipped "torch is not importable by $AS_PYTHON"
   fi
