@@ -7,6 +7,8 @@
     loss.backward()                             # and come back, prefetched
     y = actstash.checkpoint(block, x, stash=stash)   # recompute inside, offload the input
     actstash.wrap(model, stash, blocks=Block, mode="checkpoint+offload")
+    actstash.wrap(model, stash, policy="auto", budget="6GiB")   # a plan per block
+    print(stash.plan())
 
 The native library (libactstash.so, loaded through ctypes) links neither
 Python nor torch: one build serves every CPython version and torch >= 1.13.
@@ -18,7 +20,7 @@ import importlib
 
 from actstash._lib import StashError, StashFull, StashNotFound, StashUnavailable
 
-_LAZY = {"Stash": "_stash", "connect": "_stash", "checkpoint": "_checkpoint",
+_LAZY = {"BudgetError": "_planner", "Stash": "_stash", "connect": "_stash", "checkpoint": "_checkpoint",
          "unwrap": "_wrap", "wrap": "_wrap"}
 
 
@@ -36,6 +38,6 @@ def __dir__():
 
 
 __all__ = [
-    "Stash", "StashError", "StashFull", "StashNotFound", "StashUnavailable", "checkpoint",
+    "BudgetError", "Stash", "StashError", "StashFull", "StashNotFound", "StashUnavailable", "checkpoint",
     "connect", "unwrap", "wrap",
 ]

@@ -31,7 +31,7 @@ def _autocast_kwargs(device_type):
 
 def checkpoint(function, *args, use_reentrant=None, context_fn=None,
                determinism_check="default", debug=False, preserve_rng_state=True, stash=None,
-               min_bytes=0, **kwargs):
+               min_bytes=0, _observe=None, **kwargs):
     """Runs function(*args, **kwargs) without saving its interior for backward; the
     interior is recomputed when backward needs it. With `stash`, the tensor inputs
     (the boundary, positional and keyword) are offloaded until then.
@@ -88,6 +88,8 @@ def checkpoint(function, *args, use_reentrant=None, context_fn=None,
     weak_holders = []
 
     def pack(x):
+        if _observe is not None:
+            _observe(x)  # the automatic plan's profiler: what keeping would hold
         if check:
             forward_meta.append((x.shape, x.dtype, x.device))
         holder = _Holder()

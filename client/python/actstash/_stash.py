@@ -234,6 +234,8 @@ class Stash:
         self._downcast = downcast == "bf16"
         self._inline_bytes = inline_bytes
         self._unpack_out_len = 5 + 2 * prefetch
+        self.prefetch_depth = prefetch
+        self._planner = None  # wrap(policy="auto")'s, for plan()
         self._tls = threading.local()
         self._keep = {}           # storage address -> StorageWeakRef of a kept storage
         self._min_bytes = 0
@@ -252,6 +254,12 @@ class Stash:
     def offload(self, min_bytes=64 << 10):
         """Context manager: saved tensors of at least min_bytes are offloaded."""
         return self._hooks(min_bytes)
+
+    def plan(self):
+        """The automatic plan (wrap(..., policy="auto")) of the latest input shape: a
+        report whose str() is a table (block, bytes, choice, predicted and measured time
+        and memory). None before the first step, or without policy="auto"."""
+        return self._planner.report() if self._planner is not None else None
 
     def keep(self, *tensors_or_modules):
         """Never offload these tensors (nor other tensors on their storage), or the

@@ -1,0 +1,385 @@
+"""The automatic plan's model and solver: per block keep, offload, checkpoint or
+checkpoint+offload, chosen to minimize the predicted step time with the predicted
+peak memory of the step within a budget. Pure Python (no torch): the profiler
+(_auto.py) measures the costs, this module predicts and chooses.
+
+The model of one training step (all times in seconds, memory in bytes):
+
+* Forward runs the blocks in order on one compute timeline. A block takes its
+  forward time, plus a per-tensor hook cost for each tensor it stores. Stores go
+  to one copy queue at the measured store throughput: a store starts when its
+  block's forward ends and the queue is free, so it costs nothing while it hides
+  behind the compute of the blocks after it, and its source stays in memory
+  until it is copied.
+* Between the last block's forward and its backward: the tail (head, loss, and
+  their backward), measured.
+* Backward runs the blocks in reverse. A block's backward cannot start before its
+  stores finished (it reads them). Its duration is its backward compute, plus its
+  forward time again when it recomputes, or the time to fetch its stored bytes
+  when that is longer (fetches are prefetched a few tensors ahead, so they
+  overlap the block's own compute); a checkpoint+offload block first fetches its
+  input, then recomputes.
+* Memory held across blocks: keep holds what the block saves for backward,
+  offload only what is too small to store, checkpoint the block's input,
+  checkpoint+offload only an input too small to store. A block's forward phase
+  adds its transient working memory (or what it holds, if larger) and the
+  sources of stores still in flight; its backward phase adds its measured
+  backward working set (what it saved or recomputes, plus gradients and
+  temporaries) and what is prefetched for the block before it. The peak is the
+  largest of these over the step, relative to what the trainer holds when the
+  first block starts.
+
+The solver is exact: a depth-first branch and bound over the 4^n plans, pruned by
+two lower bounds (time: the rest of the blocks kept, which no other choice makes
+faster; memory: the rest held at their smallest), started from a greedy plan. Past
+`max_nodes` visited plans (models of more than about ten blocks, at budgets
+between the extremes) it returns the best plan found, at least as fast as the
+greedy one, and says it is not proven optimal (`Plan.exact` False).
+"""
+import dataclasses
+
+KEEP, OFFLOAD, CHECKPOINT, CHECKPOINT_OFFLOAD = (
+    "keep", "offload", "checkpoint", "checkpoint+offload")
+CHOICES = (KEEP, OFFLOAD, CHECKPOINT, CHECKPOINT_OFFLOAD)
+_STORES = (OFFLOAD, CHECKPOINT_OFFLOAD)
+_RECOMPUTES = (CHECKPOINT, CHECKPOINT_OFFLOAD)
+
+
+class BudgetError(ValueError):
+    """No plan keeps the step's peak memory within the budget (or the daemon's quota)."""
+
+
+@dataclasses.dataclass
+class BlockCost:
+    """What one block costs, as measured (or, in tests, given)."""
+    name: str
+    forward_s: float          # forward compute
+    backward_s: float         # backward compute, without recomputation
+    saved_bytes: int          # held in-process when kept: the storages saved for backward
+    offload_bytes: int = 0    # what offloading stores (saved tensors of >= min_bytes)
+    offload_tensors: int = 0
+    largest_tensor: int = 0   # the largest of those
+    input_bytes: int = 0      # the block's tensor inputs: what checkpoint holds
+    input_offload_bytes: int = 0  # of those, what checkpoint+offload stores
+    input_tensors: int = 0
+    forward_work: int = 0     # transient memory of its forward, above what is held
+    backward_work: int = 0    # its backward's working set, above what is held
+    recompute_s: float = None  # recomputation (default: forward_s)
+
+    def held(self, choice):
+        if choice == KEEP:
+            return self.saved_bytes
+        if choice == OFFLOAD:
+            return max(0, self.saved_bytes - self.offload_bytes)
+        if choice == CHECKPOINT:
+            return self.input_bytes
+        return max(0, self.input_bytes - self.input_offload_bytes)
+
+    def stored(self, choice):
+        """(bytes, tensors) a choice sends to the stash."""
+        if choice == OFFLOAD:
+            return self.offload_bytes, self.offload_tensors
+        if choice == CHECKPOINT_OFFLOAD:
+            return self.input_offload_bytes, self.input_tensors
+        return 0, 0
+
+
+@dataclasses.dataclass
+class Machine:
+    """What the step costs outside the blocks, and what the stash reaches."""
+    store_bps: float = float("inf")   # store throughput (bytes/s)
+    fetch_bps: float = float("inf")   # fetch throughput
+    per_tensor_s: float = 0.0         # compute-thread cost of storing one tensor
+    prefetch: int = 2                 # tensors fetched ahead in backward
+    tail_s: float = 0.0               # after the last block's forward, before its backward
+    tail_work: int = 0                # memory the tail adds above what is held
+    offload_allowed: bool = True      # False without a stash: keep and checkpoint only
+
+
+@dataclasses.dataclass
+class Prediction:
+    time_s: float
+    peak_bytes: int
+    stored_bytes: int      # in the stash at the end of forward
+    forward_s: list        # per block
+    backward_s: list
+    held: list
+    phase_peak: list       # per block: the larger of its forward and backward phase
+
+
+def simulate(costs, machine, plan):
+    """The predicted time and memory of one step under `plan` (a choice per block)."""
+    n = len(costs)
+    t = 0.0
+    copy_free = 0.0
+    store_done = [0.0] * n
+    in_flight = []  # (copy done at, source bytes)
+    held_prefix = [0] * (n + 1)
+    peak = 0
+    stored = 0
+    fwd, bwd, phase_peak = [0.0] * n, [0.0] * n, [0] * n
+    for j, (c, choice) in enumerate(zip(costs, plan)):
+        held = c.held(choice)
+        flying = sum(b for done, b in in_flight if done > t)
+        phase_peak[j] = held_prefix[j] + flying + max(c.forward_work, held)
+        start = t
+        nbytes, ntensors = c.stored(choice)
+        t += c.forward_s + ntensors * machine.per_tensor_s
+        if nbytes:
+            begin = max(copy_free, t)
+            copy_free = begin + nbytes / machine.store_bps
+            store_done[j] = copy_free
+            in_flight.append((copy_free, nbytes))
+            stored += nbytes
+        fwd[j] = t - start
+        held_prefix[j + 1] = held_prefix[j] + held
+    flying = sum(b for done, b in in_flight if done > t)
+    peak = held_prefix[n] + flying + machine.tail_work
+    t += machine.tail_s
+    for j in range(n - 1, -1, -1):
+        c, choice = costs[j], plan[j]
+        start = max(t, store_done[j])
+        compute = c.backward_s
+        if choice in _RECOMPUTES:
+            compute += c.recompute_s if c.recompute_s is not None else c.forward_s
+        nbytes, _ = c.stored(choice)
+        fetch = nbytes / machine.fetch_bps if nbytes else 0.0
+        duration = fetch + compute if choice == CHECKPOINT_OFFLOAD else max(compute, fetch)
+        bwd[j] = start + duration - t  # with any wait for its stores
+        t = start + duration
+        ahead = 0
+        if j > 0 and plan[j - 1] in _STORES:
+            before, ahead_tensors = costs[j - 1].stored(plan[j - 1])
+            ahead = min(before, machine.prefetch * max(costs[j - 1].largest_tensor,
+                                                       before // max(ahead_tensors, 1)))
+        phase_peak[j] = max(phase_peak[j], held_prefix[j] + c.backward_work + ahead)
+    return Prediction(time_s=t, peak_bytes=max([peak] + phase_peak), stored_bytes=stored,
+                      forward_s=fwd, backward_s=bwd, held=[c.held(p) for c, p in
+                                                            zip(costs, plan)],
+                      phase_peak=phase_peak)
+
+
+@dataclasses.dataclass
+class Plan:
+    """A solved plan: the choice per block, what the model predicts for it, and why."""
+    choices: list
+    prediction: Prediction
+    budget: int
+    exact: bool = True           # proven optimal under the model
+    limited_by_quota: bool = False  # a faster plan exists that the quota does not allow
+    unlimited_time_s: float = None  # that faster plan's predicted time
+    nodes: int = 0                # plans the search visited
+    smallest_peak: int = 0        # the least peak any plan reaches
+    kept_peak: int = 0            # the peak with every block kept
+
+
+class _Stop(Exception):
+    pass
+
+
+def _allowed(machine):
+    return CHOICES if machine.offload_allowed else (KEEP, CHECKPOINT)
+
+
+def _min_held(c, machine):
+    return min(c.held(choice) for choice in _allowed(machine))
+
+
+def _bounds(costs, machine, prefix):
+    """Lower bounds on (time, peak, stored bytes) over every plan that starts with prefix."""
+    n, k = len(costs), len(prefix)
+    partial = simulate(costs, machine, list(prefix) + [KEEP] * (n - k))
+    time_lb = partial.time_s
+    peak_lb = max(partial.phase_peak[:k], default=0)
+    held = sum(partial.held[:k])
+    for c in costs[k:]:
+        peak_lb = max(peak_lb, held + max(c.forward_work, c.backward_work, _min_held(c, machine)))
+        held += _min_held(c, machine)
+    peak_lb = max(peak_lb, held + machine.tail_work)
+    stored_lb = sum(c.stored(choice)[0] for c, choice in zip(costs, prefix))
+    return time_lb, peak_lb, stored_lb
+
+
+def _search(costs, machine, objective, budget, stored_limit, incumbent, max_nodes):
+    """Branch and bound: the feasible plan of least `objective` ("time" or "peak").
+    Returns (plan or None, prediction, exact, nodes)."""
+    n = len(costs)
+    order = [c for c in (KEEP, OFFLOAD, CHECKPOINT_OFFLOAD, CHECKPOINT) if c in _allowed(machine)]
+    if objective == "peak":
+        order.reverse()
+
+    def value(prediction):
+        return prediction.time_s if objective == "time" else prediction.peak_bytes
+
+    best = {"plan": None, "prediction": None, "value": float("inf")}
+    if incumbent is not None:
+        prediction = simulate(costs, machine, incumbent)
+        if prediction.peak_bytes <= budget and prediction.stored_bytes <= stored_limit:
+            best.update(plan=list(incumbent), prediction=prediction, value=value(prediction))
+    nodes = 0
+
+    def visit(prefix):
+        nonlocal nodes
+        nodes += 1
+        if nodes > max_nodes:
+            raise _Stop
+        if len(prefix) == n:
+            prediction = simulate(costs, machine, prefix)
+            if (prediction.peak_bytes <= budget and prediction.stored_bytes <= stored_limit and
+                    value(prediction) < best["value"]):
+                best.update(plan=list(prefix), prediction=prediction, value=value(prediction))
+            return
+        time_lb, peak_lb, stored_lb = _bounds(costs, machine, prefix)
+        if peak_lb > budget or stored_lb > stored_limit:
+            return
+        if (time_lb if objective == "time" else peak_lb) >= best["value"]:
+            return
+        for choice in order:
+            visit(prefix + [choice])
+
+    exact = True
+    try:
+        visit([])
+    except _Stop:
+        exact = False
+    return best["plan"], best["prediction"], exact, nodes
+
+
+def _greedy(costs, machine, budget, stored_limit):
+    """A feasible plan to start the search from: everything at its smallest, then the
+    change that saves the most time while it fits, until none does."""
+    plan = [min(_allowed(machine), key=c.held) for c in costs]
+    current = simulate(costs, machine, plan)
+    if current.peak_bytes > budget or current.stored_bytes > stored_limit:
+        return None
+    while True:
+        best = None
+        for j in range(len(costs)):
+            for choice in _allowed(machine):
+                if choice == plan[j]:
+                    continue
+                candidate = plan[:j] + [choice] + plan[j + 1:]
+                p = simulate(costs, machine, candidate)
+                if (p.peak_bytes <= budget and p.stored_bytes <= stored_limit and
+                        p.time_s < current.time_s and (best is None or p.time_s < best[1].time_s)):
+                    best = (candidate, p)
+        if best is None:
+            return plan
+        plan, current = best
+
+
+def _polish(costs, machine, budget, stored_limit, plan):
+    """Local search from `plan`: the best change of one or two blocks' choices that
+    fits and is faster, until none is."""
+    n, choices = len(costs), _allowed(machine)
+    current = simulate(costs, machine, plan)
+    while True:
+        best = None
+        for i in range(n):
+            for j in range(i, n):
+                for a in choices:
+                    for b in (choices if j > i else (a,)):
+                        candidate = list(plan)
+                        candidate[i], candidate[j] = a, b
+                        if candidate == plan:
+                            continue
+                        p = simulate(costs, machine, candidate)
+                        if (p.peak_bytes <= budget and p.stored_bytes <= stored_limit and
+                                p.time_s < (best or (None, current))[1].time_s):
+                            best = (candidate, p)
+        if best is None:
+            return plan
+        plan, current = best
+
+
+def _simplify(costs, machine, budget, stored_limit, plan):
+    """Among plans of equal predicted time, the one that keeps more and stores less:
+    each block moves to an earlier choice of (keep, offload, checkpoint,
+    checkpoint+offload) when that costs no time and still fits."""
+    plan = list(plan)
+    current = simulate(costs, machine, plan)
+    for j in range(len(plan)):
+        for choice in _allowed(machine):
+            if choice == plan[j]:
+                break
+            candidate = plan[:j] + [choice] + plan[j + 1:]
+            p = simulate(costs, machine, candidate)
+            if (p.time_s <= current.time_s and p.peak_bytes <= budget and
+                    p.stored_bytes <= stored_limit):
+                plan, current = candidate, p
+                break
+    return plan
+
+
+def solve(costs, machine, budget, stored_limit=float("inf"), max_nodes=20_000):
+    """The plan of least predicted step time whose predicted peak is within `budget`
+    and whose stored bytes are within `stored_limit` (the session's quota). Raises
+    BudgetError, with the smallest reachable peak, when no plan fits."""
+    if not costs:
+        raise ValueError("no blocks to plan")
+    smallest, smallest_prediction, _, _ = _search(costs, machine, "peak", float("inf"),
+                                                  stored_limit, None, max_nodes)
+    if smallest is None or smallest_prediction.peak_bytes > budget:
+        raise BudgetError(_infeasible_message(costs, machine, budget, stored_limit,
+                                              smallest, smallest_prediction))
+    plan, prediction, exact, nodes = _search(costs, machine, "time", budget, stored_limit,
+                                             _greedy(costs, machine, budget, stored_limit),
+                                             max_nodes)
+    if not exact:
+        plan = _polish(costs, machine, budget, stored_limit, plan)
+    plan = _simplify(costs, machine, budget, stored_limit, plan)
+    prediction = simulate(costs, machine, plan)
+    result = Plan(choices=plan, prediction=prediction, budget=budget, exact=exact, nodes=nodes,
+                  smallest_peak=smallest_prediction.peak_bytes,
+                  kept_peak=simulate(costs, machine, [KEEP] * len(costs)).peak_bytes)
+    if stored_limit != float("inf"):
+        free, free_prediction, _, _ = _search(costs, machine, "time", budget, float("inf"),
+                                              plan, max_nodes)
+        if free_prediction is not None and free_prediction.time_s < prediction.time_s:
+            result.limited_by_quota = True
+            result.unlimited_time_s = free_prediction.time_s
+    return result
+
+
+def _infeasible_message(costs, machine, budget, stored_limit, smallest, prediction):
+    worst = max(costs, key=lambda c: max(c.backward_work, c.forward_work))
+    text = f"memory budget {format_bytes(budget)} cannot be met: "
+    if smallest is None:
+        return text + (f"no plan stores at most {format_bytes(stored_limit)} "
+                       "(the session's quota)")
+    text += (f"the smallest peak any plan reaches is {format_bytes(prediction.peak_bytes)} "
+             f"({_describe(smallest)}); block {worst.name} alone needs "
+             f"{format_bytes(max(worst.backward_work, worst.forward_work))} while it runs")
+    return text
+
+
+def _describe(plan):
+    kinds = sorted(set(plan))
+    if len(kinds) == 1:
+        return f"every block {kinds[0]}"
+    return ", ".join(f"{plan.count(k)} {k}" for k in kinds)
+
+
+def format_bytes(n):
+    n = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+
+
+def parse_bytes(text):
+    """'6GiB', '512 MiB', '1.5GB', '1000' -> bytes."""
+    units = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1 << 10, "m": 1000 ** 2,
+             "mb": 1000 ** 2, "mib": 1 << 20, "g": 1000 ** 3, "gb": 1000 ** 3, "gib": 1 << 30,
+             "t": 1000 ** 4, "tb": 1000 ** 4, "tib": 1 << 40}
+    s = str(text).strip().lower().replace(" ", "")
+    number = s.rstrip("abcdefghijklmnopqrstuvwxyz")
+    unit = s[len(number):]
+    try:
+        value = float(number)
+    except ValueError:
+        value = -1
+    if unit not in units or value < 0:
+        raise ValueError(f"not a size: {text!r} (say e.g. 6GiB, 512MiB or a number of bytes)")
+    return int(value * units[unit])

@@ -1,0 +1,145 @@
+"""Child process of test_auto_plan.py: trains a model with wrap(policy="auto")
+under several budgets next to plain autograd and prints what it saw as JSON.
+
+It runs in its own process because the peak memory it checks is RssAnon, with
+glibc told (MALLOC_MMAP_THRESHOLD_, set by the parent) to give large blocks back
+to the system when they are freed, so that RssAnon follows what the trainer
+holds. The peak of a step is measured here, independently of the planner: a
+sampling thread, from the first block's forward (a forward pre-hook) to the end
+of backward, above RssAnon at that first hook.
+
+    auto_plan_run.py SOCKET MODEL STEPS [COPY_DELAY_US]
+"""
+import copy
+import json
+import os
+import sys
+import threading
+import time
+
+import torch
+from torch import nn
+
+import actstash
+from actstash._planner import BudgetError
+
+torch.set_num_threads(1)
+PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def rss_anon():
+    with open("/proc/self/statm") as f:
+        fields = f.read().split()
+    return (int(fields[1]) - int(fields[2])) * PAGE
+
+
+class PeakMeter:
+    """Peak RssAnon above the first block's forward, until stop()."""
+
+    def __init__(self, first_block):
+        self.baseline = None
+        self.peak = 0
+        self.running = False
+        first_block.register_forward_pre_hook(self._begin)
+
+    def _begin(self, module, args):
+        if self.running or not torch.is_grad_enabled():
+            return
+        self.baseline, self.peak, self.running = rss_anon(), 0, True
+        self.thread = threading.Thread(target=self._sample, daemon=True)
+        self.thread.start()
+
+    def _sample(self):
+        while self.running:
+            self.peak = max(self.peak, rss_anon() - self.baseline)
+            time.sleep(0.0002)
+
+    def stop(self):
+        self.running = False
+        self.thread.join()
+        self.peak = max(self.peak, rss_anon() - self.baseline)
+        return self.peak
+
+
+def gpt():
+    from gpt import GPT, loss_fn
+    torch.manual_seed(0)
+    model = GPT(vocab=256, dim=64, heads=4, layers=4, context=128)
+    batch = torch.randint(0, 256, (4, 129), generator=torch.Generator().manual_seed(1))
+    return model, model.blocks[0], lambda m: loss_fn(m, batch)
+
+
+def encoder():
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(d_model=64, nhead=4, dim_feedforward=256, dropout=0.1,
+                                       batch_first=True)
+    model = nn.TransformerEncoder(layer, num_layers=4)
+    x = torch.randn(4, 128, 64, generator=torch.Generator().manual_seed(1))
+    target = torch.randn(4, 128, 64, generator=torch.Generator().manual_seed(2))
+    return model, model.layers[0], lambda m: nn.functional.mse_loss(m(x), target)
+
+
+def step(model, loss, seed):
+    model.zero_grad(set_to_none=True)
+    torch.manual_seed(seed)
+    loss(model).backward()
+    return [p.grad.clone() for p in model.parameters()]
+
+
+def run(stash, model, first, loss, reference, budget, steps, seed0):
+    """Steps under wrap(policy="auto", budget): per step the plan, the bitwise check,
+    the stash's counters and the peak."""
+    meter = PeakMeter(first)
+    actstash.wrap(model, stash, policy="auto", budget=budget)
+    out = []
+    try:
+        for k in range(steps):
+            before = stash.stats()
+            try:
+                grads = step(model, loss, seed0 + k)
+            except BudgetError as error:
+                meter.running = False
+                out.append({"error": str(error)})
+                break
+            peak = meter.stop()
+            stash.synchronize()
+            after = stash.stats()
+            report = stash.plan()
+            out.append({
+                "bitwise": all(torch.equal(a, b) for a, b in zip(grads, reference[k])),
+                "peak": peak,
+                "offloaded": after["bytes_offloaded"] - before["bytes_offloaded"],
+                "fetched": after["bytes_fetched"] - before["bytes_fetched"],
+                "live": after["live_bytes"],
+                "choices": report.choices,
+                "predicted_peak": report.predicted_peak,
+                "smallest_peak": report.smallest_peak,
+                "kept_peak": report.kept_peak,
+                "table": str(report),
+            })
+    finally:
+        actstash.unwrap(model)
+    return out
+
+
+def main():
+    socket, name, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    delay = int(sys.argv[4]) if len(sys.argv) > 4 else 0
+    model, first, loss = {"gpt": gpt, "encoder": encoder}[name]()
+    plain = copy.deepcopy(model)
+    reference = [step(plain, loss, 100 + k) for k in range(steps)]
+    stash = actstash.connect(socket, copy_delay_us=delay, seed=3)
+    # Everything fits: the planner says what peaks are reachable.
+    results = {"fits": run(stash, model, first, loss, reference, 1 << 40, steps, 100)}
+    last = results["fits"][-1]
+    low, high = last["smallest_peak"], last["kept_peak"]
+    budgets = {"middle": low + (high - low) // 2, "quarter": low + (high - low) // 4,
+               "smallest": int(low * 1.35), "impossible": low // 3}
+    for label, budget in budgets.items():
+        results[label] = run(stash, model, first, loss, reference, budget, steps, 100)
+    stash.close()
+    print(json.dumps({"budgets": budgets, "smallest": low, "kept": high, "runs": results}))
+
+
+if __name__ == "__main__":
+    main()

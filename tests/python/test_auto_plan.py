@@ -1,0 +1,141 @@
+"""wrap(policy="auto", budget=...) against plain autograd with a real daemon: the
+GPT demo model and torch.nn.TransformerEncoder, each under budgets from
+"everything fits" to the smallest reachable one (and with injected copy delays).
+Every step's gradients are bitwise equal to plain autograd's; from the step after
+the plan is checked on, the step's peak RssAnon (measured by the child process
+itself, not by the planner) stays within the budget; the stash's counters show
+that the blocks the plan offloads really went to the daemon and came back, and
+that a plan that keeps everything stores nothing; an impossible budget is refused
+with the smallest reachable peak. The training runs in auto_plan_run.py, a child
+process with glibc told to give freed blocks back (see there)."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from torch import nn
+
+import actstash
+from conftest import PACKAGE_ENV, ROOT
+
+STEPS = 6
+STEADY = 2  # the last steps: after profiling, checking and up to two corrections
+
+
+def _run(daemon, model, delay_us=0):
+    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="131072", **PACKAGE_ENV)
+    env["PYTHONPATH"] = os.pathsep.join(
+        filter(None, [env.get("PYTHONPATH"), os.path.join(ROOT, "examples")]))
+    child = os.path.join(os.path.dirname(os.path.abspath(__file__)), "auto_plan_run.py")
+    done = subprocess.run([sys.executable, child, daemon.socket, model, str(STEPS),
+                           str(delay_us)], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+@pytest.fixture(scope="module", params=[("gpt", 0), ("encoder", 0), ("gpt", 2000)],
+                ids=["gpt", "encoder", "gpt-copy-delay"])
+def result(request, daemon):
+    return _run(daemon, *request.param)
+
+
+def _steps(result, label):
+    return result["runs"][label]
+
+
+def test_gradients_bitwise_equal_under_every_plan(result):
+    for label in ("fits", "middle", "quarter", "smallest"):
+        steps = _steps(result, label)
+        assert len(steps) == STEPS, (label, steps[-1])
+        for k, s in enumerate(steps):
+            assert s["bitwise"], (label, k, s["choices"])
+            assert s["live"] == 0, (label, k)  # nothing stays in the daemon after backward
+
+
+def test_budgets_are_honored_as_measured(result):
+    for label in ("fits", "middle", "quarter", "smallest"):
+        budget = result["budgets"].get(label, 1 << 40)
+        for s in _steps(result, label)[-STEADY:]:
+            assert s["peak"] <= budget, (label, s["peak"], budget, s["table"])
+            assert s["predicted_peak"] <= budget
+
+
+def test_profiling_step_stores_block_inputs(result):
+    # The first step of a shape runs every block as checkpoint+offload: its inputs
+    # went to the daemon and came back.
+    for label in ("fits", "middle", "quarter", "smallest"):
+        first = _steps(result, label)[0]
+        assert first["offloaded"] > 0 and first["fetched"] == first["offloaded"]
+
+
+def test_plans_go_from_keeping_everything_to_the_smallest(result):
+    fits = _steps(result, "fits")[-1]
+    assert fits["choices"] == ["keep"] * 4
+    assert all(s["offloaded"] == 0 for s in _steps(result, "fits")[1:])
+    for label in ("middle", "quarter", "smallest"):
+        last = _steps(result, label)[-1]
+        assert last["choices"] != ["keep"] * 4, label
+        stores = any(c in ("offload", "checkpoint+offload") for c in last["choices"])
+        for s in _steps(result, label)[-STEADY:]:
+            # What the plan offloads really goes to the daemon and comes back.
+            assert (s["offloaded"] > 0) == stores, (label, s)
+            assert s["fetched"] == s["offloaded"]
+    # Tighter budgets hold less: the predicted peaks follow the budgets down.
+    peaks = [_steps(result, label)[-1]["predicted_peak"]
+             for label in ("fits", "middle", "quarter", "smallest")]
+    assert peaks == sorted(peaks, reverse=True) and peaks[0] > peaks[-1]
+
+
+def test_impossible_budget_is_refused_with_the_smallest_peak(result):
+    steps = _steps(result, "impossible")
+    assert "error" in steps[-1] and len(steps) == 2  # profiled, then refused
+    message = steps[-1]["error"]
+    assert "cannot be met" in message and "smallest peak any plan reaches" in message
+
+
+@pytest.fixture
+def stash(daemon):
+    s = actstash.connect(daemon.socket)
+    yield s
+    s.close()
+
+
+def test_blocks_default_to_the_largest_module_list(stash):
+    from gpt import GPT, loss_fn
+    torch.manual_seed(0)
+    model = GPT(vocab=64, dim=32, heads=2, layers=3, context=16)
+    assert stash.plan() is None
+    actstash.wrap(model, stash, policy="auto", budget="1GiB")
+    idx = torch.randint(0, 64, (2, 17))
+    for _ in range(2):
+        loss_fn(model, idx).backward()
+    report = stash.plan()
+    assert [c.name for c in report.costs] == ["blocks.0", "blocks.1", "blocks.2"]
+    assert report.choices == ["keep"] * 3
+    text = str(report)
+    assert "blocks.2" in text and "budget 1.0 GiB" in text and "keep" in text
+    with pytest.raises(ValueError, match="already wrapped"):
+        actstash.wrap(model, stash, policy="auto", budget="1GiB")
+    actstash.unwrap(model)
+    assert stash.plan() is None
+    assert all(getattr(b, "_actstash_forward", None) is None for b in model.blocks)
+
+
+def test_bad_arguments_are_refused(stash):
+    model = nn.Sequential(nn.Linear(4, 4))
+    with pytest.raises(ValueError, match="ModuleList"):
+        actstash.wrap(model, stash, policy="auto", budget="1GiB")
+    lst = nn.Sequential(nn.ModuleList([nn.Linear(4, 4)]))
+    with pytest.raises(ValueError, match="budget"):
+        actstash.wrap(lst, stash, policy="auto")
+    with pytest.raises(ValueError, match="not a size"):
+        actstash.wrap(lst, stash, policy="auto", budget="lots")
+    with pytest.raises(ValueError, match="fraction"):
+        actstash.wrap(lst, stash, policy="auto", budget=1.5)
+    with pytest.raises(ValueError, match="policy"):
+        actstash.wrap(lst, stash, policy="smart", budget="1GiB")
+    with pytest.raises(ValueError, match="needs a stash"):
+        actstash.wrap(lst, None, policy="auto", budget="1GiB")
+    assert actstash.BudgetError.__mro__[1] is ValueError

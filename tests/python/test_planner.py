@@ -1,0 +1,187 @@
+"""The automatic plan's model and solver (actstash._planner) on synthetic cost
+tables with known optima: offload that hides behind later compute costs only its
+hook time, offload that cannot hide costs its excess, the solver's plan is the
+optimum of exhaustive enumeration, the budget and the quota are honored, and an
+impossible budget is refused with the smallest reachable peak."""
+import itertools
+import random
+
+import pytest
+
+from actstash import _planner as planner
+from actstash._planner import (CHECKPOINT, CHECKPOINT_OFFLOAD, KEEP, OFFLOAD, BlockCost,
+                               BudgetError, Machine, simulate, solve)
+
+MiB = 1 << 20
+
+
+def block(name, forward=0.010, backward=0.020, saved=100 * MiB, work=None, tensors=10,
+          input_bytes=4 * MiB):
+    return BlockCost(name, forward_s=forward, backward_s=backward, saved_bytes=saved,
+                     offload_bytes=saved, offload_tensors=tensors,
+                     largest_tensor=saved // tensors, input_bytes=input_bytes,
+                     input_offload_bytes=input_bytes, input_tensors=1,
+                     forward_work=20 * MiB, backward_work=saved + 20 * MiB if work is None
+                     else work)
+
+
+def test_keep_costs_nothing_and_holds_everything():
+    costs = [block(f"b{i}") for i in range(3)]
+    p = simulate(costs, Machine(tail_s=0.005, tail_work=10 * MiB), [KEEP] * 3)
+    assert p.time_s == pytest.approx(3 * 0.010 + 0.005 + 3 * 0.020)
+    # The last block's backward: the two before it held, plus its own working set.
+    assert p.peak_bytes == 2 * 100 * MiB + 120 * MiB
+    assert p.stored_bytes == 0
+
+
+def test_offload_hidden_behind_later_compute_costs_only_its_hooks():
+    costs = [block("b0", forward=0.010), block("b1", forward=0.050), block("b2", forward=0.050)]
+    # 100 MiB at 10 GB/s: 10.5 ms of copy, hidden behind b1's 50 ms forward.
+    machine = Machine(store_bps=10e9, fetch_bps=10e9, per_tensor_s=20e-6)
+    keep = simulate(costs, machine, [KEEP] * 3)
+    offload = simulate(costs, machine, [OFFLOAD, KEEP, KEEP])
+    assert offload.time_s == pytest.approx(keep.time_s + 10 * 20e-6)
+    assert offload.held[0] == 0 and offload.stored_bytes == 100 * MiB
+    assert offload.peak_bytes < keep.peak_bytes
+
+
+def test_offload_that_cannot_hide_costs_its_excess():
+    # The last block's store cannot hide: its backward starts right after forward and
+    # must wait for the store (0.1 s at 1 GB/s for 100 MB) before it reads.
+    costs = [block("b0"), block("b1", saved=100_000_000, tensors=1)]
+    machine = Machine(store_bps=1e9, fetch_bps=1e12)
+    keep = simulate(costs, machine, [KEEP, KEEP])
+    late = simulate(costs, machine, [KEEP, OFFLOAD])
+    # Store ends 0.1 s after b1's forward; tail 0: backward of b1 waits for it.
+    assert late.time_s == pytest.approx(keep.time_s + 0.1)
+    # Offloading b0 instead hides most of it behind b1's forward and backward.
+    early = simulate(costs, machine, [OFFLOAD, KEEP])
+    assert keep.time_s < early.time_s < late.time_s
+
+
+def test_solver_offloads_the_block_whose_copy_hides():
+    costs = [block("b0", forward=0.050), block("b1", forward=0.050), block("b2", forward=0.002)]
+    machine = Machine(store_bps=10e9, fetch_bps=10e9, per_tensor_s=20e-6)
+    kept = simulate(costs, machine, [KEEP] * 3).peak_bytes
+    plan = solve(costs, machine, kept - 50 * MiB)  # one block must give its memory up
+    assert plan.exact
+    assert plan.choices.count(KEEP) == 2
+    assert plan.choices[2] == KEEP  # b2's store could not hide: the last to backward
+    assert plan.prediction.peak_bytes <= kept - 50 * MiB
+
+
+def test_solver_recomputes_when_copies_are_too_slow():
+    costs = [block(f"b{i}", forward=0.002) for i in range(3)]
+    slow = Machine(store_bps=0.2e9, fetch_bps=0.2e9, per_tensor_s=20e-6)
+    kept = simulate(costs, slow, [KEEP] * 3).peak_bytes
+    plan = solve(costs, slow, kept - 150 * MiB)
+    assert OFFLOAD not in plan.choices
+    assert CHECKPOINT in plan.choices or CHECKPOINT_OFFLOAD in plan.choices
+    fast = Machine(store_bps=100e9, fetch_bps=100e9, per_tensor_s=1e-6)
+    plan = solve(costs, fast, simulate(costs, fast, [KEEP] * 3).peak_bytes - 150 * MiB)
+    assert CHECKPOINT not in plan.choices and OFFLOAD in plan.choices
+
+
+def test_everything_fits_keeps_everything():
+    costs = [block(f"b{i}") for i in range(4)]
+    machine = Machine(store_bps=10e9, fetch_bps=10e9)
+    plan = solve(costs, machine, 10 << 30)
+    assert plan.choices == [KEEP] * 4
+    assert plan.kept_peak == plan.prediction.peak_bytes
+    assert plan.smallest_peak < plan.kept_peak
+
+
+def _random_case(rng, n):
+    costs = []
+    for i in range(n):
+        saved = rng.randint(10, 100) * MiB
+        c = BlockCost(f"b{i}", forward_s=rng.uniform(0.001, 0.02),
+                      backward_s=rng.uniform(0.002, 0.04), saved_bytes=saved,
+                      offload_bytes=int(saved * rng.uniform(0.5, 1.0)),
+                      offload_tensors=rng.randint(1, 10), largest_tensor=8 * MiB,
+                      input_bytes=rng.randint(1, 8) * MiB, input_tensors=1,
+                      forward_work=rng.randint(5, 50) * MiB,
+                      backward_work=saved + rng.randint(5, 50) * MiB)
+        c.input_offload_bytes = c.input_bytes if rng.random() < 0.7 else 0
+        costs.append(c)
+    machine = Machine(store_bps=rng.choice([1e9, 5e9, 50e9]),
+                      fetch_bps=rng.choice([1e9, 5e9, 50e9]), per_tensor_s=30e-6,
+                      tail_s=0.003, tail_work=20 * MiB)
+    return costs, machine
+
+
+def test_solver_matches_exhaustive_enumeration():
+    rng = random.Random(1)
+    for _ in range(25):
+        n = rng.randint(2, 5)
+        costs, machine = _random_case(rng, n)
+        every = [(simulate(costs, machine, list(p)), list(p))
+                 for p in itertools.product(planner.CHOICES, repeat=n)]
+        low = min(p.peak_bytes for p, _ in every)
+        high = max(p.peak_bytes for p, _ in every)
+        for budget in (low - 1, low, (low + high) // 2, high):
+            fits = [p.time_s for p, _ in every if p.peak_bytes <= budget]
+            if not fits:
+                with pytest.raises(BudgetError):
+                    solve(costs, machine, budget)
+                continue
+            plan = solve(costs, machine, budget)
+            assert plan.exact
+            assert plan.prediction.peak_bytes <= budget
+            assert plan.prediction.time_s == pytest.approx(min(fits), rel=1e-12)
+            assert plan.smallest_peak == low
+
+
+def test_impossible_budget_says_the_smallest_peak():
+    costs = [block(f"b{i}") for i in range(3)]
+    machine = Machine(store_bps=10e9, fetch_bps=10e9)
+    with pytest.raises(BudgetError) as error:
+        solve(costs, machine, 50 * MiB)
+    message = str(error.value)
+    assert "50.0 MiB cannot be met" in message
+    smallest = solve(costs, machine, 1 << 40).smallest_peak
+    assert planner.format_bytes(smallest) in message
+    assert smallest > 50 * MiB
+
+
+def test_quota_limits_what_is_stored():
+    costs = [block(f"b{i}", forward=0.050) for i in range(3)]
+    machine = Machine(store_bps=10e9, fetch_bps=10e9, per_tensor_s=20e-6)
+    budget = simulate(costs, machine, [KEEP] * 3).peak_bytes - 150 * MiB
+    free = solve(costs, machine, budget)
+    assert free.prediction.stored_bytes > 100 * MiB and not free.limited_by_quota
+    limited = solve(costs, machine, budget, stored_limit=100 * MiB)
+    assert limited.prediction.stored_bytes <= 100 * MiB
+    assert limited.limited_by_quota
+    assert limited.unlimited_time_s == pytest.approx(free.prediction.time_s)
+    assert limited.prediction.time_s > free.prediction.time_s
+
+
+def test_without_a_stash_only_keep_and_checkpoint():
+    costs = [block(f"b{i}") for i in range(3)]
+    machine = Machine(offload_allowed=False)
+    plan = solve(costs, machine, simulate(costs, machine, [KEEP] * 3).peak_bytes - 100 * MiB)
+    assert set(plan.choices) <= {KEEP, CHECKPOINT}
+
+
+def test_many_blocks_fit_and_beat_the_greedy_start():
+    rng = random.Random(7)
+    costs, machine = _random_case(rng, 20)
+    high = simulate(costs, machine, [KEEP] * 20).peak_bytes
+    low = simulate(costs, machine, [CHECKPOINT_OFFLOAD] * 20).peak_bytes
+    budget = (low + high) // 2
+    plan = solve(costs, machine, budget, max_nodes=5000)
+    assert plan.prediction.peak_bytes <= budget
+    greedy = planner._greedy(costs, machine, budget, float("inf"))
+    assert plan.prediction.time_s <= simulate(costs, machine, greedy).time_s
+
+
+def test_sizes_parse_and_print():
+    assert planner.parse_bytes("6GiB") == 6 << 30
+    assert planner.parse_bytes("512 MiB") == 512 << 20
+    assert planner.parse_bytes("1.5GB") == 1_500_000_000
+    assert planner.parse_bytes("1000") == 1000
+    for bad in ("six", "-1GiB", "5 parsecs"):
+        with pytest.raises(ValueError):
+            planner.parse_bytes(bad)
+    assert planner.format_bytes(3 * MiB) == "3.0 MiB"
