@@ -25,7 +25,8 @@ The model of one training step (all times in seconds, memory in bytes):
   adds its transient working memory (or what it holds, if larger) and the
   sources of stores still in flight; its backward phase adds its measured
   backward working set (what it saved or recomputes, plus gradients and
-  temporaries) and what is prefetched for the block before it. The peak is the
+  temporaries; less what an offloaded block reads in place, where the stash
+  hands out views of its memory) and what is prefetched for the block before it. The peak is the
   largest of these over the step, relative to what the trainer holds when the
   first block starts.
 
@@ -75,6 +76,13 @@ class BlockCost:
             return self.input_bytes
         return max(0, self.input_bytes - self.input_offload_bytes)
 
+    def backward_work_of(self, choice, machine):
+        """The backward working set under `choice`: offloaded tensors read in place
+        are the daemon's memory, not the trainer's."""
+        if choice == OFFLOAD and machine.fetched_in_place:
+            return max(0, self.backward_work - min(self.saved_bytes, self.offload_bytes))
+        return self.backward_work
+
     def stored(self, choice):
         """(bytes, tensors) a choice sends to the stash."""
         if choice == OFFLOAD:
@@ -94,6 +102,8 @@ class Machine:
     tail_s: float = 0.0               # after the last block's forward, before its backward
     tail_work: int = 0                # memory the tail adds above what is held
     offload_allowed: bool = True      # False without a stash: keep and checkpoint only
+    fetched_in_place: bool = False    # backward reads offloaded tensors in place (CPU views
+    #                                   of the daemon's memory): they add nothing in-process
 
 
 @dataclasses.dataclass
@@ -148,11 +158,12 @@ def simulate(costs, machine, plan):
         bwd[j] = start + duration - t  # with any wait for its stores
         t = start + duration
         ahead = 0
-        if j > 0 and plan[j - 1] in _STORES:
+        if j > 0 and plan[j - 1] in _STORES and not machine.fetched_in_place:
             before, ahead_tensors = costs[j - 1].stored(plan[j - 1])
             ahead = min(before, machine.prefetch * max(costs[j - 1].largest_tensor,
                                                        before // max(ahead_tensors, 1)))
-        phase_peak[j] = max(phase_peak[j], held_prefix[j] + c.backward_work + ahead)
+        phase_peak[j] = max(phase_peak[j],
+                            held_prefix[j] + c.backward_work_of(choice, machine) + ahead)
     return Prediction(time_s=t, peak_bytes=max([peak] + phase_peak), stored_bytes=stored,
                       forward_s=fwd, backward_s=bwd, held=[c.held(p) for c, p in
                                                             zip(costs, plan)],
@@ -185,6 +196,10 @@ def _min_held(c, machine):
     return min(c.held(choice) for choice in _allowed(machine))
 
 
+def _min_backward_work(c, machine):
+    return min(c.backward_work_of(choice, machine) for choice in _allowed(machine))
+
+
 def _bounds(costs, machine, prefix):
     """Lower bounds on (time, peak, stored bytes) over every plan that starts with prefix."""
     n, k = len(costs), len(prefix)
@@ -193,7 +208,8 @@ def _bounds(costs, machine, prefix):
     peak_lb = max(partial.phase_peak[:k], default=0)
     held = sum(partial.held[:k])
     for c in costs[k:]:
-        peak_lb = max(peak_lb, held + max(c.forward_work, c.backward_work, _min_held(c, machine)))
+        peak_lb = max(peak_lb, held + max(c.forward_work, _min_backward_work(c, machine),
+                                          _min_held(c, machine)))
         held += _min_held(c, machine)
     peak_lb = max(peak_lb, held + machine.tail_work)
     stored_lb = sum(c.stored(choice)[0] for c, choice in zip(costs, prefix))

@@ -235,6 +235,7 @@ class Stash:
         self._inline_bytes = inline_bytes
         self._unpack_out_len = 5 + 2 * prefetch
         self.prefetch_depth = prefetch
+        self.cpu_views = bool(cpu_views)
         self._planner = None  # wrap(policy="auto")'s, for plan()
         self._tls = threading.local()
         self._keep = {}           # storage address -> StorageWeakRef of a kept storage

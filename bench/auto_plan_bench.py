@@ -1,0 +1,299 @@
+#!/usr/bin/env python3
+"""auto_plan_bench: step time and peak memory of wrap(policy="auto") at several
+memory budgets, next to the uniform plans (every block offload, checkpoint, or
+checkpoint+offload, through actstash.wrap), torch.utils.checkpoint per block and
+plain autograd, measured in one process with the variants interleaved.
+
+    bench/auto_plan_bench.py                  # both models, a private actstashd
+    bench/auto_plan_bench.py --quick          # a smoke run
+    bench/auto_plan_bench.py --plot docs/auto_plan.png
+
+Models: model_bench.py's (the GPT of scripts/demo, 6 blocks of width 256, batch
+8 x 128; nn.TransformerEncoder, 4 layers of width 256, batch 2 x 128), fp32, CPU,
+one torch thread. A step is zero_grad, forward and backward with no optimizer, so
+every variant's step k computes the gradients of the same parameters on batch k
+with seed 100 + k: each is compared bitwise with plain autograd's (exit 1 when
+an actstash variant differs).
+
+Budgets: a first auto run with an unlimited budget reports the peaks any plan can
+reach (predicted: the smallest, and every block kept); the budgets are the
+kept peak x 1.1 (everything fits), 3/4, 1/2 and 1/4 of the way from the smallest
+to the kept peak, and the smallest x 1.2. Each budget's model is wrapped once and
+warmed up for --warmup steps (profiling, checking, corrections) before timing.
+
+Memory: the peak of RssAnon from the first block's forward to the end of
+backward, above RssAnon at the first block's forward, sampled by a thread in one
+untimed step per variant and round (the planner's budget counts the same
+span). glibc is told to hand freed blocks of 128 KiB and more back at once
+(MALLOC_MMAP_THRESHOLD_, the script re-executes itself with it) so that RssAnon
+follows what the trainer holds; this makes every variant pay page faults.
+
+Time: per round and variant, --steps timed steps (median), variants rotating;
+reported as the median over rounds. "fits" means the variant's measured peak
+(the largest over rounds) is within the budget.
+"""
+import argparse
+import copy
+import json
+import os
+import sys
+import threading
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from hook_bench import daemon_address, import_actstash, median  # noqa: E402
+from model_bench import checkpoint_layers, encoder_spec, gpt_spec  # noqa: E402
+
+UNIFORM = ["plain", "offload", "checkpoint", "checkpoint+offload", "torch_checkpoint"]
+PAGE = os.sysconf("SC_PAGE_SIZE")
+MIB = 1 << 20
+
+
+def rss_anon():
+    with open("/proc/self/statm") as f:
+        fields = f.read().split()
+    return (int(fields[1]) - int(fields[2])) * PAGE
+
+
+class PeakMeter:
+    """Peak RssAnon above the first block's forward while armed."""
+
+    def __init__(self, torch, first_block):
+        self.torch, self.armed, self.running, self.peak = torch, False, False, 0
+        first_block.register_forward_pre_hook(self._begin)
+
+    def _begin(self, module, args):
+        if not self.armed or self.running:
+            return
+        self.baseline, self.peak, self.running = rss_anon(), 0, True
+        self.thread = threading.Thread(target=self._sample, daemon=True)
+        self.thread.start()
+
+    def _sample(self):
+        while self.running:
+            self.peak = max(self.peak, rss_anon() - self.baseline)
+            time.sleep(0.0002)
+
+    def stop(self):
+        self.armed = False
+        if self.running:
+            self.running = False
+            self.thread.join()
+            self.peak = max(self.peak, rss_anon() - self.baseline)
+        return self.peak
+
+
+class Variant:
+    def __init__(self, torch, actstash, spec, initial, kind, stash, budget=None, min_bytes=64 << 10):
+        self.torch, self.spec, self.kind, self.stash, self.budget = torch, spec, kind, stash, budget
+        self.model = copy.deepcopy(initial)
+        self.model.train()
+        blocks = spec.layers(self.model)
+        self.meter = PeakMeter(torch, blocks[0])
+        if kind == "auto":
+            actstash.wrap(self.model, stash, blocks=spec.layer_class, policy="auto", budget=budget,
+                          min_bytes=min_bytes)
+        elif kind == "torch_checkpoint":
+            checkpoint_layers(blocks)
+        elif kind != "plain":
+            actstash.wrap(self.model, stash if kind != "checkpoint" else None,
+                          blocks=spec.layer_class, mode=kind, min_bytes=min_bytes)
+        self.step_index, self.times, self.peaks, self.digests = 0, [], [], {}
+
+    @property
+    def label(self):
+        return f"auto@{self.budget / MIB:.1f}MiB" if self.kind == "auto" else self.kind
+
+    def step(self, batches, measure_peak=False):
+        torch, k = self.torch, self.step_index
+        batch = batches(k)
+        self.model.zero_grad(set_to_none=True)
+        torch.manual_seed(100 + k)
+        self.meter.armed = measure_peak
+        start = time.perf_counter()
+        self.spec.loss(self.model, batch).backward()
+        elapsed = time.perf_counter() - start
+        if measure_peak:
+            self.peaks.append(self.meter.stop())
+        self.digests[k] = [p.grad.clone() for p in self.model.parameters()]
+        self.step_index += 1
+        return elapsed
+
+
+def bitwise(a, b):
+    return all(x.equal(y) for x, y in zip(a, b))
+
+
+def bench_model(torch, actstash, spec, address, args):
+    torch.manual_seed(0)
+    initial = spec.build()
+    stashes = []
+
+    def stash():
+        s = actstash.connect(address)
+        stashes.append(s)
+        return s
+
+    probe = Variant(torch, actstash, spec, initial, "auto", stash(), budget=1 << 40,
+                    min_bytes=args.min_bytes)
+    for _ in range(2):
+        probe.step(spec.make_batch)
+    report = probe.stash.plan()
+    low, high = report.smallest_peak, report.kept_peak
+    budgets = [int(high * 1.1)] + [int(low + f * (high - low)) for f in (0.75, 0.5, 0.25)] + \
+        [int(low * 1.2)]
+    variants = [Variant(torch, actstash, spec, initial, kind,
+                        None if kind in ("plain", "checkpoint", "torch_checkpoint") else stash(),
+                        min_bytes=args.min_bytes) for kind in UNIFORM]
+    autos = [Variant(torch, actstash, spec, initial, "auto", stash(), budget=b,
+                     min_bytes=args.min_bytes) for b in budgets]
+    errors = {}
+    for v in autos:
+        try:
+            for _ in range(args.warmup):
+                v.step(spec.make_batch)
+        except actstash.BudgetError as error:
+            errors[v.label] = str(error)
+    autos = [v for v in autos if v.label not in errors]
+    everyone = variants + autos
+    for r in range(args.rounds):
+        order = everyone[r % len(everyone):] + everyone[:r % len(everyone)]
+        for v in order:
+            v.step(spec.make_batch, measure_peak=True)
+            v.times.append(median([v.step(spec.make_batch) for _ in range(args.steps)]))
+    plain = everyone[0]
+    mismatches = []
+    for v in everyone[1:]:
+        for k, grads in v.digests.items():
+            while plain.step_index <= k:
+                plain.step(spec.make_batch)
+            if not bitwise(grads, plain.digests[k]):
+                mismatches.append(f"{v.label} step {k}")
+    rows = {v.label: {"kind": v.kind, "budget": v.budget, "time_s": median(v.times),
+                      "peak": max(v.peaks), "choices": v.stash.plan().choices
+                      if v.kind == "auto" else None,
+                      "predicted_peak": v.stash.plan().predicted_peak if v.kind == "auto"
+                      else None,
+                      "table": str(v.stash.plan()) if v.kind == "auto" else None}
+            for v in everyone}
+    for s in stashes:
+        s.close()
+    return {"model": spec.describe, "name": spec.name, "smallest": low, "kept": high,
+            "budgets": budgets, "rows": rows, "errors": errors, "mismatches": mismatches}
+
+
+def compare(result):
+    """Per budget: auto next to the fastest uniform plan (or torch checkpoint) that fits."""
+    out = []
+    uniform = [(label, row) for label, row in result["rows"].items() if row["kind"] != "auto"
+               and row["kind"] != "plain"]
+    for label, row in result["rows"].items():
+        if row["kind"] != "auto":
+            continue
+        fitting = [(u["time_s"], name) for name, u in uniform if u["peak"] <= row["budget"]]
+        best = min(fitting) if fitting else None
+        out.append({"budget": row["budget"], "auto_s": row["time_s"], "auto_peak": row["peak"],
+                    "fits": row["peak"] <= row["budget"], "best": best[1] if best else None,
+                    "best_s": best[0] if best else None,
+                    "ratio": row["time_s"] / best[0] if best else None,
+                    "choices": row["choices"]})
+    return out
+
+
+def print_result(result):
+    print(f"\n== {result['model']}")
+    print(f"   reachable peaks (predicted): {result['smallest'] / MIB:.1f} MiB smallest, "
+          f"{result['kept'] / MIB:.1f} MiB every block kept")
+    print(f"   {'variant':<24} {'ms/step':>9} {'x plain':>8} {'peak MiB':>9}  plan")
+    plain = result["rows"]["plain"]["time_s"]
+    for label, row in result["rows"].items():
+        plan = ",".join(c.replace("checkpoint+offload", "c+o").replace("checkpoint", "ckpt")
+                        for c in row["choices"]) if row["choices"] else ""
+        print(f"   {label:<24} {row['time_s'] * 1e3:9.1f} {row['time_s'] / plain:8.2f} "
+              f"{row['peak'] / MIB:9.1f}  {plan}")
+    for label, error in result["errors"].items():
+        print(f"   {label}: {error}")
+    print(f"   {'budget MiB':>10} {'auto ms':>8} {'peak':>6} {'fits':>5} "
+          f"{'best uniform that fits':>24} {'ms':>8} {'auto/best':>9}")
+    for c in compare(result):
+        best = f"{c['best']:>24} {c['best_s'] * 1e3:8.1f} {c['ratio']:9.2f}" if c["best"] \
+            else f"{'none fits':>24} {'':>8} {'':>9}"
+        print(f"   {c['budget'] / MIB:10.1f} {c['auto_s'] * 1e3:8.1f} {c['auto_peak'] / MIB:6.1f} "
+              f"{'yes' if c['fits'] else 'NO':>5} {best}")
+    if result["mismatches"]:
+        print(f"   GRADIENTS DIFFER from plain autograd: {', '.join(result['mismatches'])}")
+
+
+def plot(results, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, len(results), figsize=(6.5 * len(results), 4.8), squeeze=False)
+    markers = {"plain": "s", "offload": "^", "checkpoint": "v", "checkpoint+offload": "D",
+               "torch_checkpoint": "x"}
+    for ax, result in zip(axes[0], results):
+        autos = sorted((c["budget"], c["auto_s"], c["auto_peak"]) for c in compare(result))
+        ax.plot([b / MIB for b, _, _ in autos], [t * 1e3 for _, t, _ in autos], "o-",
+                color="tab:blue", label="auto (x: budget)")
+        ax.plot([p / MIB for _, _, p in autos], [t * 1e3 for _, t, _ in autos], "o",
+                mfc="none", color="tab:blue", label="auto (x: measured peak)")
+        for label, row in result["rows"].items():
+            if row["kind"] != "auto":
+                ax.plot(row["peak"] / MIB, row["time_s"] * 1e3, markers[row["kind"]],
+                        markersize=9, label=f"{label} (x: measured peak)")
+        ax.set_title(result["model"], fontsize=9)
+        ax.set_xlabel("memory: budget or measured peak (MiB)")
+        ax.set_ylabel("step time (ms, median)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    print(f"\nplot: {path}")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", default="gpt,encoder")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=3, help="timed steps per variant and round")
+    parser.add_argument("--warmup", type=int, default=5, help="auto steps before timing")
+    parser.add_argument("--min-bytes", type=int, default=64 << 10)
+    parser.add_argument("--plot", default=None, help="write the trade-off plot (PNG) here")
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--quick", action="store_true", help="1 round of 1 step, small models")
+    parser.add_argument("--address", default="")
+    parser.add_argument("--actstashd", default=None)
+    parser.add_argument("--pool-size", default="2GiB")
+    for name, default in (("gpt-layers", 6), ("gpt-dim", 256), ("gpt-heads", 4),
+                          ("gpt-vocab", 1024), ("gpt-context", 128), ("gpt-batch", 8),
+                          ("enc-layers", 4), ("enc-dim", 256), ("enc-heads", 4), ("enc-ff", 1024),
+                          ("enc-seq", 128), ("enc-batch", 2)):
+        parser.add_argument(f"--{name}", type=int, default=default)
+    args = parser.parse_args()
+    if os.environ.get("MALLOC_MMAP_THRESHOLD_") != "131072":
+        os.environ["MALLOC_MMAP_THRESHOLD_"] = "131072"
+        os.execv(sys.executable, [sys.executable] + sys.argv)
+    if args.quick:
+        args.rounds, args.steps, args.gpt_layers, args.gpt_dim, args.enc_dim = 1, 1, 4, 64, 64
+        args.enc_ff = 256
+    actstash = import_actstash()
+    import torch
+    torch.set_num_threads(1)
+    sys.path.insert(0, os.path.join(os.path.dirname(HERE), "examples"))
+    specs = {"gpt": gpt_spec, "encoder": encoder_spec}
+    results = []
+    with daemon_address(args) as (address, _):
+        for name in args.models.split(","):
+            results.append(bench_model(torch, actstash, specs[name](torch, args), address, args))
+            if not args.json:
+                print_result(results[-1])
+    if args.json:
+        print(json.dumps(results, indent=1))
+    if args.plot:
+        plot(results, args.plot)
+    return 1 if any(r["mismatches"] for r in results) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
