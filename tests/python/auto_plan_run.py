@@ -64,18 +64,18 @@ class PeakMeter:
 def gpt():
     from gpt import GPT, loss_fn
     torch.manual_seed(0)
-    model = GPT(vocab=256, dim=64, heads=4, layers=4, context=128)
-    batch = torch.randint(0, 256, (4, 129), generator=torch.Generator().manual_seed(1))
+    model = GPT(vocab=256, dim=128, heads=4, layers=4, context=128)
+    batch = torch.randint(0, 256, (8, 129), generator=torch.Generator().manual_seed(1))
     return model, model.blocks[0], lambda m: loss_fn(m, batch)
 
 
 def encoder():
     torch.manual_seed(0)
-    layer = nn.TransformerEncoderLayer(d_model=64, nhead=4, dim_feedforward=256, dropout=0.1,
+    layer = nn.TransformerEncoderLayer(d_model=128, nhead=4, dim_feedforward=512, dropout=0.1,
                                        batch_first=True)
     model = nn.TransformerEncoder(layer, num_layers=4)
-    x = torch.randn(4, 128, 64, generator=torch.Generator().manual_seed(1))
-    target = torch.randn(4, 128, 64, generator=torch.Generator().manual_seed(2))
+    x = torch.randn(8, 128, 128, generator=torch.Generator().manual_seed(1))
+    target = torch.randn(8, 128, 128, generator=torch.Generator().manual_seed(2))
     return model, model.layers[0], lambda m: nn.functional.mse_loss(m(x), target)
 
 

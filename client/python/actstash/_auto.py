@@ -36,6 +36,7 @@ import threading
 import time
 
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
 
 from actstash import _planner
 from actstash._checkpoint import checkpoint
@@ -46,11 +47,6 @@ log = logging.getLogger("actstash")
 _MAX_CORRECTIONS = 2
 _PROBE_BYTES = 64 << 20
 _CPU_HEADROOM = 0.05  # sampled RssAnon misses short peaks and varies by step
-
-
-def _storage_nbytes(t):
-    storage = t.untyped_storage() if hasattr(t, "untyped_storage") else t.storage()
-    return storage.nbytes()
 
 
 def _storage_key(t):
@@ -64,28 +60,33 @@ def _is_parameter(t):
 
 
 class _Bytes:
-    """What a set of tensors holds (distinct storages) and what offloading stores."""
+    """What a set of tensors holds (distinct storages) and what offloading stores.
+
+    Storages are told apart by address while they live: in a checkpointed forward
+    the saved tensors die at once and the allocator hands their addresses to the
+    next ones, which keeping would have held as well."""
 
     def __init__(self, min_bytes):
         self.min_bytes = min_bytes
-        self.storages = {}
-        self.stored = self.tensors = self.largest = 0
+        self.live = {}  # address -> weak reference of the storage counted there
+        self.held = self.stored = self.tensors = self.largest = 0
         self.sizes = []
 
     def add(self, t):
         if not isinstance(t, torch.Tensor) or _is_parameter(t) or t.layout != torch.strided:
             return
-        self.storages[_storage_key(t)] = _storage_nbytes(t)
+        key = _storage_key(t)
+        ref = self.live.get(key)
+        if ref is None or ref.expired():
+            storage = t.untyped_storage() if hasattr(t, "untyped_storage") else t.storage()
+            self.live[key] = StorageWeakRef(storage)
+            self.held += storage.nbytes()
         nbytes = t.numel() * t.element_size()
         if nbytes >= self.min_bytes and nbytes > 0 and t.device.type in ("cpu", "cuda"):
             self.stored += nbytes
             self.tensors += 1
             self.largest = max(self.largest, nbytes)
             self.sizes.append(nbytes)
-
-    @property
-    def held(self):
-        return sum(self.storages.values())
 
 
 class _Memory:
@@ -219,6 +220,7 @@ class _Entry:
         self.stored_limit = float("inf")
         self.corrections = 0
         self.error_bytes = 0  # the most a checked plan's peak exceeded its prediction
+        self.incomplete = 0   # measured steps without a complete backward
         self.verify = False
         self.measured = None  # the last measured step: {"time_s", "peak", "blocks": [...]}
 
@@ -319,7 +321,12 @@ class AutoPlanner:
         if not step.done or len(step.entered) != step.n:
             if step.memory is not None and not step.done:
                 step.memory.stop()
-            log.debug("actstash: a measured step had no complete backward; measuring again")
+            entry = step.entry
+            entry.incomplete += 1
+            if entry.incomplete == 3:
+                log.warning("actstash: 3 measured steps had no complete backward through every "
+                            "block (a forward without backward, or blocks whose outputs are "
+                            "not tensors that require grad); still measuring")
             return
         peaks = step.peaks
         entry = step.entry

@@ -23,7 +23,7 @@ The model of one training step (all times in seconds, memory in bytes):
   offload only what is too small to store, checkpoint the block's input,
   checkpoint+offload only an input too small to store. A block's forward phase
   adds its transient working memory (or what it holds, if larger) and the
-  sources of stores still in flight; its backward phase adds its measured
+  sources of stores still in flight when it ends; its backward phase adds its measured
   backward working set (what it saved or recomputes, plus gradients and
   temporaries; less what an offloaded block reads in place, where the stash
   hands out views of its memory) and what is prefetched for the block before it. The peak is the
@@ -130,11 +130,12 @@ def simulate(costs, machine, plan):
     fwd, bwd, phase_peak = [0.0] * n, [0.0] * n, [0] * n
     for j, (c, choice) in enumerate(zip(costs, plan)):
         held = c.held(choice)
-        flying = sum(b for done, b in in_flight if done > t)
-        phase_peak[j] = held_prefix[j] + flying + max(c.forward_work, held)
         start = t
         nbytes, ntensors = c.stored(choice)
         t += c.forward_s + ntensors * machine.per_tensor_s
+        # At its end (what it holds is all there), with the stores still copying.
+        flying = sum(b for done, b in in_flight if done > t)
+        phase_peak[j] = held_prefix[j] + flying + max(c.forward_work, held)
         if nbytes:
             begin = max(copy_free, t)
             copy_free = begin + nbytes / machine.store_bps
