@@ -18,7 +18,7 @@ an actstash variant differs).
 Budgets: a first auto run with an unlimited budget reports the peaks any plan can
 reach (predicted: the smallest, and every block kept); the budgets are the
 kept peak x 1.1 (everything fits), 3/4, 1/2 and 1/4 of the way from the smallest
-to the kept peak, and the smallest x 1.2. Each budget's model is wrapped once and
+to the kept peak, and the smallest x 1.3. Each budget's model is wrapped once and
 warmed up for --warmup steps (profiling, checking, corrections) before timing.
 
 Memory: the peak of RssAnon from the first block's forward to the end of
@@ -29,8 +29,11 @@ span). glibc is told to hand freed blocks of 128 KiB and more back at once
 follows what the trainer holds; this makes every variant pay page faults.
 
 Time: per round and variant, --steps timed steps (median), variants rotating;
-reported as the median over rounds. "fits" means the variant's measured peak
-(the largest over rounds) is within the budget.
+reported as the median over rounds. Ratios pair runs of one round: "x plain"
+is the median over rounds of the variant's time over plain's, and auto/best
+the median of auto's time over the time of the best uniform plan that fits
+(the one of least "x plain" whose measured peak is within the budget; the
+peak is the largest over rounds).
 """
 import argparse
 import copy
@@ -142,7 +145,7 @@ def bench_model(torch, actstash, spec, address, args):
     report = probe.stash.plan()
     low, high = report.smallest_peak, report.kept_peak
     budgets = [int(high * 1.1)] + [int(low + f * (high - low)) for f in (0.75, 0.5, 0.25)] + \
-        [int(low * 1.2)]
+        [int(low * 1.3)]
     variants = [Variant(torch, actstash, spec, initial, kind,
                         None if kind in ("plain", "checkpoint", "torch_checkpoint") else stash(),
                         min_bytes=args.min_bytes) for kind in UNIFORM]
@@ -171,6 +174,8 @@ def bench_model(torch, actstash, spec, address, args):
             if not bitwise(grads, plain.digests[k]):
                 mismatches.append(f"{v.label} step {k}")
     rows = {v.label: {"kind": v.kind, "budget": v.budget, "time_s": median(v.times),
+                      "round_s": v.times,
+                      "x_plain": median([t / p for t, p in zip(v.times, plain.times)]),
                       "peak": max(v.peaks), "choices": v.stash.plan().choices
                       if v.kind == "auto" else None,
                       "predicted_peak": v.stash.plan().predicted_peak if v.kind == "auto"
@@ -191,12 +196,15 @@ def compare(result):
     for label, row in result["rows"].items():
         if row["kind"] != "auto":
             continue
-        fitting = [(u["time_s"], name) for name, u in uniform if u["peak"] <= row["budget"]]
+        fitting = [(u["x_plain"], name) for name, u in uniform if u["peak"] <= row["budget"]]
         best = min(fitting) if fitting else None
+        best_row = result["rows"][best[1]] if best else None
+        # Paired: auto's time over the best's in the same round, median over rounds.
+        ratio = median([a / b for a, b in zip(row["round_s"], best_row["round_s"])]) \
+            if best else None
         out.append({"budget": row["budget"], "auto_s": row["time_s"], "auto_peak": row["peak"],
                     "fits": row["peak"] <= row["budget"], "best": best[1] if best else None,
-                    "best_s": best[0] if best else None,
-                    "ratio": row["time_s"] / best[0] if best else None,
+                    "best_s": best_row["time_s"] if best else None, "ratio": ratio,
                     "choices": row["choices"]})
     return out
 
@@ -206,11 +214,10 @@ def print_result(result):
     print(f"   reachable peaks (predicted): {result['smallest'] / MIB:.1f} MiB smallest, "
           f"{result['kept'] / MIB:.1f} MiB every block kept")
     print(f"   {'variant':<24} {'ms/step':>9} {'x plain':>8} {'peak MiB':>9}  plan")
-    plain = result["rows"]["plain"]["time_s"]
     for label, row in result["rows"].items():
         plan = ",".join(c.replace("checkpoint+offload", "c+o").replace("checkpoint", "ckpt")
                         for c in row["choices"]) if row["choices"] else ""
-        print(f"   {label:<24} {row['time_s'] * 1e3:9.1f} {row['time_s'] / plain:8.2f} "
+        print(f"   {label:<24} {row['time_s'] * 1e3:9.1f} {row['x_plain']:8.2f} "
               f"{row['peak'] / MIB:9.1f}  {plan}")
     for label, error in result["errors"].items():
         print(f"   {label}: {error}")
@@ -255,7 +262,7 @@ def plot(results, path):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", default="gpt,encoder")
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=3, help="timed steps per variant and round")
     parser.add_argument("--warmup", type=int, default=5, help="auto steps before timing")
     parser.add_argument("--min-bytes", type=int, default=64 << 10)

@@ -185,3 +185,19 @@ def test_sizes_parse_and_print():
         with pytest.raises(ValueError):
             planner.parse_bytes(bad)
     assert planner.format_bytes(3 * MiB) == "3.0 MiB"
+
+
+def test_tensors_read_in_place_do_not_count_in_backward():
+    # On the CPU backward reads offloaded tensors as views of the daemon's memory:
+    # an offloaded block's backward then needs its working set less what it stored.
+    costs = [block("b0"), block("b1")]
+    # Stores done before the next block (or the tail) ends.
+    copied = Machine(store_bps=1e12, fetch_bps=10e9, tail_s=0.005)
+    in_place = Machine(store_bps=1e12, fetch_bps=10e9, tail_s=0.005, fetched_in_place=True)
+    plan = [OFFLOAD, OFFLOAD]
+    # Copied back: its whole working set, plus two of b0's tensors prefetched.
+    assert simulate(costs, copied, plan).phase_peak[1] == 120 * MiB + 2 * 10 * MiB
+    assert simulate(costs, in_place, plan).phase_peak[1] == 20 * MiB
+    assert solve(costs, in_place, 60 * MiB).choices.count(OFFLOAD) >= 1
+    with pytest.raises(BudgetError):
+        solve(costs, copied, 60 * MiB)

@@ -414,9 +414,15 @@ class AutoPlanner:
             plan = _planner.solve(entry.costs, entry.machine, entry.effective_budget,
                                   entry.stored_limit)
         except BudgetError as error:
+            if entry.effective_budget != entry.budget:
+                error = BudgetError(
+                    f"{error} (the budget is {_planner.format_bytes(entry.budget)}; plans aim "
+                    f"at {_planner.format_bytes(entry.effective_budget)}: "
+                    + ("headroom for sampled memory" if not entry.corrections else
+                       "a checked plan used more than predicted") + ")")
             entry.error = error
             log.warning("actstash: %s", error)
-            raise
+            raise error
         changed = entry.plan is None or entry.plan.choices != plan.choices
         entry.plan, entry.verify = plan, True
         if changed:

@@ -144,9 +144,9 @@ def simulate(costs, machine, plan):
             stored += nbytes
         fwd[j] = t - start
         held_prefix[j + 1] = held_prefix[j] + held
-    flying = sum(b for done, b in in_flight if done > t)
-    peak = held_prefix[n] + flying + machine.tail_work
     t += machine.tail_s
+    flying = sum(b for done, b in in_flight if done > t)  # at its end, as for blocks
+    peak = held_prefix[n] + flying + machine.tail_work
     for j in range(n - 1, -1, -1):
         c, choice = costs[j], plan[j]
         start = max(t, store_done[j])
@@ -359,14 +359,16 @@ def solve(costs, machine, budget, stored_limit=float("inf"), max_nodes=20_000):
 
 
 def _infeasible_message(costs, machine, budget, stored_limit, smallest, prediction):
-    worst = max(costs, key=lambda c: max(c.backward_work, c.forward_work))
+    def need(c):
+        return max(_min_backward_work(c, machine), c.forward_work)
+    worst = max(costs, key=need)
     text = f"memory budget {format_bytes(budget)} cannot be met: "
     if smallest is None:
         return text + (f"no plan stores at most {format_bytes(stored_limit)} "
                        "(the session's quota)")
     text += (f"the smallest peak any plan reaches is {format_bytes(prediction.peak_bytes)} "
              f"({_describe(smallest)}); block {worst.name} alone needs "
-             f"{format_bytes(max(worst.backward_work, worst.forward_work))} while it runs")
+             f"{format_bytes(need(worst))} while it runs")
     return text
 
 
