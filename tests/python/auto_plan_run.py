@@ -9,6 +9,7 @@ sampling thread, from the first block's forward (a forward pre-hook) to the end
 of backward, above RssAnon at that first hook.
 
     auto_plan_run.py SOCKET MODEL STEPS [COPY_DELAY_US]
+    auto_plan_run.py SOCKET quota STEPS
 """
 import copy
 import json
@@ -115,6 +116,9 @@ def run(stash, model, first, loss, reference, budget, steps, seed0):
                 "predicted_peak": report.predicted_peak,
                 "smallest_peak": report.smallest_peak,
                 "kept_peak": report.kept_peak,
+                "limited_by_quota": report.limited_by_quota,
+                "predicted_stored": report.predicted_stored,
+                "block_offload": max(c.offload_bytes for c in report.costs),
                 "table": str(report),
             })
     finally:
@@ -122,7 +126,28 @@ def run(stash, model, first, loss, reference, budget, steps, seed0):
     return out
 
 
+def quota_run(socket, steps):
+    """The GPT at a budget where most blocks would be offloaded, in a session without
+    a quota and in one whose quota holds two blocks' offload."""
+    model, first, loss = gpt()
+    reference = [step(copy.deepcopy(model), loss, 100 + k) for k in range(steps)]
+    out = {}
+    free = actstash.connect(socket)
+    fits = run(free, model, first, loss, reference, 1 << 40, 2, 100)[-1]
+    free.close()
+    budget = fits["smallest_peak"] + (fits["kept_peak"] - fits["smallest_peak"]) // 6
+    for label, quota in (("unlimited", 0), ("limited", 2 * fits["block_offload"] + (4 << 20))):
+        s = actstash.connect(socket, quota=quota)
+        assert s.client.quota == quota or not quota
+        out[label] = run(s, model, first, loss, reference, budget, steps, 100)[-1]
+        s.close()
+        out["quota"] = quota
+    print(json.dumps(out))
+
+
 def main():
+    if sys.argv[2] == "quota":
+        return quota_run(sys.argv[1], int(sys.argv[3]))
     socket, name, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
     delay = int(sys.argv[4]) if len(sys.argv) > 4 else 0
     model, first, loss = {"gpt": gpt, "encoder": encoder}[name]()

@@ -157,3 +157,19 @@ def test_bad_arguments_are_refused(stash):
     with pytest.raises(ValueError, match="needs a stash"):
         actstash.wrap(lst, None, policy="auto", budget="1GiB")
     assert actstash.BudgetError.__mro__[1] is ValueError
+
+
+
+def test_the_session_quota_bounds_what_the_plan_stores(daemon):
+    """A plan never stores more than the session's quota: at a budget where most
+    blocks would be offloaded, a quota of two blocks' worth makes the others
+    recompute or stay, and the plan says the quota limited it (auto_plan_run.py
+    quota: the same GPT, a session with quota=2 blocks' offload + 4 MiB)."""
+    out = _run(daemon, "quota")
+    assert out["unlimited"]["choices"].count("offload") > 2, out["unlimited"]["table"]
+    limited = out["limited"]
+    assert limited["limited_by_quota"], limited["table"]
+    assert limited["choices"].count("offload") <= 2
+    assert limited["predicted_stored"] <= out["quota"]
+    assert 0 < limited["offloaded"] <= out["quota"]
+    assert limited["bitwise"]

@@ -295,6 +295,11 @@ class AutoPlanner:
         device = next((a.device for a in list(args) + list(kwargs.values())
                        if isinstance(a, torch.Tensor)), torch.device("cpu"))
         if entry is None:
+            if device.type != "cuda" and not self.entries and not _glibc_returns_memory():
+                log.warning("actstash: on the CPU the plan measures RssAnon, and glibc keeps "
+                            "freed blocks for reuse where RssAnon does not see them: run with "
+                            "MALLOC_MMAP_THRESHOLD_=131072 for measurements, and so budgets, "
+                            "that hold")
             entry = self.entries[key] = _Entry(key)
             entry.budget = _resolve_budget(self.budget_spec, self.memory_limit, device)
             entry.effective_budget = _target(entry.budget, device)
@@ -487,6 +492,7 @@ class PlanReport:
         self.choices = list(plan.choices) if plan else None
         self.predicted_time_s = plan.prediction.time_s if plan else None
         self.predicted_peak = plan.prediction.peak_bytes if plan else None
+        self.predicted_stored = plan.prediction.stored_bytes if plan else None  # in the stash
         self.exact = plan.exact if plan else None
         self.limited_by_quota = plan.limited_by_quota if plan else False
         self.smallest_peak = plan.smallest_peak if plan else None  # predicted, any plan
@@ -585,6 +591,12 @@ def _resolve_budget(budget, memory_limit, device):
         return int(budget * limit)
     raise ValueError(f"budget must be bytes, a size string or a fraction in (0, 1], "
                      f"not {budget!r}")
+
+
+def _glibc_returns_memory():
+    """Whether glibc's mmap threshold is fixed (freed large blocks go back at once)."""
+    return ("MALLOC_MMAP_THRESHOLD_" in os.environ or
+            "mmap_threshold" in os.environ.get("GLIBC_TUNABLES", ""))
 
 
 def _mem_available():
