@@ -135,7 +135,7 @@ def quota_run(socket, steps):
     free = actstash.connect(socket)
     fits = run(free, model, first, loss, reference, 1 << 40, 2, 100)[-1]
     free.close()
-    budget = fits["smallest_peak"] + (fits["kept_peak"] - fits["smallest_peak"]) // 6
+    budget = fits["smallest_peak"] + (fits["kept_peak"] - fits["smallest_peak"]) // 4
     for label, quota in (("unlimited", 0), ("limited", 2 * fits["block_offload"] + (4 << 20))):
         s = actstash.connect(socket, quota=quota)
         assert s.client.quota == quota or not quota

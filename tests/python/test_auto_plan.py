@@ -166,6 +166,7 @@ def test_the_session_quota_bounds_what_the_plan_stores(daemon):
     recompute or stay, and the plan says the quota limited it (auto_plan_run.py
     quota: the same GPT, a session with quota=2 blocks' offload + 4 MiB)."""
     out = _run(daemon, "quota")
+    assert "error" not in out["unlimited"] and "error" not in out["limited"], out
     assert out["unlimited"]["choices"].count("offload") > 2, out["unlimited"]["table"]
     limited = out["limited"]
     assert limited["limited_by_quota"], limited["table"]

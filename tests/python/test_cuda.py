@@ -146,3 +146,49 @@ def test_device_pool_offload_is_bitwise_equal():
             stash.close()
     finally:
         d.stop()
+
+
+@needs_gpu
+def test_auto_plan_on_cuda_is_bitwise_and_within_budget(daemon):
+    """wrap(policy="auto") on a CUDA GPT: every step bitwise equal to plain
+    autograd; after the plan is checked, the step's peak of allocated memory from
+    the first block on (torch.cuda.max_memory_allocated) stays within a budget
+    halfway between the smallest reachable peak and keeping everything."""
+    import copy
+    import sys
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
+                                    "examples"))
+    from gpt import GPT, loss_fn
+    torch.manual_seed(0)
+    model = GPT(vocab=512, dim=256, heads=4, layers=6, context=256).cuda()
+    plain = copy.deepcopy(model)
+    idx = torch.randint(0, 512, (16, 257), device="cuda")
+    stash = actstash.connect(daemon.socket)
+
+    def step(m, k):
+        m.zero_grad(set_to_none=True)
+        torch.manual_seed(100 + k)
+        loss_fn(m, idx).backward()
+        torch.cuda.synchronize()
+        return [p.grad.clone() for p in m.parameters()]
+
+    try:
+        actstash.wrap(model, stash, policy="auto", budget=1 << 40)
+        for k in range(2):
+            assert_bitwise(step(plain, k), step(model, k))
+        report = stash.plan()
+        budget = (report.smallest_peak + report.kept_peak) // 2
+        actstash.unwrap(model)
+        actstash.wrap(model, stash, policy="auto", budget=budget)
+        start = {}
+        model.blocks[0].register_forward_pre_hook(
+            lambda m, a: start.update(at=torch.cuda.memory_allocated()) or
+            torch.cuda.reset_peak_memory_stats())
+        for k in range(6):
+            assert_bitwise(step(plain, k), step(model, k))
+            if k >= 4:
+                assert torch.cuda.max_memory_allocated() - start["at"] <= budget, str(stash.plan())
+        assert stash.plan().choices != ["keep"] * 6, str(stash.plan())
+    finally:
+        actstash.unwrap(model)
+        stash.close()

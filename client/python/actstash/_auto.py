@@ -94,6 +94,7 @@ class _Memory:
 
     def __init__(self, device):
         self.cuda = device.type == "cuda"
+        self.device = device
         self.peaks = {}
         self.phase = None
         self._running = False
@@ -102,14 +103,14 @@ class _Memory:
 
     def _now(self):
         if self.cuda:
-            return torch.cuda.memory_allocated()
+            return torch.cuda.memory_allocated(self.device)
         data = os.pread(self._fd, 256, 0).split()
         return (int(data[1]) - int(data[2])) * os.sysconf("SC_PAGE_SIZE")  # RssAnon
 
     def start(self, phase):
         if self.cuda:
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
         else:
             self._fd = os.open("/proc/self/statm", os.O_RDONLY)
         self.baseline = self._now()
@@ -132,9 +133,9 @@ class _Memory:
     def mark(self, phase):
         """The phase before ends and `phase` begins, now."""
         if self.cuda:
-            torch.cuda.synchronize()
-            peak = torch.cuda.max_memory_allocated() - self.baseline
-            torch.cuda.reset_peak_memory_stats()
+            torch.cuda.synchronize(self.device)
+            peak = torch.cuda.max_memory_allocated(self.device) - self.baseline
+            torch.cuda.reset_peak_memory_stats(self.device)
         else:
             peak = self._now() - self.baseline
         old = self.phase
@@ -277,11 +278,11 @@ class AutoPlanner:
             if calls[0] == 1:
                 return original(*args, **kwargs)
             if step.cuda:
-                torch.cuda.synchronize()
+                torch.cuda.synchronize(step.device)
             start = time.perf_counter()
             out = original(*args, **kwargs)
             if step.cuda:
-                torch.cuda.synchronize()
+                torch.cuda.synchronize(step.device)
             step.recompute[j] += time.perf_counter() - start
             return out
         return run
@@ -405,7 +406,7 @@ class AutoPlanner:
             stored = time.perf_counter()
             out = [stash._unpack(s, check_version=False) for s in saved]
             if step.cuda:
-                torch.cuda.synchronize()
+                torch.cuda.synchronize(step.device)
             fetched = time.perf_counter()
             del out, saved
             stash.synchronize()
