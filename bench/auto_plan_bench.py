@@ -88,7 +88,8 @@ class PeakMeter:
 
 
 class Variant:
-    def __init__(self, torch, actstash, spec, initial, kind, stash, budget=None, min_bytes=64 << 10):
+    def __init__(self, torch, actstash, spec, initial, kind, stash, budget=None,
+                 min_bytes=64 << 10):
         self.torch, self.spec, self.kind, self.stash, self.budget = torch, spec, kind, stash, budget
         self.model = copy.deepcopy(initial)
         self.model.train()

@@ -144,8 +144,8 @@ class PrivateDaemon:
     def warnings(self):
         """Log lines at level warn or above ("TIME LEVEL [PID] message")."""
         return [line for line in self.text().splitlines()
-                if line.split()[1:2] and line.split()[1] in ("warn", "warning", "error",
-                                                               "critical")]
+                if line.split()[1:2] and
+                line.split()[1] in ("warn", "warning", "error", "critical")]
 
     def stop(self):
         if self.proc.poll() is None:

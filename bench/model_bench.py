@@ -233,8 +233,8 @@ def bench_model(torch, spec, stash, args, checks):
             per_step = {k: [c[k] for c in r.offloaded] for k in STEP_COUNTERS}
             row["offloaded_bytes_per_step"] = median(per_step["bytes_offloaded"])
             row["offloaded_tensors_per_step"] = median(per_step["tensors_offloaded"])
-            row["offloaded_bytes_per_step_min_max"] = [min(per_step["bytes_offloaded"]),
-                                                        max(per_step["bytes_offloaded"])]
+            row["offloaded_bytes_per_step_min_max"] = [
+                min(per_step["bytes_offloaded"]), max(per_step["bytes_offloaded"])]
             row["timed_steps_counters"] = {k: sum(v) for k, v in per_step.items()}
         rows.append(row)
         if v == "actstash":

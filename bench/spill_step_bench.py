@@ -65,7 +65,8 @@ def main():
         for block in model.modules():
             if isinstance(block, Block):
                 forward = block.forward
-                block.forward = (lambda f: lambda *a: checkpoint(f, *a, use_reentrant=False))(forward)
+                block.forward = (lambda f: lambda *a: checkpoint(f, *a, use_reentrant=False))(
+                    forward)
         return model
 
     # How much one step offloads, to size the small pool.
@@ -146,8 +147,10 @@ def main():
     print(f"  restores read back ahead of need: {ahead} of {restores}")
     daemon = stash_small.client.stats()["spill"]
     if daemon["write_seconds"] > 0 and daemon["read_seconds"] > 0:
-        print(f"  daemon: {daemon['io_mode']}, writes {daemon['bytes_written'] / daemon['write_seconds'] / 1e6:.0f}"
-              f" MB/s, reads {daemon['bytes_read'] / daemon['read_seconds'] / 1e6:.0f} MB/s per segment")
+        writes = daemon["bytes_written"] / daemon["write_seconds"] / 1e6
+        reads = daemon["bytes_read"] / daemon["read_seconds"] / 1e6
+        print(f"  daemon: {daemon['io_mode']}, writes {writes:.0f} MB/s, reads {reads:.0f} MB/s "
+              "per segment")
     if per("bytes_spilled") <= 0:
         failures.append("nothing was spilled")
     for f in failures:

@@ -271,11 +271,11 @@ absl::StatusOr<StatsSnapshot> Client::Stats(bool all_sessions) {
   }
   if (reply.has_spill()) {
     const v1::SpillStats& p = reply.spill();
-    s.spill = SpillSnapshot{p.dir(),           p.capacity_bytes(), p.on_disk_bytes(),
-                            p.files(),         p.writing_bytes(),  p.reading_bytes(),
-                            p.bytes_written(), p.bytes_read(),     p.spills(),
-                            p.restores(),      p.write_seconds(),  p.read_seconds(),
-                            p.failures(),      p.checksum_failures(), p.io_mode()};
+    s.spill =
+        SpillSnapshot{p.dir(),           p.capacity_bytes(),    p.on_disk_bytes(), p.files(),
+                      p.writing_bytes(), p.reading_bytes(),     p.bytes_written(), p.bytes_read(),
+                      p.spills(),        p.restores(),          p.write_seconds(), p.read_seconds(),
+                      p.failures(),      p.checksum_failures(), p.io_mode()};
   }
   s.pool_leases = reply.pool().leases();
   s.leases_granted = reply.leases_granted();

@@ -301,11 +301,9 @@ struct Client::Impl final : public client_internal::LeaseBackend {
     }
     registrar = *std::move(pinner);
     attach = *std::move(channel);
-    local = std::make_unique<client_internal::LocalStore>(this, segment_bytes, options.lease_batch,
-                                                          registrar.get(),
-                                                          options.pin_leases == PinPolicy::kOn,
-                                                          options.restore_ahead,
-                                                          options.pool_wait);
+    local = std::make_unique<client_internal::LocalStore>(
+        this, segment_bytes, options.lease_batch, registrar.get(),
+        options.pin_leases == PinPolicy::kOn, options.restore_ahead, options.pool_wait);
     attach_status = absl::OkStatus();
     StartReporter();
     return attach_status;

@@ -141,7 +141,7 @@ class AttachServer::Impl::Connection : public std::enable_shared_from_this<Conne
                             static_cast<uint32_t>(cred.pid)};
     auto self = shared_from_this();
     hello_timer_.expires_after(crowded ? std::min(server_.options_.hello_timeout,
-                                                   std::chrono::milliseconds(kCrowdedHelloTimeout))
+                                                  std::chrono::milliseconds(kCrowdedHelloTimeout))
                                        : server_.options_.hello_timeout);
     hello_timer_.async_wait([self](const boost::system::error_code& error) {
       if (!error && self->session_ == nullptr) self->Close("no hello before the timeout");
@@ -387,9 +387,10 @@ void AttachServer::Impl::LimitPending(uint32_t uid) {
   const auto now = std::chrono::steady_clock::now();
   if (evicted_pending_ > 0 && now - last_eviction_warning_ > std::chrono::seconds(10)) {
     last_eviction_warning_ = now;
-    spdlog::warn("attach socket: {} connections closed without a hello to make room (limits: "
-                 "{} pending, {} per uid; last newcomer uid {})",
-                 evicted_pending_, kMaxPendingConnections, kMaxPendingPerUid, uid);
+    spdlog::warn(
+        "attach socket: {} connections closed without a hello to make room (limits: "
+        "{} pending, {} per uid; last newcomer uid {})",
+        evicted_pending_, kMaxPendingConnections, kMaxPendingPerUid, uid);
     evicted_pending_ = 0;
   }
 }

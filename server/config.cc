@@ -329,9 +329,9 @@ absl::StatusOr<DaemonConfig> Resolve(const std::map<std::string, std::string>& v
       return absl::InvalidArgumentError("spill_size: needs spill_dir (where to spill)");
     }
     if (*parsed < config.segment_bytes) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("spill_size: ", FormatBytes(*parsed), " is smaller than one segment (",
-                       FormatBytes(config.segment_bytes), ")"));
+      return absl::InvalidArgumentError(absl::StrCat("spill_size: ", FormatBytes(*parsed),
+                                                     " is smaller than one segment (",
+                                                     FormatBytes(config.segment_bytes), ")"));
     }
     config.spill_bytes = *parsed;
   }
@@ -339,7 +339,7 @@ absl::StatusOr<DaemonConfig> Resolve(const std::map<std::string, std::string>& v
   if (const std::string* v = get("tls_key")) config.tls_key = *v;
   if (const std::string* v = get("tls_client_ca")) config.tls_client_ca = *v;
   for (auto [key, field] : {std::pair{"insecure", &config.insecure},
-                             std::pair{"exit_with_parent", &config.exit_with_parent}}) {
+                            std::pair{"exit_with_parent", &config.exit_with_parent}}) {
     if (const std::string* v = get(key)) {
       absl::StatusOr<bool> parsed = ParseBool(key, *v);
       if (!parsed.ok()) return parsed.status();

@@ -216,11 +216,11 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config
       attach_options, &daemon->sessions_, daemon->pool_.get(), [core](uint64_t session_id) {
         if (std::optional<SessionTotals> freed = CloseSessionAndFree(*core, session_id)) {
           core->sessions_reclaimed.fetch_add(1, std::memory_order_relaxed);
-          spdlog::info("session {} reclaimed: {} objects ({} bytes), {} leases ({} bytes), "
-                       "{} spill files ({} bytes)",
-                       session_id, freed->objects.objects, freed->objects.bytes,
-                       freed->leases.objects, freed->leases.bytes, freed->spilled.objects,
-                       freed->spilled.bytes);
+          spdlog::info(
+              "session {} reclaimed: {} objects ({} bytes), {} leases ({} bytes), "
+              "{} spill files ({} bytes)",
+              session_id, freed->objects.objects, freed->objects.bytes, freed->leases.objects,
+              freed->leases.bytes, freed->spilled.objects, freed->spilled.bytes);
         }
       });
   if (!attach_server.ok()) return attach_server.status();

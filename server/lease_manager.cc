@@ -152,8 +152,7 @@ RemovedTotals LeaseManager::ReleaseSession(uint64_t session_id) {
   return TakeLocked(session_id, ids, &removed);
 }
 
-absl::StatusOr<std::shared_ptr<Lease>> LeaseManager::Find(uint64_t session_id,
-                                                          uint64_t id) const {
+absl::StatusOr<std::shared_ptr<Lease>> LeaseManager::Find(uint64_t session_id, uint64_t id) const {
   absl::MutexLock lock(&mu_);
   auto it = leases_.find(id);
   if (it == leases_.end() || it->second->session_id() != session_id) {

@@ -150,9 +150,9 @@ class StashCollector final : public prometheus::Collectable {
     AddValue(&bytes, static_cast<double>(spill.reading_bytes), {{"state", "reading"}});
     AddValue(&bytes, static_cast<double>(spill.capacity_bytes), {{"state", "capacity"}});
     out->push_back(std::move(bytes));
-    MetricFamily io = Family("actstash_spill_io_bytes_total",
-                             "Bytes written to and read back from the spill tier",
-                             MetricType::Counter);
+    MetricFamily io =
+        Family("actstash_spill_io_bytes_total",
+               "Bytes written to and read back from the spill tier", MetricType::Counter);
     AddValue(&io, static_cast<double>(spill.bytes_written), {{"direction", "write"}});
     AddValue(&io, static_cast<double>(spill.bytes_read), {{"direction", "read"}});
     out->push_back(std::move(io));

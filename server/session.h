@@ -55,7 +55,7 @@ struct LocalUsage {
   uint64_t bytes_fetched = 0;
   uint64_t stores = 0;
   uint64_t fetches = 0;
-  uint64_t spill_wait_ns = 0;  // cumulative: stores waiting for spills
+  uint64_t spill_wait_ns = 0;    // cumulative: stores waiting for spills
   uint64_t restore_wait_ns = 0;  // cumulative: fetches waiting for restores
 };
 

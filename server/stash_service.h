@@ -45,8 +45,8 @@ class StashService final : public v1::Stash::CallbackService {
                                         const v1::ReportUsageRequest* request,
                                         v1::ReportUsageReply* reply) override;
   // spill_handlers.cc
-  grpc::ServerUnaryReactor* Spill(grpc::CallbackServerContext* ctx,
-                                  const v1::SpillRequest* request, v1::SpillReply* reply) override;
+  grpc::ServerUnaryReactor* Spill(grpc::CallbackServerContext* ctx, const v1::SpillRequest* request,
+                                  v1::SpillReply* reply) override;
   grpc::ServerUnaryReactor* Restore(grpc::CallbackServerContext* ctx,
                                     const v1::RestoreRequest* request,
                                     v1::RestoreReply* reply) override;

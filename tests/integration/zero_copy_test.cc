@@ -561,7 +561,6 @@ TEST_F(ZeroCopyTest, AttachIsLimitedToAllowedUids) {
   EXPECT_TRUE(self->attached());
 }
 
-
 // Any local user who can open the attach socket can open connections and stay
 // silent. Hundreds of them must neither lock legitimate clients out nor cost an
 // attached client its connection (and with it its session).

@@ -159,7 +159,6 @@ def test_bad_arguments_are_refused(stash):
     assert actstash.BudgetError.__mro__[1] is ValueError
 
 
-
 def test_the_session_quota_bounds_what_the_plan_stores(daemon):
     """A plan never stores more than the session's quota: at a budget where most
     blocks would be offloaded, a quota of two blocks' worth makes the others

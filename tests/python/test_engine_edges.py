@@ -8,7 +8,6 @@ import torch.nn.functional as F
 import actstash
 
 
-
 def test_meta_tensors_are_kept_not_copied(stash):
     before = stash.stats()
     x = torch.randn(1 << 16, device="meta", requires_grad=True)

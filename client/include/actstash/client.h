@@ -128,10 +128,10 @@ struct ZeroCopyUsage {
   // Spill tier, as this client sees it.
   uint64_t spilled_leases = 0;  // on the daemon's disk now
   uint64_t spilled_bytes = 0;
-  uint64_t spills = 0;          // leases written to disk (cumulative)
-  uint64_t restores = 0;        // leases read back (cumulative)
-  uint64_t restores_ahead = 0;  // of those, read back before a fetch needed them
-  uint64_t spill_wait_ns = 0;   // time stores waited for spills (cumulative)
+  uint64_t spills = 0;           // leases written to disk (cumulative)
+  uint64_t restores = 0;         // leases read back (cumulative)
+  uint64_t restores_ahead = 0;   // of those, read back before a fetch needed them
+  uint64_t spill_wait_ns = 0;    // time stores waited for spills (cumulative)
   uint64_t restore_wait_ns = 0;  // time fetches waited for restores (cumulative)
 };
 

@@ -20,8 +20,8 @@ import importlib
 
 from actstash._lib import StashError, StashFull, StashNotFound, StashUnavailable
 
-_LAZY = {"BudgetError": "_planner", "Stash": "_stash", "connect": "_stash", "checkpoint": "_checkpoint",
-         "unwrap": "_wrap", "wrap": "_wrap"}
+_LAZY = {"BudgetError": "_planner", "Stash": "_stash", "connect": "_stash",
+         "checkpoint": "_checkpoint", "unwrap": "_wrap", "wrap": "_wrap"}
 
 
 def __getattr__(name):
@@ -38,6 +38,7 @@ def __dir__():
 
 
 __all__ = [
-    "BudgetError", "Stash", "StashError", "StashFull", "StashNotFound", "StashUnavailable", "checkpoint",
+    "BudgetError", "Stash", "StashError", "StashFull", "StashNotFound", "StashUnavailable",
+    "checkpoint",
     "connect", "unwrap", "wrap",
 ]

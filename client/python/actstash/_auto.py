@@ -366,8 +366,8 @@ class PlanReport:
         for j, (c, choice) in enumerate(zip(self.costs, self._plan.choices)):
             mb = m["blocks"][j] if m else None
             fwd = f"{p.forward_s[j] * 1e3:.1f}/" + (f"{mb['forward_s'] * 1e3:.1f}" if mb else "-")
-            bwd = f"{p.backward_s[j] * 1e3:.1f}/" + (f"{mb['backward_s'] * 1e3:.1f}" if mb
-                                                    else "-")
+            bwd = f"{p.backward_s[j] * 1e3:.1f}/" + (
+                f"{mb['backward_s'] * 1e3:.1f}" if mb else "-")
             peak = f"{mib(p.phase_peak[j])}/" + (
                 mib(max(mb["forward_peak"], mb["backward_peak"])) if mb else "-")
             lines.append(f"  {c.name[:20]:<20} {mib(c.saved_bytes):>10} {choice:<19} {fwd:>13} "

@@ -62,8 +62,8 @@ client_free = _declare(_c, "client_free", None, _vp)
 client_info_json = _declare(_c, "client_info_json", _vp, _vp)
 client_stats_json = _declare(_c, "client_stats_json", _int, _vp, _int, ctypes.POINTER(_vp))
 
-engine_create = _declare(_c, "engine_create", _int, _vp, _u64, _int, _u64, _int, _int, _int, _int, _int,
-                         _int, _i64, _u64, _vp, _vp, ctypes.POINTER(_vp))
+engine_create = _declare(_c, "engine_create", _int, _vp, _u64, _int, _u64, _int, _int, _int, _int,
+                         _int, _int, _i64, _u64, _vp, _vp, ctypes.POINTER(_vp))
 engine_free = _declare(_py, "engine_free", None, _vp)  # releases owners: the GIL is held
 engine_pack = _declare(_py, "engine_pack", _u64, _vp, _u64, _u64, _u64, _vp, _vp, _u64, _u64,
                        _obj, _obj, _u64)

@@ -166,8 +166,8 @@ def simulate(costs, machine, plan):
         phase_peak[j] = max(phase_peak[j],
                             held_prefix[j] + c.backward_work_of(choice, machine) + ahead)
     return Prediction(time_s=t, peak_bytes=max([peak] + phase_peak), stored_bytes=stored,
-                      forward_s=fwd, backward_s=bwd, held=[c.held(p) for c, p in
-                                                            zip(costs, plan)],
+                      forward_s=fwd, backward_s=bwd,
+                      held=[c.held(p) for c, p in zip(costs, plan)],
                       phase_peak=phase_peak)
 
 
