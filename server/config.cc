@@ -15,11 +15,11 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "common/address.h"
 #include "common/attach_wire.h"
+#include "common/choice.h"
 #include "common/protocol.h"
 #include "common/units.h"
 #include "toml++/toml.h"
@@ -246,28 +246,18 @@ absl::StatusOr<DaemonConfig> Resolve(const std::map<std::string, std::string>& v
     config.max_sessions = parsed;
   }
   if (const std::string* mode = get("mlock")) {
-    if (*mode == "auto") {
-      config.mlock = MlockMode::kAuto;
-    } else if (*mode == "on") {
-      config.mlock = MlockMode::kOn;
-    } else if (*mode == "off") {
-      config.mlock = MlockMode::kOff;
-    } else {
-      return absl::InvalidArgumentError(
-          absl::StrCat("mlock: '", *mode, "' is not one of auto, on, off"));
-    }
+    static constexpr Choice<MlockMode> kMlock[] = {
+        {"auto", MlockMode::kAuto}, {"on", MlockMode::kOn}, {"off", MlockMode::kOff}};
+    absl::StatusOr<MlockMode> parsed = ParseChoice(*mode, "mlock", kMlock);
+    if (!parsed.ok()) return parsed.status();
+    config.mlock = *parsed;
   }
   if (const std::string* mode = get("cuda_pin")) {
-    if (*mode == "auto") {
-      config.cuda_pin = PinPolicy::kAuto;
-    } else if (*mode == "on") {
-      config.cuda_pin = PinPolicy::kOn;
-    } else if (*mode == "off") {
-      config.cuda_pin = PinPolicy::kOff;
-    } else {
-      return absl::InvalidArgumentError(
-          absl::StrCat("cuda_pin: '", *mode, "' is not one of auto, on, off"));
-    }
+    static constexpr Choice<PinPolicy> kPin[] = {
+        {"auto", PinPolicy::kAuto}, {"on", PinPolicy::kOn}, {"off", PinPolicy::kOff}};
+    absl::StatusOr<PinPolicy> parsed = ParseChoice(*mode, "cuda_pin", kPin);
+    if (!parsed.ok()) return parsed.status();
+    config.cuda_pin = *parsed;
   }
   if (const std::string* pools = get("device_pool")) {
     absl::StatusOr<std::vector<DevicePoolConfig>> parsed =
@@ -276,12 +266,11 @@ absl::StatusOr<DaemonConfig> Resolve(const std::map<std::string, std::string>& v
     config.device_pools = *std::move(parsed);
   }
   if (const std::string* level = get("log_level")) {
-    static const char* const kLevels[] = {"trace", "debug", "info", "warn", "error", "off"};
-    if (std::none_of(std::begin(kLevels), std::end(kLevels),
-                     [&](const char* l) { return *level == l; })) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("log_level: '", *level, "' is not one of ", absl::StrJoin(kLevels, ", ")));
-    }
+    // A set of names: the values are unused.
+    static constexpr Choice<bool> kLevels[] = {{"trace", true}, {"debug", true}, {"info", true},
+                                               {"warn", true},  {"error", true}, {"off", true}};
+    absl::Status known = ParseChoice(*level, "log_level", kLevels).status();
+    if (!known.ok()) return known;
     config.log_level = *level;
   }
   if (const std::string* grace = get("shutdown_grace_seconds")) {

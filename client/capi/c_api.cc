@@ -16,6 +16,7 @@
 #include "actstash/copy_engine.h"
 #include "actstash/saved_tensors.h"
 #include "client/capi/json_writer.h"
+#include "common/choice.h"
 
 struct actstash_client {
   std::shared_ptr<actstash::Client> client;
@@ -45,18 +46,6 @@ char* Dup(const std::string& s) {
 }
 
 // One of three names (null: the first) to its value.
-template <typename T>
-absl::StatusOr<T> ParseChoice(const char* text, const char* what,
-                              const std::array<const char*, 3>& names,
-                              const std::array<T, 3>& values) {
-  const std::string given = text != nullptr ? text : names[0];
-  for (size_t i = 0; i < names.size(); ++i) {
-    if (given == names[i]) return values[i];
-  }
-  return absl::InvalidArgumentError(
-      absl::StrCat(what, " must be '", names[0], "', '", names[1], "' or '", names[2], "'"));
-}
-
 void WriteSession(actstash::capi::JsonWriter& w, const actstash::SessionStatsEntry& e) {
   w.Begin();
   w.Field("session_id", e.session_id);
@@ -105,14 +94,21 @@ int actstash_client_connect(const char* address, uint64_t quota, const char* nam
   options.connect_timeout = std::chrono::milliseconds(connect_timeout_ms);
   options.lease_batch = lease_batch;
   options.cuda_device = cuda_device;
-  absl::StatusOr<actstash::AttachMode> attach_mode = ParseChoice<actstash::AttachMode>(
-      attach, "attach", {"auto", "required", "off"},
-      {actstash::AttachMode::kAuto, actstash::AttachMode::kRequired, actstash::AttachMode::kOff});
+  static constexpr actstash::Choice<actstash::AttachMode> kAttach[] = {
+      {"auto", actstash::AttachMode::kAuto},
+      {"required", actstash::AttachMode::kRequired},
+      {"off", actstash::AttachMode::kOff}};
+  static constexpr actstash::Choice<actstash::PinPolicy> kPin[] = {
+      {"auto", actstash::PinPolicy::kAuto},
+      {"on", actstash::PinPolicy::kOn},
+      {"off", actstash::PinPolicy::kOff}};
+  // Null means the default: the first name.
+  absl::StatusOr<actstash::AttachMode> attach_mode =
+      actstash::ParseChoice(attach != nullptr ? attach : "auto", "attach", kAttach);
   if (!attach_mode.ok()) return Fail(attach_mode.status());
   options.attach = *attach_mode;
-  absl::StatusOr<actstash::PinPolicy> pin_policy = ParseChoice<actstash::PinPolicy>(
-      pin, "pin", {"auto", "on", "off"},
-      {actstash::PinPolicy::kAuto, actstash::PinPolicy::kOn, actstash::PinPolicy::kOff});
+  absl::StatusOr<actstash::PinPolicy> pin_policy =
+      actstash::ParseChoice(pin != nullptr ? pin : "auto", "pin", kPin);
   if (!pin_policy.ok()) return Fail(pin_policy.status());
   options.pin_leases = *pin_policy;
   absl::StatusOr<std::unique_ptr<actstash::Client>> client = actstash::Client::Connect(options);

@@ -124,6 +124,19 @@ def test_auto_pinning_without_a_device_is_silent_and_unpinned(daemon):
 def test_bad_pin_value_is_a_value_error(daemon):
     with pytest.raises(ValueError, match="pin must be"):
         actstash.connect(daemon.socket, pin="sometimes")
+    # The C ABI checks too (for callers other than this package), with the daemon's
+    # wording for its own settings.
+    import ctypes
+    cases = ((b"auto", b"sometimes", "pin: 'sometimes' is not one of auto, on, off"),
+             (b"always", b"off", "attach: 'always' is not one of auto, required, off"))
+    for attach, pin, message in cases:
+        handle = ctypes.c_void_p()
+        code = _lib.client_connect(daemon.socket.encode(), 0, b"t", attach, 1000, 1000, 4, pin, 0,
+                                   ctypes.byref(handle))
+        with pytest.raises(ValueError) as error:
+            _lib.raise_for(code)
+        assert str(error.value) == message
+        assert not handle.value
 
 
 def test_device_pool_that_the_daemon_lacks_is_a_clear_error(daemon):
