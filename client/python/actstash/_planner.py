@@ -125,17 +125,16 @@ def simulate(costs, machine, plan):
     store_done = [0.0] * n
     in_flight = []  # (copy done at, source bytes)
     held_prefix = [0] * (n + 1)
-    peak = 0
+    held = [c.held(choice) for c, choice in zip(costs, plan)]
     stored = 0
     fwd, bwd, phase_peak = [0.0] * n, [0.0] * n, [0] * n
     for j, (c, choice) in enumerate(zip(costs, plan)):
-        held = c.held(choice)
         start = t
         nbytes, ntensors = c.stored(choice)
         t += c.forward_s + ntensors * machine.per_tensor_s
         # At its end (what it holds is all there), with the stores still copying.
         flying = sum(b for done, b in in_flight if done > t)
-        phase_peak[j] = held_prefix[j] + flying + max(c.forward_work, held)
+        phase_peak[j] = held_prefix[j] + flying + max(c.forward_work, held[j])
         if nbytes:
             begin = max(copy_free, t)
             copy_free = begin + nbytes / machine.store_bps
@@ -143,7 +142,7 @@ def simulate(costs, machine, plan):
             in_flight.append((copy_free, nbytes))
             stored += nbytes
         fwd[j] = t - start
-        held_prefix[j + 1] = held_prefix[j] + held
+        held_prefix[j + 1] = held_prefix[j] + held[j]
     t += machine.tail_s
     flying = sum(b for done, b in in_flight if done > t)  # at its end, as for blocks
     peak = held_prefix[n] + flying + machine.tail_work
@@ -166,9 +165,7 @@ def simulate(costs, machine, plan):
         phase_peak[j] = max(phase_peak[j],
                             held_prefix[j] + c.backward_work_of(choice, machine) + ahead)
     return Prediction(time_s=t, peak_bytes=max([peak] + phase_peak), stored_bytes=stored,
-                      forward_s=fwd, backward_s=bwd,
-                      held=[c.held(p) for c, p in zip(costs, plan)],
-                      phase_peak=phase_peak)
+                      forward_s=fwd, backward_s=bwd, held=held, phase_peak=phase_peak)
 
 
 @dataclasses.dataclass
@@ -187,6 +184,10 @@ class Plan:
 
 class _Stop(Exception):
     pass
+
+
+def _fits(prediction, budget, stored_limit):
+    return prediction.peak_bytes <= budget and prediction.stored_bytes <= stored_limit
 
 
 def _allowed(machine):
@@ -209,9 +210,9 @@ def _bounds(costs, machine, prefix):
     peak_lb = max(partial.phase_peak[:k], default=0)
     held = sum(partial.held[:k])
     for c in costs[k:]:
-        peak_lb = max(peak_lb, held + max(c.forward_work, _min_backward_work(c, machine),
-                                          _min_held(c, machine)))
-        held += _min_held(c, machine)
+        least = _min_held(c, machine)
+        peak_lb = max(peak_lb, held + max(c.forward_work, _min_backward_work(c, machine), least))
+        held += least
     peak_lb = max(peak_lb, held + machine.tail_work)
     stored_lb = sum(c.stored(choice)[0] for c, choice in zip(costs, prefix))
     return time_lb, peak_lb, stored_lb
@@ -231,7 +232,7 @@ def _search(costs, machine, objective, budget, stored_limit, incumbent, max_node
     best = {"plan": None, "prediction": None, "value": float("inf")}
     if incumbent is not None:
         prediction = simulate(costs, machine, incumbent)
-        if prediction.peak_bytes <= budget and prediction.stored_bytes <= stored_limit:
+        if _fits(prediction, budget, stored_limit):
             best.update(plan=list(incumbent), prediction=prediction, value=value(prediction))
     nodes = 0
 
@@ -242,8 +243,7 @@ def _search(costs, machine, objective, budget, stored_limit, incumbent, max_node
             raise _Stop
         if len(prefix) == n:
             prediction = simulate(costs, machine, prefix)
-            if (prediction.peak_bytes <= budget and prediction.stored_bytes <= stored_limit and
-                    value(prediction) < best["value"]):
+            if _fits(prediction, budget, stored_limit) and value(prediction) < best["value"]:
                 best.update(plan=list(prefix), prediction=prediction, value=value(prediction))
             return
         time_lb, peak_lb, stored_lb = _bounds(costs, machine, prefix)
@@ -264,36 +264,22 @@ def _search(costs, machine, objective, budget, stored_limit, incumbent, max_node
 
 def _greedy(costs, machine, budget, stored_limit):
     """A feasible plan to start the search from: everything at its smallest, then the
-    change that saves the most time while it fits, until none does."""
+    change of one block that saves the most time while it fits, until none does."""
     plan = [min(_allowed(machine), key=c.held) for c in costs]
-    current = simulate(costs, machine, plan)
-    if current.peak_bytes > budget or current.stored_bytes > stored_limit:
+    if not _fits(simulate(costs, machine, plan), budget, stored_limit):
         return None
-    while True:
-        best = None
-        for j in range(len(costs)):
-            for choice in _allowed(machine):
-                if choice == plan[j]:
-                    continue
-                candidate = plan[:j] + [choice] + plan[j + 1:]
-                p = simulate(costs, machine, candidate)
-                if (p.peak_bytes <= budget and p.stored_bytes <= stored_limit and
-                        p.time_s < current.time_s and (best is None or p.time_s < best[1].time_s)):
-                    best = (candidate, p)
-        if best is None:
-            return plan
-        plan, current = best
+    return _improve(costs, machine, budget, stored_limit, plan, pairs=False)
 
 
-def _polish(costs, machine, budget, stored_limit, plan):
-    """Local search from `plan`: the best change of one or two blocks' choices that
-    fits and is faster, until none is."""
+def _improve(costs, machine, budget, stored_limit, plan, pairs=True):
+    """Local search from `plan`: the best change of one block's choice (or of two
+    blocks', with `pairs`) that fits and is faster, until none is."""
     n, choices = len(costs), _allowed(machine)
     current = simulate(costs, machine, plan)
     while True:
         best = None
         for i in range(n):
-            for j in range(i, n):
+            for j in range(i, n if pairs else i + 1):
                 for a in choices:
                     for b in (choices if j > i else (a,)):
                         candidate = list(plan)
@@ -301,12 +287,11 @@ def _polish(costs, machine, budget, stored_limit, plan):
                         if candidate == plan:
                             continue
                         p = simulate(costs, machine, candidate)
-                        if (p.peak_bytes <= budget and p.stored_bytes <= stored_limit and
-                                p.time_s < (best or (None, current))[1].time_s):
-                            best = (candidate, p)
+                        if _fits(p, budget, stored_limit) and p.time_s < (best or current).time_s:
+                            best, best_plan = p, candidate
         if best is None:
             return plan
-        plan, current = best
+        plan, current = best_plan, best
 
 
 def _simplify(costs, machine, budget, stored_limit, plan):
@@ -321,8 +306,7 @@ def _simplify(costs, machine, budget, stored_limit, plan):
                 break
             candidate = plan[:j] + [choice] + plan[j + 1:]
             p = simulate(costs, machine, candidate)
-            if (p.time_s <= current.time_s and p.peak_bytes <= budget and
-                    p.stored_bytes <= stored_limit):
+            if p.time_s <= current.time_s and _fits(p, budget, stored_limit):
                 plan, current = candidate, p
                 break
     return plan
@@ -343,7 +327,7 @@ def solve(costs, machine, budget, stored_limit=float("inf"), max_nodes=20_000):
                                              _greedy(costs, machine, budget, stored_limit),
                                              max_nodes)
     if not exact:
-        plan = _polish(costs, machine, budget, stored_limit, plan)
+        plan = _improve(costs, machine, budget, stored_limit, plan)
     plan = _simplify(costs, machine, budget, stored_limit, plan)
     prediction = simulate(costs, machine, plan)
     result = Plan(choices=plan, prediction=prediction, budget=budget, exact=exact, nodes=nodes,
