@@ -84,8 +84,8 @@ class AutoPlanner:
         step = self.step
         if step is None or j >= step.n:
             return original(*args, **kwargs)
-        step.mark(("f", j))
-        if step.measured:
+        if step.measured:  # unmeasured steps only run the plan
+            step.mark(("f", j))
             for a in list(args) + list(kwargs.values()):
                 step.inputs[j].add(a)
         choice = step.choices[j]
@@ -126,12 +126,11 @@ class AutoPlanner:
 
     def _begin_step(self, args, kwargs):
         self._finish_step()
-        key = tuple((tuple(a.shape), a.dtype, a.device) for a in list(args) + list(kwargs.values())
-                    if isinstance(a, torch.Tensor))
+        tensors = [a for a in list(args) + list(kwargs.values()) if isinstance(a, torch.Tensor)]
+        key = tuple((tuple(a.shape), a.dtype, a.device) for a in tensors)
         entry = self.entries.get(key)
         n = len(self.blocks)
-        device = next((a.device for a in list(args) + list(kwargs.values())
-                       if isinstance(a, torch.Tensor)), torch.device("cpu"))
+        device = tensors[0].device if tensors else torch.device("cpu")
         if entry is None:
             if device.type != "cuda" and not self.entries and not _glibc_returns_memory():
                 log.warning("actstash: on the CPU the plan measures RssAnon, and glibc keeps "

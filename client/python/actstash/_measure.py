@@ -17,17 +17,10 @@ import threading
 import time
 
 import torch
-from torch.multiprocessing.reductions import StorageWeakRef
 
+from actstash._stash import _aliases_parameter, _storage, _storage_address, _storage_ref
 
-def _storage_key(t):
-    return (t.device, t.data_ptr() - t.storage_offset() * t.element_size())
-
-
-def _is_parameter(t):
-    base = t._base
-    return (t.requires_grad and t.is_leaf) or (base is not None and base.requires_grad and
-                                               base.is_leaf)
+_PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
 class SavedBytes:
@@ -44,14 +37,13 @@ class SavedBytes:
         self.sizes = []
 
     def add(self, t):
-        if not isinstance(t, torch.Tensor) or _is_parameter(t) or t.layout != torch.strided:
+        if not isinstance(t, torch.Tensor) or _aliases_parameter(t) or t.layout != torch.strided:
             return
-        key = _storage_key(t)
+        key = (t.device, _storage_address(t))
         ref = self.live.get(key)
         if ref is None or ref.expired():
-            storage = t.untyped_storage() if hasattr(t, "untyped_storage") else t.storage()
-            self.live[key] = StorageWeakRef(storage)
-            self.held += storage.nbytes()
+            self.live[key] = _storage_ref(t)
+            self.held += _storage(t).nbytes()
         nbytes = t.numel() * t.element_size()
         if nbytes >= self.min_bytes and nbytes > 0 and t.device.type in ("cpu", "cuda"):
             self.stored += nbytes
@@ -76,7 +68,7 @@ class PhaseMemory:
         if self.cuda:
             return torch.cuda.memory_allocated(self.device)
         data = os.pread(self._fd, 256, 0).split()
-        return (int(data[1]) - int(data[2])) * os.sysconf("SC_PAGE_SIZE")  # RssAnon
+        return (int(data[1]) - int(data[2])) * _PAGE  # RssAnon
 
     def start(self, phase):
         if self.cuda:
@@ -149,8 +141,9 @@ class Step:
         self.n = n
         self.times = {}
         self.recompute = [0.0] * n
-        self.saved = [SavedBytes(min_bytes) for _ in range(n)]
-        self.inputs = [SavedBytes(min_bytes) for _ in range(n)]
+        # What blocks save and take, counted in measured steps only.
+        self.saved = [SavedBytes(min_bytes) for _ in range(n)] if measured else None
+        self.inputs = [SavedBytes(min_bytes) for _ in range(n)] if measured else None
         self.entered = set()
         self.done = False
         self.memory = PhaseMemory(device) if measured else None
@@ -159,7 +152,10 @@ class Step:
 
     def mark(self, phase):
         if self.memory is not None:
-            self.memory.mark(phase) if phase != ("f", 0) else self.memory.start(phase)
+            if phase == ("f", 0):
+                self.memory.start(phase)  # the step begins
+            else:
+                self.memory.mark(phase)
         self.times[phase] = time.perf_counter()
 
     def enter_backward(self, j):

@@ -134,11 +134,21 @@ def _storage_address(t):
     return t.data_ptr() - t.storage_offset() * t.element_size()
 
 
+def _storage(t):
+    return t.untyped_storage() if hasattr(t, "untyped_storage") else t.storage()
+
+
 def _storage_ref(t):
     """A weak reference to t's storage (not to the tensor object, which may be a
     temporary alias such as w.t() or w.detach())."""
-    storage = t.untyped_storage() if hasattr(t, "untyped_storage") else t.storage()
-    return StorageWeakRef(storage)
+    return StorageWeakRef(_storage(t))
+
+
+def _aliases_parameter(t):
+    """A parameter (saved by reference anyway), or a view of one (e.g. weight.t())."""
+    base = t._base
+    return (t.requires_grad and t.is_leaf) or (base is not None and base.requires_grad and
+                                               base.is_leaf)
 
 
 def _is_dense(t):
@@ -364,11 +374,8 @@ class Stash:
             return _KEEP_LAYOUT
         if t.device.type not in ("cpu", "cuda"):
             return _KEEP_DEVICE  # meta, xpu, mps, ...: no engine copies those
-        if t.requires_grad and t.is_leaf:
-            return _KEEP_PARAMETER  # parameters are saved by reference anyway
-        base = t._base
-        if base is not None and base.requires_grad and base.is_leaf:
-            return _KEEP_PARAMETER  # a view of a parameter (e.g. weight.t()): aliases it
+        if _aliases_parameter(t):
+            return _KEEP_PARAMETER
         if self._keep and self._kept(t):
             return _KEEP_LISTED
         return 0
