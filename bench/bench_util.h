@@ -15,7 +15,7 @@
 
 #include "absl/status/status.h"
 #include "common/units.h"
-#include "tests/support/daemon_process.h"
+#include "testing/daemon_process.h"
 
 namespace actstash::bench {
 

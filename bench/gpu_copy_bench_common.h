@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "bench/bench_util.h"
-#include "common/cuda_status.h"
+#include "kernels/cuda_status.h"
 
 // Dies with the CUDA error, its expression and file:line when `expr` fails.
 #define BENCH_CUDA(expr) ::actstash::bench::Check(ACTSTASH_CUDA_STATUS(expr), "CUDA")

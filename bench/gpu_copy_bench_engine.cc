@@ -42,7 +42,7 @@
 #include "actstash/client.h"
 #include "actstash/copy_engine.h"
 #include "bench/bench_util.h"
-#include "tests/support/daemon_process.h"
+#include "testing/daemon_process.h"
 
 namespace actstash::bench::gpu_copy {
 namespace {

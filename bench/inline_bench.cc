@@ -29,7 +29,7 @@
 #include "absl/status/statusor.h"
 #include "actstash/client.h"
 #include "bench/bench_util.h"
-#include "tests/support/daemon_process.h"
+#include "testing/daemon_process.h"
 
 namespace {
 

@@ -28,8 +28,22 @@
 #include "common/address.h"
 #include "common/pinned_registrar.h"
 #include "common/protocol.h"
+#include "common/tristate.h"
 
 namespace actstash {
+
+// The public PinPolicy as the registrar's Tristate (same three meanings).
+inline Tristate PinPolicyTristate(PinPolicy policy) {
+  switch (policy) {
+    case PinPolicy::kOn:
+      return Tristate::kOn;
+    case PinPolicy::kOff:
+      return Tristate::kOff;
+    case PinPolicy::kAuto:
+      break;
+  }
+  return Tristate::kAuto;
+}
 
 struct Client::Impl final : public client_internal::LeaseBackend {
   ClientOptions options;
@@ -286,8 +300,8 @@ struct Client::Impl final : public client_internal::LeaseBackend {
           "not attached: the daemon is not on a local Unix socket (zero-copy needs one)");
       return attach_status;
     }
-    absl::StatusOr<std::unique_ptr<PinnedRegistrar>> pinner =
-        RegistrarForPolicy(options.pin_leases, nullptr, /*only_in_cuda_threads=*/true);
+    absl::StatusOr<std::unique_ptr<PinnedRegistrar>> pinner = RegistrarForPolicy(
+        PinPolicyTristate(options.pin_leases), nullptr, /*only_in_cuda_threads=*/true);
     if (!pinner.ok()) {  // kOn without a usable device
       attach_status = pinner.status();
       return attach_status;

@@ -11,9 +11,9 @@
 #include "client/gpu_copy_engine.h"
 #include "client/gpu_runtime.h"
 #include "common/cuda_device_guard.h"
-#include "common/cuda_status.h"
 #include "common/status_macros.h"
 #include "kernels/bf16_cuda.h"
+#include "kernels/cuda_status.h"
 #include "kernels/strided_copy_cuda.h"
 
 namespace actstash {

@@ -9,8 +9,8 @@
 #include <cuda_runtime_api.h>
 
 #include "common/cuda_device_guard.h"
-#include "common/cuda_status.h"
 #include "common/status_macros.h"
+#include "kernels/cuda_status.h"
 #endif
 
 namespace actstash::client_internal {

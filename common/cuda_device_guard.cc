@@ -4,7 +4,7 @@
 
 #include <mutex>
 
-#include "common/cuda_status.h"
+#include "kernels/cuda_status.h"
 
 namespace actstash {
 namespace {

@@ -6,7 +6,7 @@
 #include <cuda_runtime_api.h>
 
 #include "common/cuda_device_guard.h"
-#include "common/cuda_status.h"
+#include "kernels/cuda_status.h"
 #endif
 
 namespace actstash {
@@ -54,16 +54,16 @@ absl::StatusOr<std::unique_ptr<PinnedRegistrar>> CreateCudaPinnedRegistrar(
 #endif
 }
 
-absl::StatusOr<std::unique_ptr<PinnedRegistrar>> RegistrarForPolicy(PinPolicy policy,
+absl::StatusOr<std::unique_ptr<PinnedRegistrar>> RegistrarForPolicy(Tristate policy,
                                                                     std::string* why_not,
                                                                     bool only_in_cuda_threads) {
-  if (policy == PinPolicy::kOff) {
+  if (policy == Tristate::kOff) {
     if (why_not != nullptr) *why_not = "pinning for CUDA is off";
     return std::unique_ptr<PinnedRegistrar>();
   }
   absl::StatusOr<std::unique_ptr<PinnedRegistrar>> registrar =
-      CreateCudaPinnedRegistrar(only_in_cuda_threads && policy == PinPolicy::kAuto);
-  if (registrar.ok() || policy == PinPolicy::kOn) return registrar;
+      CreateCudaPinnedRegistrar(only_in_cuda_threads && policy == Tristate::kAuto);
+  if (registrar.ok() || policy == Tristate::kOn) return registrar;
   if (why_not != nullptr) *why_not = std::string(registrar.status().message());
   return std::unique_ptr<PinnedRegistrar>();
 }

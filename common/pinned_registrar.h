@@ -16,7 +16,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "client/include/actstash/pinned.h"  // PinPolicy (public: the client options use it)
+#include "common/tristate.h"
 
 namespace actstash {
 
@@ -46,7 +46,7 @@ absl::StatusOr<std::unique_ptr<PinnedRegistrar>> CreateCudaPinnedRegistrar(
 // device is the error of CreateCudaPinnedRegistrar.
 // `only_in_cuda_threads` applies to kAuto.
 absl::StatusOr<std::unique_ptr<PinnedRegistrar>> RegistrarForPolicy(
-    PinPolicy policy, std::string* why_not = nullptr, bool only_in_cuda_threads = false);
+    Tristate policy, std::string* why_not = nullptr, bool only_in_cuda_threads = false);
 
 }  // namespace actstash
 

@@ -3,9 +3,8 @@
 #include <cstdint>
 
 #include "absl/strings/str_cat.h"
-#include "common/cuda_status.h"
-#include "common/status_macros.h"
 #include "kernels/cuda_launch.h"
+#include "kernels/cuda_status.h"
 
 namespace actstash::kernels {
 namespace {
@@ -24,21 +23,24 @@ absl::Status CheckArrays(const char* what, const In* src, Out* dst) {
 
 absl::Status Fp32ToBf16Async(const float* src, uint16_t* dst, size_t n, cudaStream_t stream) {
   if (n == 0) return absl::OkStatus();
-  ACTSTASH_RETURN_IF_ERROR(CheckArrays("Fp32ToBf16Async", src, dst));
+  absl::Status checked = CheckArrays("Fp32ToBf16Async", src, dst);
+  if (!checked.ok()) return checked;
   ACTSTASH_CUDA_RETURN_IF_ERROR(internal::LaunchFp32ToBf16(src, dst, n, stream));
   return absl::OkStatus();
 }
 
 absl::Status Bf16ToFp32Async(const uint16_t* src, float* dst, size_t n, cudaStream_t stream) {
   if (n == 0) return absl::OkStatus();
-  ACTSTASH_RETURN_IF_ERROR(CheckArrays("Bf16ToFp32Async", src, dst));
+  absl::Status checked = CheckArrays("Bf16ToFp32Async", src, dst);
+  if (!checked.ok()) return checked;
   ACTSTASH_CUDA_RETURN_IF_ERROR(internal::LaunchBf16ToFp32(src, dst, n, stream));
   return absl::OkStatus();
 }
 
 absl::Status Fp16ToBf16Async(const uint16_t* src, uint16_t* dst, size_t n, cudaStream_t stream) {
   if (n == 0) return absl::OkStatus();
-  ACTSTASH_RETURN_IF_ERROR(CheckArrays("Fp16ToBf16Async", src, dst));
+  absl::Status checked = CheckArrays("Fp16ToBf16Async", src, dst);
+  if (!checked.ok()) return checked;
   ACTSTASH_CUDA_RETURN_IF_ERROR(internal::LaunchFp16ToBf16(src, dst, n, stream));
   return absl::OkStatus();
 }

@@ -2,8 +2,8 @@
 
 #include <cstdint>
 
-#include "common/cuda_status.h"
 #include "kernels/cuda_launch.h"
+#include "kernels/cuda_status.h"
 
 namespace actstash::kernels {
 

@@ -4,7 +4,6 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "common/status_macros.h"
 
 #if defined(__SSE2__)
 #include <emmintrin.h>
@@ -255,7 +254,9 @@ void CopyStrided(const void* src, void* dst, const StridedLayout& layout) {
 absl::StatusOr<LayoutInfo> CheckStridedCopy(const void* strided, const StridedLayout& layout,
                                             const void* contiguous, size_t contiguous_bytes,
                                             bool strided_is_destination) {
-  ACTSTASH_ASSIGN_OR_RETURN(const LayoutInfo info, InspectLayout(layout));
+  absl::StatusOr<LayoutInfo> inspected = InspectLayout(layout);
+  if (!inspected.ok()) return inspected.status();
+  const LayoutInfo& info = *inspected;
   const char* side = strided_is_destination ? "source" : "destination";
   if (contiguous_bytes < static_cast<uint64_t>(info.contiguous_bytes)) {
     return absl::InvalidArgumentError(absl::StrCat("strided copy: the contiguous ", side, " has ",
@@ -266,7 +267,10 @@ absl::StatusOr<LayoutInfo> CheckStridedCopy(const void* strided, const StridedLa
   if (strided == nullptr || contiguous == nullptr) {
     return absl::InvalidArgumentError("strided copy: null pointer with a non-empty tensor");
   }
-  if (strided_is_destination) ACTSTASH_RETURN_IF_ERROR(CheckNoInternalOverlap(layout));
+  if (strided_is_destination) {
+    absl::Status overlap = CheckNoInternalOverlap(layout);
+    if (!overlap.ok()) return overlap;
+  }
   const auto s = reinterpret_cast<uintptr_t>(strided);
   const auto c = reinterpret_cast<uintptr_t>(contiguous);
   if (s < c + static_cast<uint64_t>(info.contiguous_bytes) &&
@@ -279,17 +283,17 @@ absl::StatusOr<LayoutInfo> CheckStridedCopy(const void* strided, const StridedLa
 
 absl::Status GatherCpu(const void* src, const StridedLayout& src_layout, void* dst,
                        size_t dst_bytes) {
-  ACTSTASH_ASSIGN_OR_RETURN(const LayoutInfo info,
-                            CheckStridedCopy(src, src_layout, dst, dst_bytes, false));
-  if (info.numel > 0) CopyStrided<true>(src, dst, src_layout);
+  absl::StatusOr<LayoutInfo> info = CheckStridedCopy(src, src_layout, dst, dst_bytes, false);
+  if (!info.ok()) return info.status();
+  if (info->numel > 0) CopyStrided<true>(src, dst, src_layout);
   return absl::OkStatus();
 }
 
 absl::Status ScatterCpu(const void* src, size_t src_bytes, void* dst,
                         const StridedLayout& dst_layout) {
-  ACTSTASH_ASSIGN_OR_RETURN(const LayoutInfo info,
-                            CheckStridedCopy(dst, dst_layout, src, src_bytes, true));
-  if (info.numel > 0) CopyStrided<false>(src, dst, dst_layout);
+  absl::StatusOr<LayoutInfo> info = CheckStridedCopy(dst, dst_layout, src, src_bytes, true);
+  if (!info.ok()) return info.status();
+  if (info->numel > 0) CopyStrided<false>(src, dst, dst_layout);
   return absl::OkStatus();
 }
 

@@ -5,9 +5,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "common/cuda_status.h"
-#include "common/status_macros.h"
 #include "kernels/cuda_launch.h"
+#include "kernels/cuda_status.h"
 #include "kernels/strided_copy.h"
 
 namespace actstash::kernels {
@@ -46,16 +45,16 @@ absl::Status CopyAsync(bool gather, const void* src, void* dst, const StridedLay
 
 absl::Status GatherAsync(const void* src, const StridedLayout& src_layout, void* dst,
                          size_t dst_bytes, cudaStream_t stream) {
-  ACTSTASH_ASSIGN_OR_RETURN(const LayoutInfo info,
-                            CheckStridedCopy(src, src_layout, dst, dst_bytes, false));
-  return CopyAsync(true, src, dst, src_layout, info, stream);
+  absl::StatusOr<LayoutInfo> info = CheckStridedCopy(src, src_layout, dst, dst_bytes, false);
+  if (!info.ok()) return info.status();
+  return CopyAsync(true, src, dst, src_layout, *info, stream);
 }
 
 absl::Status ScatterAsync(const void* src, size_t src_bytes, void* dst,
                           const StridedLayout& dst_layout, cudaStream_t stream) {
-  ACTSTASH_ASSIGN_OR_RETURN(const LayoutInfo info,
-                            CheckStridedCopy(dst, dst_layout, src, src_bytes, true));
-  return CopyAsync(false, src, dst, dst_layout, info, stream);
+  absl::StatusOr<LayoutInfo> info = CheckStridedCopy(dst, dst_layout, src, src_bytes, true);
+  if (!info.ok()) return info.status();
+  return CopyAsync(false, src, dst, dst_layout, *info, stream);
 }
 
 }  // namespace actstash::kernels

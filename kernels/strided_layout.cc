@@ -5,7 +5,6 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "common/status_macros.h"
 
 namespace actstash::kernels {
 namespace {
@@ -63,7 +62,8 @@ absl::StatusOr<LayoutInfo> InspectLayout(const StridedLayout& layout) {
 absl::Status ValidateLayout(const StridedLayout& layout) { return InspectLayout(layout).status(); }
 
 absl::Status CheckNoInternalOverlap(const StridedLayout& layout) {
-  ACTSTASH_RETURN_IF_ERROR(ValidateLayout(layout));
+  absl::Status valid = ValidateLayout(layout);
+  if (!valid.ok()) return valid;
   std::pair<int64_t, int> dims[kMaxDims];  // (stride, dim) of dims with size > 1
   int count = 0;
   for (int d = 0; d < layout.ndim && d < kMaxDims; ++d) {

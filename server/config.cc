@@ -19,8 +19,8 @@
 #include "absl/strings/strip.h"
 #include "common/address.h"
 #include "common/attach_wire.h"
-#include "common/choice.h"
 #include "common/protocol.h"
+#include "common/tristate.h"
 #include "common/units.h"
 #include "toml++/toml.h"
 
@@ -246,16 +246,12 @@ absl::StatusOr<DaemonConfig> Resolve(const std::map<std::string, std::string>& v
     config.max_sessions = parsed;
   }
   if (const std::string* mode = get("mlock")) {
-    static constexpr Choice<MlockMode> kMlock[] = {
-        {"auto", MlockMode::kAuto}, {"on", MlockMode::kOn}, {"off", MlockMode::kOff}};
-    absl::StatusOr<MlockMode> parsed = ParseChoice(*mode, "mlock", kMlock);
+    absl::StatusOr<Tristate> parsed = ParseTristate(*mode, "mlock");
     if (!parsed.ok()) return parsed.status();
     config.mlock = *parsed;
   }
   if (const std::string* mode = get("cuda_pin")) {
-    static constexpr Choice<PinPolicy> kPin[] = {
-        {"auto", PinPolicy::kAuto}, {"on", PinPolicy::kOn}, {"off", PinPolicy::kOff}};
-    absl::StatusOr<PinPolicy> parsed = ParseChoice(*mode, "cuda_pin", kPin);
+    absl::StatusOr<Tristate> parsed = ParseTristate(*mode, "cuda_pin");
     if (!parsed.ok()) return parsed.status();
     config.cuda_pin = *parsed;
   }

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "client/include/actstash/pinned.h"
+#include "common/tristate.h"
 #include "server/device_pool_config.h"
 #include "server/host_pool.h"
 
@@ -23,10 +23,10 @@ struct DaemonConfig {
   uint64_t max_session_quota = 0;      // cap on any session's quota
   uint64_t default_session_quota = 0;  // what a session asking for 0 gets
   size_t max_sessions = 1024;
-  MlockMode mlock = MlockMode::kAuto;
+  Tristate mlock = Tristate::kAuto;
   // Registration of the host pool's segments with CUDA (cudaHostRegister):
   // kAuto when a device is present, kOn fails start-up without it, kOff never.
-  PinPolicy cuda_pin = PinPolicy::kAuto;
+  Tristate cuda_pin = Tristate::kAuto;
   // Device pools (CUDA builds only), at most one per device.
   std::vector<DevicePoolConfig> device_pools;
   std::string log_level = "info";

@@ -4,8 +4,8 @@
 #include <cuda_runtime_api.h>
 
 #include "absl/strings/str_cat.h"
-#include "common/cuda_status.h"
 #include "common/units.h"
+#include "kernels/cuda_status.h"
 #endif
 
 namespace actstash::server {

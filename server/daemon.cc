@@ -95,7 +95,7 @@ absl::StatusOr<Daemon::Memory> Daemon::CreateMemory(const DaemonConfig& config,
   // pools): clients register their own mappings, which is what their copies
   // use, and a context on GPU 0 would cost every GPU node hundreds of MiB
   // (and GPU 0 itself under exclusive compute mode).
-  const bool skip = config.cuda_pin == PinPolicy::kAuto && config.device_pools.empty();
+  const bool skip = config.cuda_pin == Tristate::kAuto && config.device_pools.empty();
   absl::StatusOr<std::unique_ptr<PinnedRegistrar>> registrar =
       skip ? std::unique_ptr<PinnedRegistrar>() : RegistrarForPolicy(config.cuda_pin, &why_not);
   if (skip) {
@@ -115,7 +115,7 @@ absl::StatusOr<Daemon::Memory> Daemon::CreateMemory(const DaemonConfig& config,
   pool_options.segment_bytes = config.segment_bytes;
   pool_options.mlock = config.mlock;
   pool_options.cuda_registrar = memory.registrar.get();
-  pool_options.require_cuda_pinned = config.cuda_pin == PinPolicy::kOn;
+  pool_options.require_cuda_pinned = config.cuda_pin == Tristate::kOn;
   absl::StatusOr<std::unique_ptr<MemoryPool>> pool;
   {
 #ifdef ACTSTASH_HAVE_CUDA

@@ -6,8 +6,8 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "common/cuda_status.h"
 #include "common/units.h"
+#include "kernels/cuda_status.h"
 #include "server/device_memory.h"
 
 namespace actstash::server {

@@ -348,7 +348,7 @@ absl::StatusOr<std::unique_ptr<MemoryPool>> CreateHostPool(const HostPoolOptions
   }
 
   uint64_t locked = 0;
-  if (options.mlock != MlockMode::kOff) {
+  if (options.mlock != Tristate::kOff) {
     if (mlock(base, total) == 0) {
       locked = total;
     } else {
@@ -358,7 +358,7 @@ absl::StatusOr<std::unique_ptr<MemoryPool>> CreateHostPool(const HostPoolOptions
           " (RLIMIT_MEMLOCK is ", MemlockLimitText(),
           "); raise it with `ulimit -l unlimited`, LimitMEMLOCK=infinity (systemd) or the "
           "IPC_LOCK capability (containers)");
-      if (options.mlock == MlockMode::kOn) {
+      if (options.mlock == Tristate::kOn) {
         return fail(absl::ResourceExhaustedError(why));
       }
       spdlog::warn(

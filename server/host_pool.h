@@ -7,20 +7,17 @@
 
 #include "absl/status/statusor.h"
 #include "common/pinned_registrar.h"
+#include "common/tristate.h"
 #include "server/memory_pool.h"
 
 namespace actstash::server {
 
-enum class MlockMode {
-  kAuto,  // try to mlock; on failure log a warning and keep the memory unpinned
-  kOn,    // fail pool creation when mlock fails
-  kOff,   // never mlock
-};
-
 struct HostPoolOptions {
   uint64_t pool_bytes = 0;               // rounded down to whole segments; >= 1 segment
   uint64_t segment_bytes = 64ull << 20;  // a power of two, a multiple of the page size
-  MlockMode mlock = MlockMode::kAuto;
+  // mlock of the segments: kAuto tries and, on failure, logs a warning and
+  // keeps the memory unlocked; kOn fails pool creation; kOff never locks.
+  Tristate mlock = Tristate::kAuto;
   uint64_t alignment = 256;  // every allocation starts at a multiple (power of two)
   // Registers every segment with CUDA (cudaHostRegister) when set; not
   // owned, must outlive the pool. Null: no registration.

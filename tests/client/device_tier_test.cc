@@ -16,8 +16,8 @@
 #include "actstash/client.h"
 #include "client/device_import.h"
 #include "server/daemon.h"
+#include "testing/park.h"
 #include "tests/server/fake_device_memory.h"
-#include "tests/support/park.h"
 
 namespace actstash {
 namespace {
@@ -72,8 +72,8 @@ class DeviceTierTest : public ::testing::Test {
     config.segment_bytes = kMiB;
     config.max_session_quota = quota;
     config.default_session_quota = quota;
-    config.mlock = server::MlockMode::kOff;
-    config.cuda_pin = PinPolicy::kOff;
+    config.mlock = Tristate::kOff;
+    config.cuda_pin = Tristate::kOff;
     config.session_idle_ttl_seconds = 0;
     if (device_pool) config.device_pools.push_back({0, 4 * kMiB});
     auto daemon = server::Daemon::Start(config, std::make_unique<FakeDeviceMemory>(state_));

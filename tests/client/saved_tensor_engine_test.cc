@@ -14,7 +14,7 @@
 #include "actstash/client.h"
 #include "actstash/saved_tensors.h"
 #include "kernels/bf16.h"
-#include "tests/support/daemon_process.h"
+#include "testing/daemon_process.h"
 
 namespace actstash {
 namespace {

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "actstash/client.h"
-#include "tests/support/daemon_process.h"
+#include "testing/daemon_process.h"
 
 namespace actstash::testing {
 

@@ -34,7 +34,7 @@ class CatalogTest : public ::testing::Test {
     HostPoolOptions options;
     options.pool_bytes = 8 * kMiB;
     options.segment_bytes = 1 * kMiB;
-    options.mlock = MlockMode::kOff;
+    options.mlock = Tristate::kOff;
     auto pool = CreateHostPool(options);
     ASSERT_TRUE(pool.ok()) << pool.status();
     pool_ = *std::move(pool);

@@ -49,14 +49,14 @@ void ExpectUsageError(const std::vector<std::string>& args, const std::string& n
 }
 
 TEST(CudaConfigTest, CudaPinDefaultsToAuto) {
-  EXPECT_EQ(Accepted({}).cuda_pin, PinPolicy::kAuto);
+  EXPECT_EQ(Accepted({}).cuda_pin, Tristate::kAuto);
   EXPECT_TRUE(Accepted({}).device_pools.empty());
 }
 
 TEST(CudaConfigTest, CudaPinValues) {
-  EXPECT_EQ(Accepted({"--cuda-pin", "auto"}).cuda_pin, PinPolicy::kAuto);
-  EXPECT_EQ(Accepted({"--cuda-pin", "on"}).cuda_pin, PinPolicy::kOn);
-  EXPECT_EQ(Accepted({"--cuda-pin=off"}).cuda_pin, PinPolicy::kOff);
+  EXPECT_EQ(Accepted({"--cuda-pin", "auto"}).cuda_pin, Tristate::kAuto);
+  EXPECT_EQ(Accepted({"--cuda-pin", "on"}).cuda_pin, Tristate::kOn);
+  EXPECT_EQ(Accepted({"--cuda-pin=off"}).cuda_pin, Tristate::kOff);
 }
 
 TEST(CudaConfigTest, BadCudaPinIsAUsageErrorListingTheChoices) {
@@ -71,12 +71,12 @@ TEST(CudaConfigTest, TomlKeys) {
   const std::string path = std::string(pattern) + "/c.toml";
   std::ofstream(path) << "cuda_pin = \"off\"\ndevice_pool = \"1:1GiB\"\nallow_uid = \"1000\"\n";
   const DaemonConfig config = Accepted({"--config", path});
-  EXPECT_EQ(config.cuda_pin, PinPolicy::kOff);
+  EXPECT_EQ(config.cuda_pin, Tristate::kOff);
   ASSERT_EQ(config.device_pools.size(), 1u);
   EXPECT_EQ(config.device_pools[0].device, 1);
   EXPECT_EQ(config.device_pools[0].bytes, kGiB);
   // Flags win over the file.
-  EXPECT_EQ(Accepted({"--config", path, "--cuda-pin", "on"}).cuda_pin, PinPolicy::kOn);
+  EXPECT_EQ(Accepted({"--config", path, "--cuda-pin", "on"}).cuda_pin, Tristate::kOn);
   std::ofstream(path) << "cuda_pin = \"sometimes\"\n";
   ExpectUsageError({"--config", path}, "cuda_pin");
   std::remove(path.c_str());

@@ -110,7 +110,7 @@ TEST_F(ConfigTest, Defaults) {
   EXPECT_EQ(config.max_session_quota, config.pool_bytes);
   EXPECT_EQ(config.default_session_quota, config.pool_bytes);
   EXPECT_EQ(config.max_sessions, 1024u);
-  EXPECT_EQ(config.mlock, MlockMode::kAuto);
+  EXPECT_EQ(config.mlock, Tristate::kAuto);
   EXPECT_EQ(config.log_level, "info");
   EXPECT_DOUBLE_EQ(config.shutdown_grace_seconds, 5.0);
 }
@@ -145,7 +145,7 @@ TEST_F(ConfigTest, EveryFlagIsParsed) {
   EXPECT_EQ(config.max_session_quota, 512 * kMiB);
   EXPECT_EQ(config.default_session_quota, 128 * kMiB);
   EXPECT_EQ(config.max_sessions, 7u);
-  EXPECT_EQ(config.mlock, MlockMode::kOn);
+  EXPECT_EQ(config.mlock, Tristate::kOn);
   EXPECT_EQ(config.log_level, "debug");
   EXPECT_DOUBLE_EQ(config.shutdown_grace_seconds, 2.5);
 }
@@ -154,14 +154,14 @@ TEST_F(ConfigTest, FlagsAcceptEqualsForm) {
   const Parsed parsed = Parse({"--pool-size=2GiB", "--mlock=off", "--max-sessions=3"});
   ASSERT_FALSE(parsed.command_line.exit_code.has_value()) << parsed.err;
   EXPECT_EQ(parsed.command_line.config.pool_bytes, 2 * kGiB);
-  EXPECT_EQ(parsed.command_line.config.mlock, MlockMode::kOff);
+  EXPECT_EQ(parsed.command_line.config.mlock, Tristate::kOff);
   EXPECT_EQ(parsed.command_line.config.max_sessions, 3u);
 }
 
-TEST_F(ConfigTest, MlockModes) {
-  EXPECT_EQ(Parse({"--mlock", "auto"}).command_line.config.mlock, MlockMode::kAuto);
-  EXPECT_EQ(Parse({"--mlock", "on"}).command_line.config.mlock, MlockMode::kOn);
-  EXPECT_EQ(Parse({"--mlock", "off"}).command_line.config.mlock, MlockMode::kOff);
+TEST_F(ConfigTest, Tristates) {
+  EXPECT_EQ(Parse({"--mlock", "auto"}).command_line.config.mlock, Tristate::kAuto);
+  EXPECT_EQ(Parse({"--mlock", "on"}).command_line.config.mlock, Tristate::kOn);
+  EXPECT_EQ(Parse({"--mlock", "off"}).command_line.config.mlock, Tristate::kOff);
 }
 
 TEST_F(ConfigTest, PoolSizePercentageIsOfPhysicalMemory) {
@@ -240,7 +240,7 @@ shutdown_grace_seconds = 1.5
   EXPECT_EQ(config.max_session_quota, 512 * kMiB);
   EXPECT_EQ(config.default_session_quota, 64 * kMiB);
   EXPECT_EQ(config.max_sessions, 16u);
-  EXPECT_EQ(config.mlock, MlockMode::kOff);
+  EXPECT_EQ(config.mlock, Tristate::kOff);
   EXPECT_EQ(config.log_level, "warn");
   EXPECT_DOUBLE_EQ(config.shutdown_grace_seconds, 1.5);
 }
@@ -285,7 +285,7 @@ max_sessions = 16
   EXPECT_EQ(config.pool_bytes, 2 * kGiB);
   EXPECT_EQ(config.max_sessions, 4u);
   // Untouched file settings stay, and resolve against the overriding pool.
-  EXPECT_EQ(config.mlock, MlockMode::kOff);
+  EXPECT_EQ(config.mlock, Tristate::kOff);
   EXPECT_EQ(config.max_session_quota, kGiB);
 }
 

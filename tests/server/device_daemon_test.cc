@@ -23,8 +23,8 @@
 #include "common/attach_wire.h"
 #include "common/protocol.h"
 #include "server/daemon.h"
+#include "testing/park.h"
 #include "tests/server/fake_device_memory.h"
-#include "tests/support/park.h"
 
 namespace actstash::server {
 namespace {
@@ -61,8 +61,8 @@ class DeviceDaemonTest : public ::testing::Test {
     config.segment_bytes = kMiB;
     config.max_session_quota = quota;
     config.default_session_quota = quota;
-    config.mlock = MlockMode::kOff;
-    config.cuda_pin = PinPolicy::kOff;
+    config.mlock = Tristate::kOff;
+    config.cuda_pin = Tristate::kOff;
     config.session_idle_ttl_seconds = 0;
     if (device_pool) config.device_pools.push_back({0, 4 * kMiB});
     return config;
@@ -314,7 +314,7 @@ TEST_F(DeviceDaemonTest, MetricsShowDevicePoolsAndCudaPinnedBytes) {
 // refuse to start, saying why. With one, both work.
 TEST_F(DeviceDaemonTest, CudaSettingsWithoutADeviceRefuseToStart) {
   DaemonConfig pin_on = Config(/*device_pool=*/false);
-  pin_on.cuda_pin = PinPolicy::kOn;
+  pin_on.cuda_pin = Tristate::kOn;
   absl::StatusOr<std::unique_ptr<Daemon>> daemon = Daemon::Start(pin_on);
   if (daemon.ok()) {
     (*daemon)->Shutdown(std::chrono::milliseconds(0));

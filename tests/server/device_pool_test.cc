@@ -162,7 +162,7 @@ class DeviceTierTest : public DevicePoolTest {
     HostPoolOptions host;
     host.pool_bytes = 4 * kMiB;
     host.segment_bytes = kMiB;
-    host.mlock = MlockMode::kOff;
+    host.mlock = Tristate::kOff;
     host_pool_ = CreateHostPool(host).value();
     device_pool_ = MakePool();
     ASSERT_NE(device_pool_, nullptr);

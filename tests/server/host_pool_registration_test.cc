@@ -85,7 +85,7 @@ HostPoolOptions Options(FakeRegistrar* registrar, bool require, uint64_t segment
   HostPoolOptions options;
   options.pool_bytes = segments * kMiB;
   options.segment_bytes = kMiB;
-  options.mlock = MlockMode::kOff;
+  options.mlock = Tristate::kOff;
   options.cuda_registrar = registrar;
   options.require_cuda_pinned = require;
   return options;

@@ -33,7 +33,7 @@ constexpr uint64_t kMiB = 1ull << 20;
 uint64_t PageSize() { return static_cast<uint64_t>(sysconf(_SC_PAGESIZE)); }
 
 HostPoolOptions Options(uint64_t pool_bytes, uint64_t segment_bytes = kMiB,
-                        MlockMode mlock = MlockMode::kOff) {
+                        Tristate mlock = Tristate::kOff) {
   HostPoolOptions options;
   options.pool_bytes = pool_bytes;
   options.segment_bytes = segment_bytes;
@@ -88,7 +88,7 @@ TEST(HostPoolTest, PoolIsRoundedDownToWholeSegments) {
   EXPECT_EQ(stats.free_bytes, 5 * kMiB);
   EXPECT_EQ(stats.largest_free_bytes, 5 * kMiB);
   EXPECT_EQ(stats.allocations, 0u);
-  EXPECT_EQ(stats.locked_bytes, 0u);  // MlockMode::kOff
+  EXPECT_EQ(stats.locked_bytes, 0u);  // Tristate::kOff
 
   // Exactly one segment is the smallest pool.
   auto one = CreateHostPool(Options(kMiB + kMiB - 1));
@@ -341,13 +341,13 @@ TEST(HostPoolTest, ConcurrentAllocateAndFree) {
 }
 
 TEST(HostPoolTest, MlockOnLocksTheWholePool) {
-  auto pool = CreateHostPool(Options(4 * kMiB, kMiB, MlockMode::kOn));
+  auto pool = CreateHostPool(Options(4 * kMiB, kMiB, Tristate::kOn));
   ASSERT_TRUE(pool.ok()) << pool.status();
   const PoolStats stats = (*pool)->Stats();
   EXPECT_EQ(stats.total_bytes, 4 * kMiB);
   EXPECT_EQ(stats.locked_bytes, stats.total_bytes);
 
-  auto automatic = CreateHostPool(Options(4 * kMiB, kMiB, MlockMode::kAuto));
+  auto automatic = CreateHostPool(Options(4 * kMiB, kMiB, Tristate::kAuto));
   ASSERT_TRUE(automatic.ok()) << automatic.status();
   EXPECT_EQ((*automatic)->Stats().locked_bytes, 4 * kMiB);
 }
@@ -374,7 +374,7 @@ int MemlockChild() {
   if (geteuid() == 0 && (setgid(65534) != 0 || setuid(65534) != 0)) return kChildSetuidFailed;
 
   {
-    auto pool = CreateHostPool(Options(8 * kMiB, kMiB, MlockMode::kAuto));
+    auto pool = CreateHostPool(Options(8 * kMiB, kMiB, Tristate::kAuto));
     if (!pool.ok()) return kChildAutoFailed;
     if ((*pool)->Stats().locked_bytes != 0) return kChildAutoLocked;
     auto a = (*pool)->Allocate(3 * kMiB);
@@ -383,7 +383,7 @@ int MemlockChild() {
     if (a->data()[a->size() - 1] != std::byte{0x42}) return kChildAutoNotUsable;
   }
   {
-    auto pool = CreateHostPool(Options(8 * kMiB, kMiB, MlockMode::kOn));
+    auto pool = CreateHostPool(Options(8 * kMiB, kMiB, Tristate::kOn));
     if (pool.ok()) return kChildOnSucceeded;
     if (pool.status().code() != absl::StatusCode::kResourceExhausted) return kChildOnWrongCode;
     if (std::string(pool.status().message()).find("RLIMIT_MEMLOCK") == std::string::npos) {

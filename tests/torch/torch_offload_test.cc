@@ -12,7 +12,7 @@
 #include "actstash/client.h"
 #include "actstash/copy_engine.h"
 #include "actstash/torch.h"
-#include "tests/support/daemon_process.h"
+#include "testing/daemon_process.h"
 
 namespace actstash::torch {
 namespace {

@@ -1,7 +1,7 @@
 // DaemonProcess: a real actstashd child process on a private socket, for
 // integration tests and benchmarks.
-#ifndef ACTSTASH_TESTS_SUPPORT_DAEMON_PROCESS_H_
-#define ACTSTASH_TESTS_SUPPORT_DAEMON_PROCESS_H_
+#ifndef ACTSTASH_TESTING_DAEMON_PROCESS_H_
+#define ACTSTASH_TESTING_DAEMON_PROCESS_H_
 
 #include <sys/types.h>
 
@@ -68,4 +68,4 @@ std::string DaemonBinaryPath();
 
 }  // namespace actstash::testing
 
-#endif  // ACTSTASH_TESTS_SUPPORT_DAEMON_PROCESS_H_
+#endif  // ACTSTASH_TESTING_DAEMON_PROCESS_H_

@@ -1,4 +1,4 @@
-#include "tests/support/daemon_process.h"
+#include "testing/daemon_process.h"
 
 #include <fcntl.h>
 #include <signal.h>

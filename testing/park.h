@@ -2,8 +2,8 @@
 // waits on channels this same process still holds): they are never destroyed,
 // but stay reachable until the process exits, so LeakSanitizer does not report
 // them as leaks.
-#ifndef ACTSTASH_TESTS_SUPPORT_PARK_H_
-#define ACTSTASH_TESTS_SUPPORT_PARK_H_
+#ifndef ACTSTASH_TESTING_PARK_H_
+#define ACTSTASH_TESTING_PARK_H_
 
 #include <memory>
 #include <vector>
@@ -19,4 +19,4 @@ void ParkUntilExit(std::unique_ptr<T> object) {
 
 }  // namespace actstash::testing
 
-#endif  // ACTSTASH_TESTS_SUPPORT_PARK_H_
+#endif  // ACTSTASH_TESTING_PARK_H_

@@ -1,8 +1,8 @@
 // The one macro that turns a cudaError_t into an absl::Status (with the CUDA
 // error name and string and the caller's file:line). Only for translation
 // units built with CUDA (ACTSTASH_HAVE_CUDA).
-#ifndef ACTSTASH_COMMON_CUDA_STATUS_H_
-#define ACTSTASH_COMMON_CUDA_STATUS_H_
+#ifndef ACTSTASH_KERNELS_CUDA_STATUS_H_
+#define ACTSTASH_KERNELS_CUDA_STATUS_H_
 
 #include <cuda_runtime_api.h>
 
@@ -35,4 +35,4 @@ inline absl::Status CudaErrorToStatus(cudaError_t error, const char* expr, const
     if (!actstash_cuda_status_.ok()) return actstash_cuda_status_;     \
   } while (false)
 
-#endif  // ACTSTASH_COMMON_CUDA_STATUS_H_
+#endif  // ACTSTASH_KERNELS_CUDA_STATUS_H_
