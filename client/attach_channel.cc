@@ -8,9 +8,11 @@
 
 #include <cerrno>
 #include <cstring>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/attach_wire.h"
+#include "common/unique_fd.h"
 
 namespace actstash::client_internal {
 
@@ -22,61 +24,54 @@ absl::StatusOr<std::unique_ptr<AttachChannel>> AttachChannel::Connect(
   }
   addr.sun_family = AF_UNIX;
   std::memcpy(addr.sun_path, socket_path.c_str(), socket_path.size() + 1);
-  const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return absl::InternalError(absl::StrCat("socket: ", std::strerror(errno)));
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    const int error = errno;
-    close(fd);
+  UniqueFd fd(socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (!fd.valid()) return absl::InternalError(absl::StrCat("socket: ", std::strerror(errno)));
+  if (connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
     return absl::UnavailableError(absl::StrCat("cannot connect to the attach socket ", socket_path,
-                                               ": ", std::strerror(error)));
+                                               ": ", std::strerror(errno)));
   }
   // Even if the hello cannot be written, a refusal may be waiting to be read.
-  const absl::Status sent = attach::SendMessage(fd, attach::MessageType::kHello, token);
-  absl::StatusOr<attach::Message> welcome = attach::ReceiveMessage(fd, timeout);
+  const absl::Status sent = attach::SendMessage(fd.get(), attach::MessageType::kHello, token);
+  absl::StatusOr<attach::Message> welcome = attach::ReceiveMessage(fd.get(), timeout);
   if (!welcome.ok() && !sent.ok()) welcome = sent;
   if (!welcome.ok()) {
-    close(fd);
     return absl::Status(welcome.status().code(),
                         absl::StrCat("attach to ", socket_path, ": ", welcome.status().message()));
   }
   attach::WelcomePayload payload;
   if (welcome->type != attach::MessageType::kWelcome || welcome->payload.size() < sizeof(payload) ||
       !welcome->fds.empty()) {
-    for (int received : welcome->fds) close(received);
-    close(fd);
     return absl::InternalError(absl::StrCat("attach to ", socket_path, ": unexpected reply"));
   }
   std::memcpy(&payload, welcome->payload.data(), sizeof(payload));
   if (payload.status_code != 0) {
-    close(fd);
     return absl::Status(
         static_cast<absl::StatusCode>(payload.status_code),
         absl::StrCat("actstashd refused the attach: ", welcome->payload.substr(sizeof(payload))));
   }
-  const int wake_fd = eventfd(0, EFD_CLOEXEC);
-  if (wake_fd < 0) {
-    close(fd);
+  UniqueFd wake_fd(eventfd(0, EFD_CLOEXEC));
+  if (!wake_fd.valid()) {
     return absl::InternalError(absl::StrCat("eventfd: ", std::strerror(errno)));
   }
-  return std::unique_ptr<AttachChannel>(new AttachChannel(fd, payload.session_id, wake_fd));
+  return std::unique_ptr<AttachChannel>(
+      new AttachChannel(std::move(fd), payload.session_id, std::move(wake_fd)));
 }
 
-AttachChannel::AttachChannel(int fd, uint64_t session_id, int wake_fd)
-    : fd_(fd), session_id_(session_id), wake_fd_(wake_fd) {
+AttachChannel::AttachChannel(UniqueFd fd, uint64_t session_id, UniqueFd wake_fd)
+    : fd_(std::move(fd)), session_id_(session_id), wake_fd_(std::move(wake_fd)) {
   watcher_ = std::thread([this] { Watch(); });
 }
 
 AttachChannel::~AttachChannel() {
   const uint64_t one = 1;
-  (void)!write(wake_fd_, &one, sizeof(one));
+  (void)!write(wake_fd_.get(), &one, sizeof(one));
   watcher_.join();
-  close(wake_fd_);
-  close(fd_);
+  // The members close wake_fd_, then fd_ (which ends the session).
 }
 
 void AttachChannel::Watch() {
   // POLLIN is not asked for: lease messages are ReceiveLease's to read.
-  pollfd fds[2] = {{fd_, POLLRDHUP, 0}, {wake_fd_, POLLIN, 0}};
+  pollfd fds[2] = {{fd_.get(), POLLRDHUP, 0}, {wake_fd_.get(), POLLIN, 0}};
   while (true) {
     const int ready = poll(fds, 2, -1);
     if (ready < 0 && errno == EINTR) continue;
@@ -88,36 +83,33 @@ void AttachChannel::Watch() {
   }
 }
 
-absl::StatusOr<std::vector<int>> AttachChannel::ReceiveLease(uint64_t lease_id, uint32_t segments,
-                                                             std::chrono::milliseconds timeout,
-                                                             std::vector<uint64_t>* stale) {
-  std::vector<int> fds;
-  auto fail = [&](absl::Status status) {
-    for (int fd : fds) close(fd);
-    return status;
-  };
+absl::StatusOr<std::vector<UniqueFd>> AttachChannel::ReceiveLease(uint64_t lease_id,
+                                                                  uint32_t segments,
+                                                                  std::chrono::milliseconds timeout,
+                                                                  std::vector<uint64_t>* stale) {
+  std::vector<UniqueFd> fds;
   while (fds.size() < segments) {
-    absl::StatusOr<attach::Message> message = attach::ReceiveMessage(fd_, timeout);
-    if (!message.ok()) return fail(message.status());
+    absl::StatusOr<attach::Message> message = attach::ReceiveMessage(fd_.get(), timeout);
+    if (!message.ok()) return message.status();
     attach::SegmentsPayload payload;
     const bool well_formed = message->type == attach::MessageType::kSegments &&
                              message->payload.size() == sizeof(payload);
     if (well_formed) std::memcpy(&payload, message->payload.data(), sizeof(payload));
     if (well_formed && payload.lease_id != lease_id) {
-      for (int fd : message->fds) close(fd);
       if (stale->empty() || stale->back() != payload.lease_id) stale->push_back(payload.lease_id);
       continue;
     }
-    fds.insert(fds.end(), message->fds.begin(), message->fds.end());
-    if (!well_formed || payload.first != fds.size() - message->fds.size() ||
-        payload.count != message->fds.size() || payload.lease_segments != segments) {
-      return fail(absl::InternalError(
-          absl::StrCat("attach channel: malformed segment message for lease ", lease_id)));
+    const size_t received = message->fds.size();
+    for (UniqueFd& fd : message->fds) fds.push_back(std::move(fd));
+    if (!well_formed || payload.first != fds.size() - received || payload.count != received ||
+        payload.lease_segments != segments) {
+      return absl::InternalError(
+          absl::StrCat("attach channel: malformed segment message for lease ", lease_id));
     }
   }
   return fds;
 }
 
-void AttachChannel::Shutdown() { shutdown(fd_, SHUT_RDWR); }
+void AttachChannel::Shutdown() { shutdown(fd_.get(), SHUT_RDWR); }
 
 }  // namespace actstash::client_internal

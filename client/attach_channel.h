@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/unique_fd.h"
 
 namespace actstash::client_internal {
 
@@ -37,9 +38,9 @@ class AttachChannel {
   // that timed out) are skipped, their fds closed and their ids appended to
   // `stale` (the caller returns them). INTERNAL if the daemon sends
   // something malformed.
-  absl::StatusOr<std::vector<int>> ReceiveLease(uint64_t lease_id, uint32_t segments,
-                                                std::chrono::milliseconds timeout,
-                                                std::vector<uint64_t>* stale);
+  absl::StatusOr<std::vector<UniqueFd>> ReceiveLease(uint64_t lease_id, uint32_t segments,
+                                                     std::chrono::milliseconds timeout,
+                                                     std::vector<uint64_t>* stale);
   // Hangs up (the daemon then reclaims the session); lost() turns true.
   // The object stays usable for lost() and destruction.
   void Shutdown();
@@ -49,12 +50,12 @@ class AttachChannel {
   uint64_t session_id() const { return session_id_; }
 
  private:
-  AttachChannel(int fd, uint64_t session_id, int wake_fd);
+  AttachChannel(UniqueFd fd, uint64_t session_id, UniqueFd wake_fd);
   void Watch();
 
-  const int fd_;
+  const UniqueFd fd_;
   const uint64_t session_id_;
-  const int wake_fd_;  // eventfd that stops the watcher
+  const UniqueFd wake_fd_;  // eventfd that stops the watcher
   std::atomic<bool> lost_{false};
   std::thread watcher_;
 };

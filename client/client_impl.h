@@ -29,6 +29,7 @@
 #include "common/pinned_registrar.h"
 #include "common/protocol.h"
 #include "common/tristate.h"
+#include "common/unique_fd.h"
 
 namespace actstash {
 
@@ -110,7 +111,7 @@ struct Client::Impl final : public client_internal::LeaseBackend {
     for (const v1::LeaseGrant& grant : reply.leases()) {
       client_internal::GrantedLease lease{grant.lease_id(), grant.segments(), {}, std::nullopt};
       if (error.ok()) {
-        absl::StatusOr<std::vector<int>> fds =
+        absl::StatusOr<std::vector<UniqueFd>> fds =
             attach->ReceiveLease(grant.lease_id(), grant.segments(), options.rpc_timeout, &stale);
         if (fds.ok()) {
           lease.fds = *std::move(fds);
@@ -122,7 +123,7 @@ struct Client::Impl final : public client_internal::LeaseBackend {
     }
     if (!error.ok()) {
       for (client_internal::GrantedLease& lease : granted) {
-        for (int fd : lease.fds) close(fd);
+        lease.fds.clear();
         stale.push_back(lease.lease_id);
       }
     }

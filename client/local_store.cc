@@ -30,9 +30,10 @@ absl::Status Lost(bool device_tier) {
       ", new ones cannot be stored. Connect a new client."));
 }
 
-// Maps one lease's segment fds back to back; closes the fds either way.
-absl::StatusOr<std::byte*> MapLease(const GrantedLease& lease, uint64_t segment_bytes) {
-  const uint64_t bytes = uint64_t{lease.segments} * segment_bytes;
+// Maps one lease's segment fds back to back; closes the fds either way
+// (lease->fds is left empty).
+absl::StatusOr<std::byte*> MapLease(GrantedLease* lease, uint64_t segment_bytes) {
+  const uint64_t bytes = uint64_t{lease->segments} * segment_bytes;
   void* reserved =
       mmap(nullptr, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   absl::Status status;
@@ -40,16 +41,16 @@ absl::StatusOr<std::byte*> MapLease(const GrantedLease& lease, uint64_t segment_
     status = absl::ResourceExhaustedError(
         absl::StrCat("reserving ", bytes, " bytes of address space: ", std::strerror(errno)));
   }
-  for (size_t i = 0; status.ok() && i < lease.fds.size(); ++i) {
+  for (size_t i = 0; status.ok() && i < lease->fds.size(); ++i) {
     // MAP_POPULATE: the page-table work happens now, not on the hot path.
     void* at = static_cast<std::byte*>(reserved) + i * segment_bytes;
     if (mmap(at, segment_bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED | MAP_POPULATE,
-             lease.fds[i], 0) == MAP_FAILED) {
-      status = absl::InternalError(absl::StrCat("mapping segment ", i, " of lease ", lease.lease_id,
-                                                ": ", std::strerror(errno)));
+             lease->fds[i].get(), 0) == MAP_FAILED) {
+      status = absl::InternalError(absl::StrCat("mapping segment ", i, " of lease ",
+                                                lease->lease_id, ": ", std::strerror(errno)));
     }
   }
-  for (int fd : lease.fds) close(fd);
+  lease->fds.clear();
   if (!status.ok()) {
     if (reserved != MAP_FAILED) munmap(reserved, bytes);
     return status;
@@ -92,26 +93,26 @@ LocalStore::~LocalStore() {
   for (const std::unique_ptr<Arena>& arena : arenas_) UnmapArena(*arena);
 }
 
-absl::StatusOr<std::unique_ptr<LocalStore::Arena>> LocalStore::MapArena(const GrantedLease& lease,
+absl::StatusOr<std::unique_ptr<LocalStore::Arena>> LocalStore::MapArena(GrantedLease* lease,
                                                                         bool dedicated) {
-  const uint64_t lease_bytes = uint64_t{lease.segments} * segment_bytes_;
-  if (importer_ != nullptr || lease.device.has_value()) {
-    for (int fd : lease.fds) close(fd);
-    if (importer_ == nullptr || !lease.device.has_value() || lease.device->bytes != lease_bytes) {
+  const uint64_t lease_bytes = uint64_t{lease->segments} * segment_bytes_;
+  if (importer_ != nullptr || lease->device.has_value()) {
+    lease->fds.clear();
+    if (importer_ == nullptr || !lease->device.has_value() || lease->device->bytes != lease_bytes) {
       return absl::InternalError(
-          absl::StrCat("lease ", lease.lease_id, " does not match this store's tier or size"));
+          absl::StrCat("lease ", lease->lease_id, " does not match this store's tier or size"));
     }
-    absl::StatusOr<void*> base = importer_->Resolve(*lease.device);
+    absl::StatusOr<void*> base = importer_->Resolve(*lease->device);
     if (!base.ok()) return base.status();
     auto arena = std::unique_ptr<Arena>(
-        new Arena{lease.lease_id, static_cast<std::byte*>(*base), lease_bytes, dedicated});
+        new Arena{lease->lease_id, static_cast<std::byte*>(*base), lease_bytes, dedicated});
     arena->on_device = true;
     return arena;
   }
   absl::StatusOr<std::byte*> base = MapLease(lease, segment_bytes_);  // closes the fds
   if (!base.ok()) return base.status();
-  const uint64_t bytes = uint64_t{lease.segments} * segment_bytes_;
-  auto arena = std::unique_ptr<Arena>(new Arena{lease.lease_id, *base, bytes, dedicated});
+  const uint64_t bytes = uint64_t{lease->segments} * segment_bytes_;
+  auto arena = std::unique_ptr<Arena>(new Arena{lease->lease_id, *base, bytes, dedicated});
   if (registrar_ != nullptr && registrar_->Ready()) {
     // Once per lease, for as long as it is mapped: a CUDA copy into or out of
     // it is then a plain DMA (no staging, asynchronous).
@@ -207,11 +208,11 @@ absl::StatusOr<std::vector<std::unique_ptr<LocalStore::Arena>>> LocalStore::Leas
   std::vector<uint64_t> unmapped;
   for (GrantedLease& lease : *granted) {
     if (!status.ok()) {
-      for (int fd : lease.fds) close(fd);
+      lease.fds.clear();
       unmapped.push_back(lease.lease_id);
       continue;
     }
-    absl::StatusOr<std::unique_ptr<Arena>> arena = MapArena(lease, dedicated);
+    absl::StatusOr<std::unique_ptr<Arena>> arena = MapArena(&lease, dedicated);
     if (!arena.ok()) {
       status = arena.status();
       unmapped.push_back(lease.lease_id);

@@ -26,13 +26,14 @@
 #include "client/arena_allocator.h"
 #include "client/device_import.h"
 #include "common/pinned_registrar.h"
+#include "common/unique_fd.h"
 
 namespace actstash::client_internal {
 
 struct GrantedLease {
   uint64_t lease_id = 0;
   uint32_t segments = 0;
-  std::vector<int> fds;               // host: one per segment, owned by the receiver
+  std::vector<UniqueFd> fds;          // host: one per segment
   std::optional<DeviceGrant> device;  // device tier: where in the pool's region
 };
 
@@ -215,8 +216,9 @@ class LocalStore {
   bool TryPlace(uint64_t nbytes, Placement* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Reserve without the argument checks.
   absl::StatusOr<Placed> Place(size_t nbytes, bool written) ABSL_LOCKS_EXCLUDED(mu_);
-  // Maps (and registers) one granted lease; closes its fds either way.
-  absl::StatusOr<std::unique_ptr<Arena>> MapArena(const GrantedLease& lease, bool dedicated);
+  // Maps (and registers) one granted lease; closes its fds either way
+  // (lease->fds is left empty).
+  absl::StatusOr<std::unique_ptr<Arena>> MapArena(GrantedLease* lease, bool dedicated);
   // Unregisters and unmaps.
   void UnmapArena(const Arena& arena);
   // Registers an arena mapped by a thread without CUDA work, if the calling

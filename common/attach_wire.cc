@@ -33,14 +33,9 @@ absl::Status WaitReadable(int fd, std::chrono::milliseconds timeout) {
   }
 }
 
-void CloseAll(std::vector<int>* fds) {
-  for (int fd : *fds) close(fd);
-  fds->clear();
-}
-
 // Reads exactly `n` bytes; fds arriving with them are appended to `fds`.
 absl::Status ReadExactly(int fd, char* out, size_t n, std::chrono::milliseconds timeout,
-                         std::vector<int>* fds) {
+                         std::vector<UniqueFd>* fds) {
   size_t done = 0;
   alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxFdsPerMessage)];
   while (done < n) {
@@ -60,7 +55,7 @@ absl::Status ReadExactly(int fd, char* out, size_t n, std::chrono::milliseconds 
       if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
         const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
         const int* received = reinterpret_cast<const int*>(CMSG_DATA(c));
-        fds->insert(fds->end(), received, received + count);
+        for (size_t i = 0; i < count; ++i) fds->emplace_back(received[i]);
       }
     }
     if (msg.msg_flags & MSG_CTRUNC) {
@@ -130,10 +125,7 @@ absl::StatusOr<Message> ReceiveMessage(int fd, std::chrono::milliseconds timeout
     message.payload.resize(header.payload_bytes);
     status = ReadExactly(fd, message.payload.data(), message.payload.size(), timeout, &message.fds);
   }
-  if (!status.ok()) {
-    CloseAll(&message.fds);
-    return status;
-  }
+  if (!status.ok()) return status;  // closes the fds received
   return message;
 }
 

@@ -23,6 +23,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
+#include "common/unique_fd.h"
 
 namespace actstash::attach {
 
@@ -60,11 +61,12 @@ struct SegmentsPayload {
 struct Message {
   MessageType type = MessageType::kHello;
   std::string payload;
-  std::vector<int> fds;  // owned by the receiver (close them)
+  std::vector<UniqueFd> fds;  // arrived with the message (SCM_RIGHTS)
 };
 
 // Sends one message with optional fds, retrying on EINTR and short writes.
 // For blocking sockets; on a non-blocking socket EAGAIN is UNAVAILABLE.
+// `fds` stay the caller's: they must stay open until this returns.
 absl::Status SendMessage(int fd, MessageType type, absl::string_view payload,
                          absl::Span<const int> fds = {});
 

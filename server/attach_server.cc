@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/attach_wire.h"
+#include "common/unique_fd.h"
 #include "server/socket_path.h"
 #include "spdlog/spdlog.h"
 
@@ -27,21 +28,12 @@ using Socket = asio::local::stream_protocol::socket;
 // (duplicates taken while the lease was held), so a renewal that closes the
 // pool's fds meanwhile cannot make it send some other file.
 struct Outgoing {
-  Outgoing() = default;
-  Outgoing(std::string b, std::vector<int> f) : bytes(std::move(b)), fds(std::move(f)) {}
-  Outgoing(Outgoing&& other) noexcept
-      : bytes(std::move(other.bytes)),
-        fds(std::move(other.fds)),
-        sent(other.sent),
-        done(std::move(other.done)) {
-    other.fds.clear();
-  }
-  Outgoing& operator=(Outgoing&&) = delete;
-  ~Outgoing() {
-    for (int fd : fds) close(fd);
-  }
+  explicit Outgoing(std::string b) : bytes(std::move(b)) {}
+  Outgoing(Outgoing&&) = default;
+  Outgoing& operator=(Outgoing&&) = default;
+
   std::string bytes;
-  std::vector<int> fds;
+  std::vector<UniqueFd> fds;
   size_t sent = 0;
   AttachServer::SendCallback done;  // may be empty
 };
@@ -234,7 +226,7 @@ class AttachServer::Impl::Connection : public std::enable_shared_from_this<Conne
                  peer_.gid);
     attach::WelcomePayload welcome;
     welcome.session_id = session_->id();
-    Send(Outgoing(Encode(attach::MessageType::kWelcome, &welcome, sizeof(welcome)), {}));
+    Send(Outgoing(Encode(attach::MessageType::kWelcome, &welcome, sizeof(welcome))));
     WatchForClose();
   }
 
@@ -255,8 +247,7 @@ class AttachServer::Impl::Connection : public std::enable_shared_from_this<Conne
     welcome.status_code = static_cast<int32_t>(status.code());
     auto self = shared_from_this();
     Outgoing message(Encode(attach::MessageType::kWelcome, &welcome, sizeof(welcome),
-                            std::string(status.message().substr(0, 1024))),
-                     {});
+                            std::string(status.message().substr(0, 1024))));
     message.done = [self](absl::Status) { self->Close("attach refused"); };
     Send(std::move(message));
   }
@@ -278,7 +269,11 @@ class AttachServer::Impl::Connection : public std::enable_shared_from_this<Conne
         c->cmsg_level = SOL_SOCKET;
         c->cmsg_type = SCM_RIGHTS;
         c->cmsg_len = CMSG_LEN(sizeof(int) * message.fds.size());
-        std::memcpy(CMSG_DATA(c), message.fds.data(), sizeof(int) * message.fds.size());
+        // The numbers only: the message keeps owning the fds (see Outgoing).
+        for (size_t i = 0; i < message.fds.size(); ++i) {
+          const int fd = message.fds[i].get();
+          std::memcpy(CMSG_DATA(c) + sizeof(int) * i, &fd, sizeof(int));
+        }
       }
       const ssize_t n = sendmsg(socket_.native_handle(), &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
       if (n < 0 && errno == EINTR) continue;
@@ -422,14 +417,14 @@ void AttachServer::Impl::SendLeases(uint64_t session_id, std::vector<std::shared
         payload.first = first;
         payload.count = std::min(attach::kMaxFdsPerMessage, lease->segments() - first);
         payload.lease_segments = lease->segments();
-        Outgoing message(Encode(attach::MessageType::kSegments, &payload, sizeof(payload)), {});
+        Outgoing message(Encode(attach::MessageType::kSegments, &payload, sizeof(payload)));
         for (uint32_t i = 0; i < payload.count; ++i) {
-          absl::StatusOr<int> fd = pool_.DupSegmentFd(lease->first_segment() + first + i);
+          absl::StatusOr<UniqueFd> fd = pool_.DupSegmentFd(lease->first_segment() + first + i);
           if (!fd.ok()) {
             done(fd.status());
             return;
           }
-          message.fds.push_back(*fd);
+          message.fds.push_back(*std::move(fd));
         }
         messages.push_back(std::move(message));
       }

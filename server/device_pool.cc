@@ -114,7 +114,7 @@ absl::Status DevicePool::RenewSegments(const SegmentRun& run) {
                       uint64_t{run.count} * segment_bytes_);
 }
 
-absl::StatusOr<int> DevicePool::DupSegmentFd(uint32_t) const {
+absl::StatusOr<UniqueFd> DevicePool::DupSegmentFd(uint32_t) const {
   return absl::FailedPreconditionError("device segments have no fds (they go by IPC handle)");
 }
 

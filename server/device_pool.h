@@ -54,7 +54,7 @@ class DevicePool final : public MemoryPool {
   // Zeroes the run's segments (the caller holds the run).
   absl::Status RenewSegments(const SegmentRun& run) override;
   // FAILED_PRECONDITION: device segments travel as an IPC handle.
-  absl::StatusOr<int> DupSegmentFd(uint32_t index) const override;
+  absl::StatusOr<UniqueFd> DupSegmentFd(uint32_t index) const override;
   uint64_t segment_bytes() const override { return segment_bytes_; }
   PoolStats Stats() const override;
 

@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -16,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/check.h"
+#include "common/unique_fd.h"
 #include "common/units.h"
 #include "server/range_allocator.h"
 #include "spdlog/spdlog.h"
@@ -34,23 +36,17 @@ bool IsPowerOfTwo(uint64_t x) { return x != 0 && (x & (x - 1)) == 0; }
 
 // Creates a zeroed memfd for segment `index` and maps it at `at`
 // (MAP_FIXED over whatever was there), populated, and mlocked if `lock`.
-absl::StatusOr<int> MapFreshSegment(std::byte* at, uint64_t index, uint64_t bytes, bool lock,
-                                    bool* locked) {
+absl::StatusOr<UniqueFd> MapFreshSegment(std::byte* at, uint64_t index, uint64_t bytes, bool lock,
+                                         bool* locked) {
   const std::string name = absl::StrCat("actstash-segment-", index);
-  const int fd = memfd_create(name.c_str(), MFD_CLOEXEC);
-  if (fd < 0) return ErrnoStatus("memfd_create", errno);
-  if (ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
-    const int error = errno;
-    close(fd);
-    return ErrnoStatus("ftruncate of a pool segment", error);
+  UniqueFd fd(memfd_create(name.c_str(), MFD_CLOEXEC));
+  if (!fd.valid()) return ErrnoStatus("memfd_create", errno);
+  if (ftruncate(fd.get(), static_cast<off_t>(bytes)) != 0) {
+    return ErrnoStatus("ftruncate of a pool segment", errno);
   }
   void* mapped =
-      mmap(at, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED | MAP_POPULATE, fd, 0);
-  if (mapped == MAP_FAILED) {
-    const int error = errno;
-    close(fd);
-    return ErrnoStatus("mapping a pool segment", error);
-  }
+      mmap(at, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED | MAP_POPULATE, fd.get(), 0);
+  if (mapped == MAP_FAILED) return ErrnoStatus("mapping a pool segment", errno);
   *locked = lock && mlock(at, bytes) == 0;
   if (lock && !*locked) {
     spdlog::warn("mlock of a renewed segment failed: {}; it stays unpinned", std::strerror(errno));
@@ -84,7 +80,7 @@ std::string UnregisteredWarning(uint64_t unregistered, uint64_t segments,
 // The registrar is called outside mu_, for segments the caller holds.
 class HostPool final : public MemoryPool {
  public:
-  HostPool(std::byte* base, std::vector<int> fds, const HostPoolOptions& options,
+  HostPool(std::byte* base, std::vector<UniqueFd> fds, const HostPoolOptions& options,
            uint64_t locked_bytes, std::vector<bool> cuda_registered)
       : base_(base),
         segment_count_(fds.size()),
@@ -113,7 +109,7 @@ class HostPool final : public MemoryPool {
     if (registrar_ != nullptr) UnregisterSegments(registrar_, base_, segment_bytes_, registered);
     munmap(base_, total_bytes_);
     absl::MutexLock lock(&mu_);
-    for (int fd : segment_fds_) close(fd);
+    segment_fds_.clear();
   }
 
   absl::StatusOr<Allocation> Allocate(uint64_t nbytes) override {
@@ -156,11 +152,11 @@ class HostPool final : public MemoryPool {
     return run;
   }
 
-  absl::StatusOr<int> DupSegmentFd(uint32_t index) const override {
+  absl::StatusOr<UniqueFd> DupSegmentFd(uint32_t index) const override {
     ACTSTASH_CHECK(index < segment_count_, "segment index out of range");
     absl::MutexLock lock(&mu_);
-    const int fd = fcntl(segment_fds_[index], F_DUPFD_CLOEXEC, 0);
-    if (fd < 0) return ErrnoStatus("duplicating a segment fd", errno);
+    UniqueFd fd(fcntl(segment_fds_[index].get(), F_DUPFD_CLOEXEC, 0));
+    if (!fd.valid()) return ErrnoStatus("duplicating a segment fd", errno);
     return fd;
   }
 
@@ -182,14 +178,14 @@ class HostPool final : public MemoryPool {
         }
       }
       bool locked = false;
-      absl::StatusOr<int> fd = MapFreshSegment(at, i, segment_bytes_, pinned_, &locked);
+      absl::StatusOr<UniqueFd> fd = MapFreshSegment(at, i, segment_bytes_, pinned_, &locked);
       if (!fd.ok()) {
         // A failed MAP_FIXED may have unmapped the range: put the old memfd
         // back, or the pool has a hole the allocator does not know about.
         int old_fd;
         {
           absl::MutexLock lock(&mu_);
-          old_fd = segment_fds_[i];
+          old_fd = segment_fds_[i].get();
         }
         ACTSTASH_CHECK(mmap(at, segment_bytes_, PROT_READ | PROT_WRITE,
                             MAP_SHARED | MAP_FIXED | MAP_POPULATE, old_fd, 0) != MAP_FAILED,
@@ -197,7 +193,7 @@ class HostPool final : public MemoryPool {
         if (was_registered) RegisterSegment(i).IgnoreError();  // logged there
         return fd.status();
       }
-      int old_fd = *fd;
+      UniqueFd old_fd = *std::move(fd);
       {
         absl::MutexLock lock(&mu_);
         std::swap(segment_fds_[i], old_fd);
@@ -205,9 +201,9 @@ class HostPool final : public MemoryPool {
         unpinned_[i] = pinned_ && !locked;  // stats say what is really pinned
       }
       // Empties the old memfd for whoever still maps it.
-      fallocate(old_fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0,
+      fallocate(old_fd.get(), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0,
                 static_cast<off_t>(segment_bytes_));
-      close(old_fd);
+      old_fd.Reset();
       if (registrar_ != nullptr) {
         // Required: the run is kept out of use (quarantined by its owner)
         // rather than handed out unregistered.
@@ -283,7 +279,7 @@ class HostPool final : public MemoryPool {
   const bool require_cuda_;
   mutable absl::Mutex mu_;
   RangeAllocator allocator_ ABSL_GUARDED_BY(mu_);
-  std::vector<int> segment_fds_ ABSL_GUARDED_BY(mu_);
+  std::vector<UniqueFd> segment_fds_ ABSL_GUARDED_BY(mu_);
   // Segments that held inline objects since they were last renewed.
   std::vector<bool> held_inline_ ABSL_GUARDED_BY(mu_);
   // Segments a renewal could not mlock again (only when pinned_).
@@ -333,18 +329,18 @@ absl::StatusOr<std::unique_ptr<MemoryPool>> CreateHostPool(const HostPoolOptions
   if (reserved == MAP_FAILED) return ErrnoStatus("reserving the pool's address range", errno);
   auto* base = static_cast<std::byte*>(reserved);
 
-  std::vector<int> fds;
+  std::vector<UniqueFd> fds;
   auto fail = [&](absl::Status status) {
     munmap(base, total);
-    for (int fd : fds) close(fd);
+    fds.clear();
     return status;
   };
   for (uint64_t i = 0; i < segments; ++i) {
     bool unused = false;
-    absl::StatusOr<int> fd =
+    absl::StatusOr<UniqueFd> fd =
         MapFreshSegment(base + i * options.segment_bytes, i, options.segment_bytes, false, &unused);
     if (!fd.ok()) return fail(fd.status());
-    fds.push_back(*fd);
+    fds.push_back(*std::move(fd));
   }
 
   uint64_t locked = 0;

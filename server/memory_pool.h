@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "absl/status/statusor.h"
+#include "common/unique_fd.h"
 
 namespace actstash::server {
 
@@ -93,7 +94,7 @@ class MemoryPool {
   // A duplicate of the memfd of segment `index` (< Stats().segments), owned
   // by the caller, or INTERNAL. Call it while holding the segment's run, so
   // the fd is that run's (renewal replaces the pool's fds).
-  virtual absl::StatusOr<int> DupSegmentFd(uint32_t index) const = 0;
+  virtual absl::StatusOr<UniqueFd> DupSegmentFd(uint32_t index) const = 0;
   virtual uint64_t segment_bytes() const = 0;
 
  protected:

@@ -8,9 +8,11 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/checksum.h"
+#include "common/unique_fd.h"
 #include "common/units.h"
 #include "server/spill_io.h"
 #include "spdlog/spdlog.h"
@@ -38,38 +40,36 @@ struct SpillTier::File {
   uint64_t id = 0;
   uint64_t session_id = 0;
   uint64_t bytes = 0;
-  int fd = -1;  // owned; -1 until created
+  UniqueFd fd;  // empty until created
   uint64_t checksum = 0;
   State state = State::kWriting;
   bool dropped = false;  // dropped while an operation was in flight
 };
 
 absl::StatusOr<std::unique_ptr<SpillTier>> SpillTier::Open(const SpillOptions& options) {
-  const int dir_fd = open(options.dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dir_fd < 0) {
+  UniqueFd dir_fd(open(options.dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!dir_fd.valid()) {
     return absl::FailedPreconditionError(
         absl::StrCat("spill dir ", options.dir, ": ", std::strerror(errno)));
   }
   bool tmpfile = true;
-  int probe = openat(dir_fd, ".", O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
-  if (probe < 0 && (errno == EOPNOTSUPP || errno == EISDIR || errno == EINVAL)) {
+  UniqueFd probe(openat(dir_fd.get(), ".", O_TMPFILE | O_RDWR | O_CLOEXEC, 0600));
+  if (!probe.valid() && (errno == EOPNOTSUPP || errno == EISDIR || errno == EINVAL)) {
     tmpfile = false;
     const std::string name = absl::StrCat(".actstash-spill-probe-", getpid());
-    probe = openat(dir_fd, name.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
-    if (probe >= 0) unlinkat(dir_fd, name.c_str(), 0);
+    probe.Reset(openat(dir_fd.get(), name.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600));
+    if (probe.valid()) unlinkat(dir_fd.get(), name.c_str(), 0);
   }
-  if (probe < 0) {
-    const int err = errno;
-    close(dir_fd);
+  if (!probe.valid()) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "spill dir ", options.dir, ": cannot create files there: ", std::strerror(err)));
+        "spill dir ", options.dir, ": cannot create files there: ", std::strerror(errno)));
   }
-  close(probe);
-  return std::unique_ptr<SpillTier>(new SpillTier(options, dir_fd, tmpfile));
+  probe.Reset();
+  return std::unique_ptr<SpillTier>(new SpillTier(options, std::move(dir_fd), tmpfile));
 }
 
-SpillTier::SpillTier(const SpillOptions& options, int dir_fd, bool tmpfile)
-    : options_(options), dir_fd_(dir_fd), tmpfile_(tmpfile) {
+SpillTier::SpillTier(const SpillOptions& options, UniqueFd dir_fd, bool tmpfile)
+    : options_(options), dir_fd_(std::move(dir_fd)), tmpfile_(tmpfile) {
   {
     SpillFileIo probe(1, 4096);
     io_mode_ = probe.mode();
@@ -84,10 +84,7 @@ SpillTier::~SpillTier() {
     stopping_ = true;
   }
   for (std::thread& worker : workers_) worker.join();
-  for (auto& [id, file] : files_) {
-    if (file->fd >= 0) close(file->fd);
-  }
-  close(dir_fd_);
+  // The members close every file (files_), then the directory (dir_fd_).
 }
 
 void SpillTier::Post(std::function<void(SpillFileIo&)> job) {
@@ -112,25 +109,26 @@ void SpillTier::RunWorker() {
   }
 }
 
-absl::StatusOr<int> SpillTier::CreateFile(uint64_t bytes) {
+absl::StatusOr<UniqueFd> SpillTier::CreateFile(uint64_t bytes) {
   const int flags = O_RDWR | O_CLOEXEC;
   auto create = [&](int extra) {
-    if (tmpfile_) return openat(dir_fd_, ".", O_TMPFILE | flags | extra, 0600);
+    if (tmpfile_) return UniqueFd(openat(dir_fd_.get(), ".", O_TMPFILE | flags | extra, 0600));
     const std::string name =
         absl::StrCat(".actstash-spill-", getpid(), "-", name_counter_.fetch_add(1));
-    const int fd = openat(dir_fd_, name.c_str(), O_CREAT | O_EXCL | flags | extra, 0600);
-    if (fd >= 0) unlinkat(dir_fd_, name.c_str(), 0);
+    UniqueFd fd(openat(dir_fd_.get(), name.c_str(), O_CREAT | O_EXCL | flags | extra, 0600));
+    if (fd.valid()) unlinkat(dir_fd_.get(), name.c_str(), 0);
     return fd;
   };
   // Direct I/O: the pages go from the pool to the disk without filling the
   // page cache (which would compete with the pool for the node's memory).
-  int fd = create(O_DIRECT);
-  if (fd < 0 && errno == EINVAL) fd = create(0);  // tmpfs and others
-  if (fd < 0) {
+  UniqueFd fd = create(O_DIRECT);
+  if (!fd.valid() && errno == EINVAL) fd = create(0);  // tmpfs and others
+  if (!fd.valid()) {
     const int err = errno;
     if (err == ENOSPC || err == EDQUOT) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "creating a spill file in ", options_.dir, ": ", std::strerror(err), FreeSpace(dir_fd_)));
+      return absl::ResourceExhaustedError(absl::StrCat("creating a spill file in ", options_.dir,
+                                                       ": ", std::strerror(err),
+                                                       FreeSpace(dir_fd_.get())));
     }
     return absl::InternalError(
         absl::StrCat("creating a spill file in ", options_.dir, ": ", std::strerror(err)));
@@ -139,14 +137,14 @@ absl::StatusOr<int> SpillTier::CreateFile(uint64_t bytes) {
   // written, not in the middle of the write.
   int rc = 0;
   do {
-    rc = fallocate(fd, 0, 0, static_cast<off_t>(bytes));
+    rc = fallocate(fd.get(), 0, 0, static_cast<off_t>(bytes));
   } while (rc != 0 && errno == EINTR);
   if (rc != 0 && errno != EOPNOTSUPP) {
     const int err = errno;
-    close(fd);
+    fd.Reset();
     const std::string what =
         absl::StrCat("reserving ", FormatBytes(bytes), " in spill dir ", options_.dir, ": ",
-                     std::strerror(err), FreeSpace(dir_fd_));
+                     std::strerror(err), FreeSpace(dir_fd_.get()));
     if (err == ENOSPC || err == EDQUOT) return absl::ResourceExhaustedError(what);
     return absl::InternalError(what);
   }
@@ -187,14 +185,15 @@ void SpillTier::SpillBytes(std::shared_ptr<Session> session, const std::byte* da
         done = std::move(done)](SpillFileIo& io) {
     const uint64_t start = NowNs();
     const uint64_t checksum = Xxh3(data, bytes);
-    absl::StatusOr<int> fd = CreateFile(bytes);
+    absl::StatusOr<UniqueFd> fd = CreateFile(bytes);
     absl::Status status = fd.status();
-    if (status.ok()) status = io.Write(*fd, data, bytes);
+    if (status.ok()) status = io.Write(fd->get(), data, bytes);
     if (!status.ok() && status.code() == absl::StatusCode::kResourceExhausted && fd.ok()) {
-      status = absl::ResourceExhaustedError(absl::StrCat(status.message(), FreeSpace(dir_fd_)));
+      status =
+          absl::ResourceExhaustedError(absl::StrCat(status.message(), FreeSpace(dir_fd_.get())));
     }
     const uint64_t elapsed = NowNs() - start;
-    int close_fd = -1;
+    UniqueFd to_close;
     absl::StatusOr<uint64_t> result = id;
     {
       absl::MutexLock lock(&mu_);
@@ -206,13 +205,13 @@ void SpillTier::SpillBytes(std::shared_ptr<Session> session, const std::byte* da
             absl::StrCat("session ", session->id(), " closed while spilling"));
       }
       if (!status.ok()) {
-        close_fd = fd.ok() ? *fd : -1;
+        if (fd.ok()) to_close = *std::move(fd);
         reserved_bytes_ -= bytes;
         if (status.code() != absl::StatusCode::kFailedPrecondition) totals_.failures += 1;
         files_.erase(it);
         result = status;
       } else {
-        file.fd = *fd;
+        file.fd = *std::move(fd);
         file.checksum = checksum;
         file.state = File::State::kOnDisk;
         totals_.bytes_written += bytes;
@@ -224,7 +223,7 @@ void SpillTier::SpillBytes(std::shared_ptr<Session> session, const std::byte* da
         per.stats.spills += 1;
       }
     }
-    if (close_fd >= 0) close(close_fd);
+    to_close.Reset();
     done(std::move(result));
   });
 }
@@ -258,7 +257,7 @@ void SpillTier::RestoreBytes(std::shared_ptr<Session> session, uint64_t spill_id
   Post([this, file = std::move(file), session = std::move(session), data,
         keepalive = std::move(keepalive), done = std::move(done)](SpillFileIo& io) {
     const uint64_t start = NowNs();
-    absl::Status status = io.Read(file->fd, data, file->bytes);
+    absl::Status status = io.Read(file->fd.get(), data, file->bytes);
     bool corrupt = false;
     if (status.ok()) {
       const uint64_t checksum = Xxh3(data, file->bytes);
@@ -273,7 +272,7 @@ void SpillTier::RestoreBytes(std::shared_ptr<Session> session, uint64_t spill_id
       }
     }
     const uint64_t elapsed = NowNs() - start;
-    int close_fd = -1;
+    UniqueFd to_close;
     {
       absl::MutexLock lock(&mu_);
       totals_.reading_bytes -= file->bytes;
@@ -302,17 +301,17 @@ void SpillTier::RestoreBytes(std::shared_ptr<Session> session, uint64_t spill_id
           }
         }
         reserved_bytes_ -= file->bytes;
-        close_fd = file->fd;
+        to_close = std::move(file->fd);
         files_.erase(file->id);
       }
     }
-    if (close_fd >= 0) close(close_fd);
+    to_close.Reset();
     done(status);
   });
 }
 
 absl::StatusOr<RemovedTotals> SpillTier::Drop(uint64_t session_id, absl::Span<const uint64_t> ids) {
-  std::vector<int> to_close;
+  std::vector<UniqueFd> to_close;  // closed once mu_ is released
   RemovedTotals totals;
   {
     absl::MutexLock lock(&mu_);
@@ -340,11 +339,11 @@ absl::StatusOr<RemovedTotals> SpillTier::Drop(uint64_t session_id, absl::Span<co
       }
       sessions_[session_id].stats.on_disk_bytes -= file.bytes;
       reserved_bytes_ -= file.bytes;
-      to_close.push_back(file.fd);
+      to_close.push_back(std::move(file.fd));
       files_.erase(it);
     }
   }
-  for (int fd : to_close) close(fd);
+  to_close.clear();
   return totals;
 }
 

@@ -23,6 +23,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
+#include "common/unique_fd.h"
 #include "server/catalog.h"
 #include "server/lease_manager.h"
 #include "server/session.h"
@@ -118,16 +119,16 @@ class SpillTier {
   struct PerSession {
     SessionSpillStats stats;
   };
-  explicit SpillTier(const SpillOptions& options, int dir_fd, bool tmpfile);
+  explicit SpillTier(const SpillOptions& options, UniqueFd dir_fd, bool tmpfile);
   // Creates an unlinked file of `bytes` (fallocated); RESOURCE_EXHAUSTED when
   // the file system is full.
-  absl::StatusOr<int> CreateFile(uint64_t bytes);
+  absl::StatusOr<UniqueFd> CreateFile(uint64_t bytes);
   void Post(std::function<void(class SpillFileIo&)> job) ABSL_LOCKS_EXCLUDED(mu_);
   void RunWorker();
   void Forget(uint64_t spill_id) ABSL_LOCKS_EXCLUDED(mu_);
 
   const SpillOptions options_;
-  const int dir_fd_;
+  const UniqueFd dir_fd_;
   const bool tmpfile_;  // O_TMPFILE works in dir_
   std::string io_mode_;
   mutable absl::Mutex mu_;

@@ -15,6 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "actstash/client.h"
+#include "common/unique_fd.h"
 
 namespace actstash::testing {
 
@@ -48,21 +49,20 @@ absl::Status DaemonProcess::Launch() {
   for (std::string& arg : args) argv.push_back(arg.data());
   argv.push_back(nullptr);
   const size_t log_start = log().size();  // Restart appends to the same log
-  const int log_fd = open(log_path_.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-  if (log_fd < 0) return absl::InternalError(absl::StrCat("open log: ", std::strerror(errno)));
-  const pid_t pid = fork();
-  if (pid < 0) {
-    close(log_fd);
-    return absl::InternalError(absl::StrCat("fork: ", std::strerror(errno)));
+  UniqueFd log_fd(open(log_path_.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644));
+  if (!log_fd.valid()) {
+    return absl::InternalError(absl::StrCat("open log: ", std::strerror(errno)));
   }
+  const pid_t pid = fork();
+  if (pid < 0) return absl::InternalError(absl::StrCat("fork: ", std::strerror(errno)));
   if (pid == 0) {
-    dup2(log_fd, STDOUT_FILENO);
-    dup2(log_fd, STDERR_FILENO);
+    dup2(log_fd.get(), STDOUT_FILENO);
+    dup2(log_fd.get(), STDERR_FILENO);
     execv(argv[0], argv.data());
     std::fprintf(stderr, "execv %s: %s\n", argv[0], std::strerror(errno));
     _exit(127);
   }
-  close(log_fd);
+  log_fd.Reset();
   pid_ = pid;
   // Generous: a bare daemon populates a pool of 25% of RAM before it listens.
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);

@@ -13,6 +13,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "client/local_store.h"
+#include "common/unique_fd.h"
 
 namespace actstash::client_internal {
 namespace {
@@ -24,11 +25,6 @@ constexpr uint64_t kSegment = 1 << 20;
 class SpillingBackend : public LeaseBackend {
  public:
   explicit SpillingBackend(uint64_t segments) : segments_left_(segments) {}
-  ~SpillingBackend() override {
-    for (auto& [id, fds] : fds_) {
-      for (int fd : fds) close(fd);
-    }
-  }
   absl::StatusOr<std::vector<GrantedLease>> Lease(uint32_t count, uint32_t per) override {
     absl::MutexLock lock(&mu_);
     if (uint64_t{count} * per > segments_left_) {
@@ -39,10 +35,10 @@ class SpillingBackend : public LeaseBackend {
     for (uint32_t i = 0; i < count; ++i) {
       GrantedLease lease{next_id_++, per, {}, std::nullopt};
       for (uint32_t s = 0; s < per; ++s) {
-        const int fd = memfd_create("fake-segment", MFD_CLOEXEC);
-        EXPECT_EQ(ftruncate(fd, kSegment), 0);
-        lease.fds.push_back(fd);
-        fds_[lease.lease_id].push_back(dup(fd));
+        UniqueFd fd(memfd_create("fake-segment", MFD_CLOEXEC));
+        EXPECT_EQ(ftruncate(fd.get(), kSegment), 0);
+        fds_[lease.lease_id].emplace_back(dup(fd.get()));
+        lease.fds.push_back(std::move(fd));
       }
       granted.push_back(std::move(lease));
     }
@@ -54,7 +50,6 @@ class SpillingBackend : public LeaseBackend {
       auto it = fds_.find(id);
       if (it == fds_.end()) return absl::NotFoundError("unknown lease");
       segments_left_ += it->second.size();
-      for (int fd : it->second) close(fd);
       fds_.erase(it);
     }
     return absl::OkStatus();
@@ -69,10 +64,10 @@ class SpillingBackend : public LeaseBackend {
     std::vector<uint64_t> out;
     for (uint64_t id : ids) {
       std::vector<std::byte> bytes;
-      for (int fd : fds_.at(id)) {
+      for (const UniqueFd& fd : fds_.at(id)) {
         const size_t at = bytes.size();
         bytes.resize(at + kSegment);
-        EXPECT_EQ(pread(fd, bytes.data() + at, kSegment, 0), static_cast<ssize_t>(kSegment));
+        EXPECT_EQ(pread(fd.get(), bytes.data() + at, kSegment, 0), static_cast<ssize_t>(kSegment));
       }
       disk_[next_spill_] = std::move(bytes);
       out.push_back(next_spill_++);
@@ -88,10 +83,10 @@ class SpillingBackend : public LeaseBackend {
       disk_.erase(it);
       return absl::DataLossError("fake checksum mismatch");
     }
-    const std::vector<int>& fds = fds_.at(lease_id);
+    const std::vector<UniqueFd>& fds = fds_.at(lease_id);
     EXPECT_EQ(it->second.size(), fds.size() * kSegment);
     for (size_t i = 0; i < fds.size(); ++i) {
-      EXPECT_EQ(pwrite(fds[i], it->second.data() + i * kSegment, kSegment, 0),
+      EXPECT_EQ(pwrite(fds[i].get(), it->second.data() + i * kSegment, kSegment, 0),
                 static_cast<ssize_t>(kSegment));
     }
     disk_.erase(it);
@@ -108,7 +103,7 @@ class SpillingBackend : public LeaseBackend {
   uint64_t segments_left_ ABSL_GUARDED_BY(mu_);
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
   uint64_t next_spill_ ABSL_GUARDED_BY(mu_) = 1;
-  std::map<uint64_t, std::vector<int>> fds_ ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, std::vector<UniqueFd>> fds_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, std::vector<std::byte>> disk_ ABSL_GUARDED_BY(mu_);
   std::set<uint64_t> corrupt_ ABSL_GUARDED_BY(mu_);
   bool fail_spills_ ABSL_GUARDED_BY(mu_) = false;

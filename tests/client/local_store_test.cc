@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "absl/synchronization/mutex.h"
+#include "common/unique_fd.h"
 
 namespace actstash::client_internal {
 namespace {
@@ -33,9 +34,9 @@ class FakeBackend : public LeaseBackend {
     for (uint32_t i = 0; i < count; ++i) {
       GrantedLease lease{next_id_++, segments_per_lease, {}, std::nullopt};
       for (uint32_t s = 0; s < segments_per_lease; ++s) {
-        const int fd = memfd_create("fake-segment", MFD_CLOEXEC);
-        EXPECT_EQ(ftruncate(fd, kSegment), 0);
-        lease.fds.push_back(fd);
+        UniqueFd fd(memfd_create("fake-segment", MFD_CLOEXEC));
+        EXPECT_EQ(ftruncate(fd.get(), kSegment), 0);
+        lease.fds.push_back(std::move(fd));
       }
       segments_by_lease_[lease.lease_id] = segments_per_lease;
       granted.push_back(std::move(lease));

@@ -43,10 +43,9 @@ TEST_F(AttachWireTest, MessageWithFdsArrivesIntact) {
   ASSERT_EQ(message->fds.size(), 2u);
   struct stat a {
   }, b{};
-  ASSERT_EQ(fstat(message->fds[0], &a), 0);
+  ASSERT_EQ(fstat(message->fds[0].get(), &a), 0);
   ASSERT_EQ(fstat(pipe_fds[0], &b), 0);
   EXPECT_EQ(a.st_ino, b.st_ino) << "the received fd is the same pipe";
-  for (int fd : message->fds) close(fd);
   close(pipe_fds[0]);
   close(pipe_fds[1]);
 }

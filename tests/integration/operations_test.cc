@@ -15,6 +15,7 @@
 #include <regex>
 #include <sstream>
 
+#include "common/unique_fd.h"
 #include "tests/integration/test_util.h"
 
 namespace actstash::testing {
@@ -31,22 +32,18 @@ int LoggedPort(const DaemonProcess& daemon, const std::string& marker) {
 }
 
 std::string HttpGet(int port, const std::string& path) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  const UniqueFd fd(socket(AF_INET, SOCK_STREAM, 0));
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_port = htons(static_cast<uint16_t>(port));
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    close(fd);
-    return "";
-  }
+  if (connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) return "";
   const std::string request = "GET " + path + " HTTP/1.0\r\nHost: localhost\r\n\r\n";
-  (void)!write(fd, request.data(), request.size());
+  (void)!write(fd.get(), request.data(), request.size());
   std::string response;
   char buffer[8192];
   ssize_t n = 0;
-  while ((n = read(fd, buffer, sizeof(buffer))) > 0) response.append(buffer, n);
-  close(fd);
+  while ((n = read(fd.get(), buffer, sizeof(buffer))) > 0) response.append(buffer, n);
   return response;
 }
 

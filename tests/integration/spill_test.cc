@@ -20,6 +20,7 @@
 
 #include "actstash/v1/stash.grpc.pb.h"
 #include "common/protocol.h"
+#include "common/unique_fd.h"
 #include "tests/integration/test_util.h"
 
 namespace actstash::testing {
@@ -211,12 +212,12 @@ TEST_F(SpillTest, CorruptSpillFileIsDataLossAndTheDaemonGoesOn) {
   const std::vector<std::string> fds = SpillFds(daemon_->pid(), spill_dir_);
   ASSERT_FALSE(fds.empty());
   for (const std::string& fd : fds) {
-    const int file = open(fd.c_str(), O_WRONLY);
-    ASSERT_GE(file, 0) << fd << ": " << std::strerror(errno);
+    const UniqueFd file(open(fd.c_str(), O_WRONLY));
+    ASSERT_TRUE(file.valid()) << fd << ": " << std::strerror(errno);
     const char garbage[] = "not what was written";
-    ASSERT_EQ(pwrite(file, garbage, sizeof(garbage), 4096), static_cast<ssize_t>(sizeof(garbage)));
-    fsync(file);
-    close(file);
+    ASSERT_EQ(pwrite(file.get(), garbage, sizeof(garbage), 4096),
+              static_cast<ssize_t>(sizeof(garbage)));
+    fsync(file.get());
   }
   int data_loss = 0;
   for (size_t i = stored.size(); i-- > 0;) {
@@ -420,11 +421,10 @@ TEST_F(SpillTest, CorruptInlineObjectIsDataLoss) {
     objects.emplace_back(*handle, std::move(data));
   }
   for (const std::string& fd : SpillFds(daemon_->pid(), spill_dir_)) {
-    const int file = open(fd.c_str(), O_WRONLY);
-    ASSERT_GE(file, 0);
-    ASSERT_EQ(pwrite(file, "x", 1, 12345), 1);
-    fsync(file);
-    close(file);
+    const UniqueFd file(open(fd.c_str(), O_WRONLY));
+    ASSERT_TRUE(file.valid());
+    ASSERT_EQ(pwrite(file.get(), "x", 1, 12345), 1);
+    fsync(file.get());
   }
   int lost = 0;
   for (const auto& [handle, data] : objects) {

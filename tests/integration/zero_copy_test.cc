@@ -20,6 +20,7 @@
 #include "actstash/v1/stash.grpc.pb.h"
 #include "client/attach_channel.h"
 #include "common/attach_wire.h"
+#include "common/unique_fd.h"
 #include "tests/integration/test_util.h"
 
 namespace actstash::testing {
@@ -278,11 +279,11 @@ TEST_F(ZeroCopyTest, SegmentsAreIsolatedBetweenSessions) {
   std::vector<uint64_t> stale;
   pb::LeaseReply lease_a;
   ASSERT_TRUE(a.Lease(1, &lease_a).ok());
-  absl::StatusOr<std::vector<int>> fds_a =
+  absl::StatusOr<std::vector<UniqueFd>> fds_a =
       a.attach->ReceiveLease(lease_a.leases(0).lease_id(), 1, std::chrono::seconds(5), &stale);
   ASSERT_TRUE(fds_a.ok()) << fds_a.status();
   auto* mem_a = static_cast<char*>(
-      mmap(nullptr, kSegment, PROT_READ | PROT_WRITE, MAP_SHARED, (*fds_a)[0], 0));
+      mmap(nullptr, kSegment, PROT_READ | PROT_WRITE, MAP_SHARED, (*fds_a)[0].get(), 0));
   ASSERT_NE(mem_a, MAP_FAILED);
   std::memset(mem_a, 'A', kSegment);
 
@@ -298,16 +299,16 @@ TEST_F(ZeroCopyTest, SegmentsAreIsolatedBetweenSessions) {
   // A returns the lease but (misbehaving) keeps its fd and mapping.
   ASSERT_TRUE(a.Return(lease_a.leases(0).lease_id()).ok());
   ASSERT_TRUE(b.Lease(1, &lease_b).ok());
-  absl::StatusOr<std::vector<int>> fds_b =
+  absl::StatusOr<std::vector<UniqueFd>> fds_b =
       b.attach->ReceiveLease(lease_b.leases(0).lease_id(), 1, std::chrono::seconds(5), &stale);
   ASSERT_TRUE(fds_b.ok()) << fds_b.status();
   struct stat st_a {
   }, st_b{};
-  ASSERT_EQ(fstat((*fds_a)[0], &st_a), 0);
-  ASSERT_EQ(fstat((*fds_b)[0], &st_b), 0);
+  ASSERT_EQ(fstat((*fds_a)[0].get(), &st_a), 0);
+  ASSERT_EQ(fstat((*fds_b)[0].get(), &st_b), 0);
   EXPECT_NE(st_a.st_ino, st_b.st_ino) << "B got the memfd A still holds";
   auto* mem_b = static_cast<char*>(
-      mmap(nullptr, kSegment, PROT_READ | PROT_WRITE, MAP_SHARED, (*fds_b)[0], 0));
+      mmap(nullptr, kSegment, PROT_READ | PROT_WRITE, MAP_SHARED, (*fds_b)[0].get(), 0));
   ASSERT_NE(mem_b, MAP_FAILED);
   size_t nonzero = 0;
   for (size_t i = 0; i < kSegment; i += 4096) nonzero += mem_b[i] != 0;
@@ -317,8 +318,6 @@ TEST_F(ZeroCopyTest, SegmentsAreIsolatedBetweenSessions) {
   EXPECT_TRUE(stale.empty());
   munmap(mem_a, kSegment);
   munmap(mem_b, kSegment);
-  close((*fds_a)[0]);
-  close((*fds_b)[0]);
 }
 
 // A returned lease's memory must not serve other sessions' inline objects
@@ -330,11 +329,11 @@ TEST_F(ZeroCopyTest, ReturnedLeaseMemoryIsUnreachableForInlineObjects) {
   std::vector<uint64_t> stale;
   pb::LeaseReply lease;
   ASSERT_TRUE(a.Lease(1, &lease).ok());
-  absl::StatusOr<std::vector<int>> fds =
+  absl::StatusOr<std::vector<UniqueFd>> fds =
       a.attach->ReceiveLease(lease.leases(0).lease_id(), 1, std::chrono::seconds(5), &stale);
   ASSERT_TRUE(fds.ok());
-  auto* mem =
-      static_cast<char*>(mmap(nullptr, kSegment, PROT_READ | PROT_WRITE, MAP_SHARED, (*fds)[0], 0));
+  auto* mem = static_cast<char*>(
+      mmap(nullptr, kSegment, PROT_READ | PROT_WRITE, MAP_SHARED, (*fds)[0].get(), 0));
   ASSERT_NE(mem, MAP_FAILED);
   ASSERT_TRUE(a.Return(lease.leases(0).lease_id()).ok());
 
@@ -355,7 +354,6 @@ TEST_F(ZeroCopyTest, ReturnedLeaseMemoryIsUnreachableForInlineObjects) {
   ASSERT_TRUE(back.ok());
   EXPECT_TRUE(back->data == secret) << "the old tenant changed another session's object";
   munmap(mem, kSegment);
-  close((*fds)[0]);
 }
 
 // Memory of a closed session is renewed in the background; a Put or a Lease
@@ -397,17 +395,15 @@ TEST_F(ZeroCopyTest, ShutdownIsPromptWithAClientThatStoppedReading) {
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
 }
 
-// Opens a connection to the attach socket (nothing sent yet); -1 on failure.
-int SilentConnection(const std::string& path) {
+// Opens a connection to the attach socket (nothing sent yet); empty on
+// failure.
+UniqueFd SilentConnection(const std::string& path) {
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
   std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
-  const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return -1;
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    close(fd);
-    return -1;
-  }
+  UniqueFd fd(socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (!fd.valid()) return UniqueFd();
+  if (connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) return UniqueFd();
   return fd;
 }
 
@@ -431,19 +427,19 @@ TEST_F(ZeroCopyTest, LeaseWithoutAttachAndBadHellosAreRefused) {
   EXPECT_EQ(wrong.status().code(), absl::StatusCode::kUnauthenticated) << wrong.status();
   // Garbage on the attach socket: the daemon drops the connection and goes on.
   const std::string path = attach::AttachSocketPath(daemon_->socket_path());
-  const int fd = SilentConnection(path);
-  ASSERT_GE(fd, 0) << std::strerror(errno);
+  UniqueFd fd = SilentConnection(path);
+  ASSERT_TRUE(fd.valid()) << std::strerror(errno);
   const char garbage[64] = "GET / HTTP/1.1\r\n\r\n";
-  ASSERT_EQ(write(fd, garbage, sizeof(garbage)), static_cast<ssize_t>(sizeof(garbage)));
+  ASSERT_EQ(write(fd.get(), garbage, sizeof(garbage)), static_cast<ssize_t>(sizeof(garbage)));
   char buffer[256];
   ssize_t n = 0;
-  while ((n = read(fd, buffer, sizeof(buffer))) > 0) {
+  while ((n = read(fd.get(), buffer, sizeof(buffer))) > 0) {
   }
   // Closed with our bytes unread, the socket may report a reset instead of EOF.
   EXPECT_TRUE(n == 0 || errno == ECONNRESET) << "the daemon closes a connection that does not "
                                                 "say hello: read returned "
                                              << n << " (" << std::strerror(errno) << ")";
-  close(fd);
+  fd.Reset();
   auto client = Attached();
   ASSERT_NE(client, nullptr);
   EXPECT_TRUE(client->attached());
@@ -573,11 +569,11 @@ TEST_F(ZeroCopyTest, SilentConnectionFloodLocksNoClientOutAndDropsNoAttachedOne)
   ASSERT_TRUE(ticket.ok()) << ticket.status();
 
   const std::string path = attach::AttachSocketPath(daemon_->socket_path());
-  std::vector<int> silent;
+  std::vector<UniqueFd> silent;
   for (int i = 0; i < 400; ++i) {
-    const int fd = SilentConnection(path);
-    ASSERT_GE(fd, 0) << "connection " << i << ": " << std::strerror(errno);
-    silent.push_back(fd);
+    UniqueFd fd = SilentConnection(path);
+    ASSERT_TRUE(fd.valid()) << "connection " << i << ": " << std::strerror(errno);
+    silent.push_back(std::move(fd));
   }
   // Clients that attach while the flood holds its connections open (and goes on
   // opening more between them) get in, at once.
@@ -588,8 +584,8 @@ TEST_F(ZeroCopyTest, SilentConnectionFloodLocksNoClientOutAndDropsNoAttachedOne)
     EXPECT_TRUE(client->attached());
     EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(2));
     for (int i = 0; i < 100; ++i) {
-      const int fd = SilentConnection(path);
-      if (fd >= 0) silent.push_back(fd);
+      UniqueFd fd = SilentConnection(path);
+      if (fd.valid()) silent.push_back(std::move(fd));
     }
   }
   // The client that attached before the flood still has its session and data.
@@ -598,7 +594,6 @@ TEST_F(ZeroCopyTest, SilentConnectionFloodLocksNoClientOutAndDropsNoAttachedOne)
   EXPECT_EQ(back, data);
   EXPECT_TRUE(before->attached());
   EXPECT_TRUE(before->Stats().ok());
-  for (int fd : silent) close(fd);
 }
 
 }  // namespace

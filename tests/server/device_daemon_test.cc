@@ -22,6 +22,7 @@
 #include "client/attach_channel.h"
 #include "common/attach_wire.h"
 #include "common/protocol.h"
+#include "common/unique_fd.h"
 #include "server/daemon.h"
 #include "testing/park.h"
 #include "tests/server/fake_device_memory.h"
@@ -258,36 +259,33 @@ TEST_F(DeviceDaemonTest, HangingUpReclaimsAndScrubsDeviceLeases) {
 
 // A port nothing listens on now (the metrics server binds it right after).
 int FreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  const UniqueFd fd(socket(AF_INET, SOCK_STREAM, 0));
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   socklen_t len = sizeof(addr);
-  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
-      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-    close(fd);
+  if (bind(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+      getsockname(fd.get(), reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
     return 0;
   }
-  close(fd);
   return ntohs(addr.sin_port);
 }
 
 std::string HttpGet(int port, const std::string& path) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  const UniqueFd fd(socket(AF_INET, SOCK_STREAM, 0));
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_port = htons(static_cast<uint16_t>(port));
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   std::string response;
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
+  if (connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
     const std::string request = "GET " + path + " HTTP/1.0\r\nHost: localhost\r\n\r\n";
-    if (write(fd, request.data(), request.size()) == static_cast<ssize_t>(request.size())) {
+    if (write(fd.get(), request.data(), request.size()) == static_cast<ssize_t>(request.size())) {
       char buffer[4096];
       ssize_t n = 0;
-      while ((n = read(fd, buffer, sizeof(buffer))) > 0) response.append(buffer, n);
+      while ((n = read(fd.get(), buffer, sizeof(buffer))) > 0) response.append(buffer, n);
     }
   }
-  close(fd);
   return response;
 }
 
