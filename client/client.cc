@@ -21,6 +21,7 @@
 #include "common/checksum.h"
 #include "common/grpc_status.h"
 #include "common/protocol.h"
+#include "common/tiered_id.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 
 namespace actstash {
@@ -65,9 +66,6 @@ SessionStatsEntry FromProto(const v1::SessionStats& s) {
   e.restore_wait_ns = s.restore_wait_ns();
   return e;
 }
-
-// Ticket ids of the inline path carry this bit; LocalStore's never do.
-constexpr uint64_t kInlineTicket = uint64_t{1} << 63;
 
 }  // namespace
 
@@ -325,7 +323,7 @@ absl::StatusOr<Ticket> Client::Store(const void* src, size_t nbytes) {
   }
   absl::StatusOr<Handle> handle = Put(src, nbytes);
   if (!handle.ok()) return handle.status();
-  return Ticket{handle->id | kInlineTicket, nbytes};
+  return Ticket{tiered_id::MakeInline(handle->id), nbytes};
 }
 
 absl::StatusOr<Reservation> Client::Reserve(size_t nbytes) {
@@ -354,7 +352,7 @@ const std::vector<DevicePoolInfo>& Client::device_pools() const { return impl_->
 
 absl::StatusOr<StoredBytes> Client::Locate(const Ticket& ticket) {
   if (absl::Status s = impl_->CheckOpen(); !s.ok()) return s;
-  if ((ticket.id & kInlineTicket) != 0) {
+  if (tiered_id::IsInline(ticket.id)) {
     return absl::FailedPreconditionError(
         absl::StrCat("ticket ", ticket.id, " is stored inline in the daemon: use Fetch"));
   }
@@ -367,7 +365,7 @@ absl::StatusOr<StoredBytes> Client::Locate(const Ticket& ticket) {
 }
 
 absl::Status Client::MarkWritten(const Ticket& ticket) {
-  if ((ticket.id & kInlineTicket) != 0) return absl::OkStatus();  // stored by the daemon
+  if (tiered_id::IsInline(ticket.id)) return absl::OkStatus();  // stored by the daemon
   uint64_t id = 0;
   client_internal::LocalStore* store = impl_->StoreOf(ticket.id, &id);
   if (store == nullptr) return absl::NotFoundError(absl::StrCat("unknown ticket ", ticket.id));
@@ -376,25 +374,25 @@ absl::Status Client::MarkWritten(const Ticket& ticket) {
 
 absl::Status Client::Fetch(const Ticket& ticket, void* dst, size_t capacity) {
   if (absl::Status s = impl_->CheckOpen(); !s.ok()) return s;
-  if ((ticket.id & kInlineTicket) == 0) {
+  if (!tiered_id::IsInline(ticket.id)) {
     uint64_t id = 0;
     client_internal::LocalStore* store = impl_->StoreOf(ticket.id, &id);
     if (store == nullptr) return absl::NotFoundError(absl::StrCat("unknown ticket ", ticket.id));
     return store->Fetch(id, dst, capacity);
   }
-  absl::StatusOr<ObjectInfo> info = Get(Handle{ticket.id & ~kInlineTicket}, dst, capacity);
+  absl::StatusOr<ObjectInfo> info = Get(Handle{tiered_id::HandleOf(ticket.id)}, dst, capacity);
   return info.status();
 }
 
 absl::Status Client::Release(const Ticket& ticket) {
   if (absl::Status s = impl_->CheckOpen(); !s.ok()) return s;
-  if ((ticket.id & kInlineTicket) == 0) {
+  if (!tiered_id::IsInline(ticket.id)) {
     uint64_t id = 0;
     client_internal::LocalStore* store = impl_->StoreOf(ticket.id, &id);
     if (store == nullptr) return absl::NotFoundError(absl::StrCat("unknown ticket ", ticket.id));
     return store->Release(id);
   }
-  return Delete(Handle{ticket.id & ~kInlineTicket});
+  return Delete(Handle{tiered_id::HandleOf(ticket.id)});
 }
 
 bool Client::attached() const { return impl_->local != nullptr; }

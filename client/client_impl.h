@@ -28,6 +28,7 @@
 #include "common/address.h"
 #include "common/pinned_registrar.h"
 #include "common/protocol.h"
+#include "common/tiered_id.h"
 #include "common/tristate.h"
 #include "common/unique_fd.h"
 
@@ -193,17 +194,15 @@ struct Client::Impl final : public client_internal::LeaseBackend {
   // The store of tier index `index` (from a ticket), or null.
   client_internal::LocalStore* DeviceStoreAt(size_t index) ABSL_LOCKS_EXCLUDED(device_mu);
 
-  // Zero-copy ticket ids: the host store's as they are; a device store's
-  // carry (its index + 1) in bits 56..62 (bit 63 marks inline tickets).
-  static constexpr int kDeviceTierShift = 56;
-  static constexpr uint64_t kDeviceTierMask = uint64_t{0x7f} << kDeviceTierShift;
+  // Zero-copy ticket ids (common/tiered_id.h): the host store's in tier 0,
+  // device store `index`'s in tier index + 1.
   static uint64_t DeviceTicket(size_t index, uint64_t local_id) {
-    return local_id | (uint64_t{index + 1} << kDeviceTierShift);
+    return tiered_id::Make(static_cast<uint32_t>(index + 1), local_id);
   }
   // The store a zero-copy ticket belongs to and its id there; null if none.
   client_internal::LocalStore* StoreOf(uint64_t id, uint64_t* local_id) {
-    *local_id = id & ~kDeviceTierMask;
-    const uint64_t tier = (id & kDeviceTierMask) >> kDeviceTierShift;
+    *local_id = tiered_id::SerialOf(id);
+    const uint32_t tier = tiered_id::TierOf(id);
     return tier == 0 ? local.get() : DeviceStoreAt(tier - 1);
   }
 

@@ -13,6 +13,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
+#include "common/tiered_id.h"
 #include "server/catalog.h"
 #include "server/memory_pool.h"
 #include "server/session.h"
@@ -52,17 +53,15 @@ class Lease {
 class WorkQueue;
 
 // Lease ids of the manager of index `tier` (0: the host pool, 1 + i: device
-// pool i) are tier << kLeaseTierShift | n, n >= 1: unique across managers,
-// so that a lease id alone names its manager.
-inline constexpr int kLeaseTierShift = 56;
-inline uint64_t LeaseTierOf(uint64_t lease_id) { return lease_id >> kLeaseTierShift; }
+// pool i) are tiered_id::Make(tier, n), n >= 1 (common/tiered_id.h): unique
+// across managers, so that a lease id alone names its manager.
 
 // Thread-safe. Lease ids are never 0 and never reused in a daemon's life.
 // The pool may be a host pool or a device pool (whose renewal zeroes).
 class LeaseManager {
  public:
   explicit LeaseManager(MemoryPool* pool, uint32_t tier = 0)
-      : pool_(*pool), next_id_((uint64_t{tier} << kLeaseTierShift) + 1) {}
+      : pool_(*pool), next_id_(tiered_id::Make(tier, 1)) {}
   // Where released leases are renewed (off the caller's thread). Without
   // one (tests), renewal runs in the releasing thread; after
   // StopRenewing(), released memory is freed as it is (daemon shutdown).

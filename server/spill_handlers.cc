@@ -7,6 +7,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
+#include "common/tiered_id.h"
 #include "server/spill_tier.h"
 #include "server/stash_service.h"
 
@@ -23,7 +24,7 @@ absl::Status NoSpillTier() {
 // A host lease of the session (the spill tier holds host memory only).
 absl::StatusOr<std::shared_ptr<Lease>> HostLease(const StashCore& core, uint64_t session_id,
                                                  uint64_t lease_id) {
-  if (LeaseTierOf(lease_id) != 0) {
+  if (tiered_id::TierOf(lease_id) != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("lease ", lease_id, " is a device-pool lease; only host leases spill"));
   }

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/protocol.h"
+#include "common/tiered_id.h"
 #include "server/attach_server.h"
 #include "server/spill_tier.h"
 
@@ -64,8 +65,8 @@ absl::StatusOr<RemovedTotals> ReturnLeases(StashCore& core, uint64_t session_id,
   for (const DeviceTier& tier : core.device_tiers) managers.push_back(tier.leases);
   std::vector<std::vector<uint64_t>> parts(managers.size());
   for (uint64_t id : ids) {
-    const uint64_t tier = LeaseTierOf(id);
-    if (tier >= parts.size()) {
+    const uint32_t tier = tiered_id::TierOf(id);
+    if (tiered_id::IsInline(id) || tier >= parts.size()) {
       return absl::NotFoundError(
           absl::StrCat("no lease ", id, " in this session; nothing returned"));
     }
