@@ -69,17 +69,44 @@ absl::Status ReadExactly(int fd, char* out, size_t n, std::chrono::milliseconds 
 
 }  // namespace
 
-absl::Status SendMessage(int fd, MessageType type, absl::string_view payload,
-                         absl::Span<const int> fds) {
-  if (payload.size() > kMaxPayloadBytes || fds.size() > kMaxFdsPerMessage) {
-    return absl::InvalidArgumentError("attach message too large");
-  }
+std::string EncodeMessage(MessageType type, absl::string_view payload) {
   MessageHeader header;
   header.type = static_cast<uint16_t>(type);
   header.payload_bytes = static_cast<uint32_t>(payload.size());
   std::string bytes(reinterpret_cast<const char*>(&header), sizeof(header));
   bytes.append(payload.data(), payload.size());
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxFdsPerMessage)];
+  return bytes;
+}
+
+absl::Status CheckHeader(const MessageHeader& header) {
+  if (header.magic == kMagic && header.version == kVersion &&
+      header.payload_bytes <= kMaxPayloadBytes &&
+      header.type >= static_cast<uint16_t>(MessageType::kHello) &&
+      header.type <= static_cast<uint16_t>(MessageType::kSegments)) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("malformed attach message (magic ", absl::Hex(header.magic), ", version ",
+                   header.version, ", type ", header.type, ", ", header.payload_bytes, " bytes)"));
+}
+
+void AttachRights(absl::Span<const int> fds, char* control, msghdr* msg) {
+  msg->msg_control = control;
+  msg->msg_controllen = CMSG_SPACE(sizeof(int) * fds.size());
+  cmsghdr* c = CMSG_FIRSTHDR(msg);
+  c->cmsg_level = SOL_SOCKET;
+  c->cmsg_type = SCM_RIGHTS;
+  c->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
+  std::memcpy(CMSG_DATA(c), fds.data(), sizeof(int) * fds.size());
+}
+
+absl::Status SendMessage(int fd, MessageType type, absl::string_view payload,
+                         absl::Span<const int> fds) {
+  if (payload.size() > kMaxPayloadBytes || fds.size() > kMaxFdsPerMessage) {
+    return absl::InvalidArgumentError("attach message too large");
+  }
+  std::string bytes = EncodeMessage(type, payload);
+  alignas(cmsghdr) char control[kRightsControlBytes];
   size_t sent = 0;
   bool fds_sent = fds.empty();
   while (sent < bytes.size()) {
@@ -87,15 +114,7 @@ absl::Status SendMessage(int fd, MessageType type, absl::string_view payload,
     msghdr msg{};
     msg.msg_iov = &iov;
     msg.msg_iovlen = 1;
-    if (!fds_sent) {  // the fds travel with the first byte that goes out
-      msg.msg_control = control;
-      msg.msg_controllen = CMSG_SPACE(sizeof(int) * fds.size());
-      cmsghdr* c = CMSG_FIRSTHDR(&msg);
-      c->cmsg_level = SOL_SOCKET;
-      c->cmsg_type = SCM_RIGHTS;
-      c->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
-      std::memcpy(CMSG_DATA(c), fds.data(), sizeof(int) * fds.size());
-    }
+    if (!fds_sent) AttachRights(fds, control, &msg);  // with the first byte that goes out
     const ssize_t n = sendmsg(fd, &msg, MSG_NOSIGNAL);
     if (n < 0) {
       if (errno == EINTR) continue;
@@ -112,14 +131,7 @@ absl::StatusOr<Message> ReceiveMessage(int fd, std::chrono::milliseconds timeout
   MessageHeader header;
   absl::Status status =
       ReadExactly(fd, reinterpret_cast<char*>(&header), sizeof(header), timeout, &message.fds);
-  if (status.ok() && (header.magic != kMagic || header.version != kVersion ||
-                      header.payload_bytes > kMaxPayloadBytes ||
-                      header.type < static_cast<uint16_t>(MessageType::kHello) ||
-                      header.type > static_cast<uint16_t>(MessageType::kSegments))) {
-    status = absl::InvalidArgumentError(absl::StrCat(
-        "malformed attach message (magic ", absl::Hex(header.magic), ", version ", header.version,
-        ", type ", header.type, ", ", header.payload_bytes, " bytes)"));
-  }
+  if (status.ok()) status = CheckHeader(header);
   if (status.ok()) {
     message.type = static_cast<MessageType>(header.type);
     message.payload.resize(header.payload_bytes);

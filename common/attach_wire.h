@@ -15,9 +15,12 @@
 #ifndef ACTSTASH_COMMON_ATTACH_WIRE_H_
 #define ACTSTASH_COMMON_ATTACH_WIRE_H_
 
+#include <sys/socket.h>
+
 #include <chrono>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -63,6 +66,36 @@ struct Message {
   std::string payload;
   std::vector<UniqueFd> fds;  // arrived with the message (SCM_RIGHTS)
 };
+
+// The framing, shared by the blocking functions below (the client) and the
+// daemon's non-blocking attach server.
+
+// The bytes of one message: its header, then `payload` (at most
+// kMaxPayloadBytes: the caller's contract).
+std::string EncodeMessage(MessageType type, absl::string_view payload);
+
+// A payload made of `fixed` (one of the payload structs above) and `tail`.
+template <typename Fixed>
+std::string PayloadOf(const Fixed& fixed, absl::string_view tail = {}) {
+  static_assert(std::is_trivially_copyable_v<Fixed>, "payload structs are copied as bytes");
+  std::string payload(reinterpret_cast<const char*>(&fixed), sizeof(fixed));
+  payload.append(tail.data(), tail.size());
+  return payload;
+}
+
+// OK when this version can read a message with `header`: the magic, the
+// version, a known type, at most kMaxPayloadBytes. INVALID_ARGUMENT that
+// names the fields otherwise (the stream is then unusable).
+absl::Status CheckHeader(const MessageHeader& header);
+
+// Ancillary-data room for kMaxFdsPerMessage fds.
+inline constexpr size_t kRightsControlBytes = CMSG_SPACE(sizeof(int) * kMaxFdsPerMessage);
+
+// Puts `fds` (1..kMaxFdsPerMessage) into `msg` as one SCM_RIGHTS message
+// written to `control` (kRightsControlBytes, aligned as a cmsghdr). Only the
+// numbers are copied: the caller still owns the fds, which must stay open
+// until the message's first byte is sent.
+void AttachRights(absl::Span<const int> fds, char* control, msghdr* msg);
 
 // Sends one message with optional fds, retrying on EINTR and short writes.
 // For blocking sockets; on a non-blocking socket EAGAIN is UNAVAILABLE.

@@ -50,17 +50,6 @@ constexpr size_t kMaxPendingPerUid = 64;
 constexpr size_t kCrowdedPending = 32;
 constexpr std::chrono::milliseconds kCrowdedHelloTimeout{250};
 
-std::string Encode(attach::MessageType type, const void* payload, size_t n,
-                   const std::string& tail = "") {
-  attach::MessageHeader header;
-  header.type = static_cast<uint16_t>(type);
-  header.payload_bytes = static_cast<uint32_t>(n + tail.size());
-  std::string bytes(reinterpret_cast<const char*>(&header), sizeof(header));
-  bytes.append(static_cast<const char*>(payload), n);
-  bytes += tail;
-  return bytes;
-}
-
 }  // namespace
 
 class AttachServer::Impl {
@@ -191,7 +180,7 @@ class AttachServer::Impl::Connection : public std::enable_shared_from_this<Conne
 
   void OnHeader(const boost::system::error_code& error) {
     if (error) return Close(error.message());
-    if (header_.magic != attach::kMagic || header_.version != attach::kVersion ||
+    if (!attach::CheckHeader(header_).ok() ||
         header_.type != static_cast<uint16_t>(attach::MessageType::kHello) ||
         header_.payload_bytes == 0 || header_.payload_bytes > 256) {
       return Refuse(absl::InvalidArgumentError("expected a hello message with a session token"));
@@ -226,7 +215,8 @@ class AttachServer::Impl::Connection : public std::enable_shared_from_this<Conne
                  peer_.gid);
     attach::WelcomePayload welcome;
     welcome.session_id = session_->id();
-    Send(Outgoing(Encode(attach::MessageType::kWelcome, &welcome, sizeof(welcome))));
+    Send(
+        Outgoing(attach::EncodeMessage(attach::MessageType::kWelcome, attach::PayloadOf(welcome))));
     WatchForClose();
   }
 
@@ -246,8 +236,9 @@ class AttachServer::Impl::Connection : public std::enable_shared_from_this<Conne
     attach::WelcomePayload welcome;
     welcome.status_code = static_cast<int32_t>(status.code());
     auto self = shared_from_this();
-    Outgoing message(Encode(attach::MessageType::kWelcome, &welcome, sizeof(welcome),
-                            std::string(status.message().substr(0, 1024))));
+    Outgoing message(
+        attach::EncodeMessage(attach::MessageType::kWelcome,
+                              attach::PayloadOf(welcome, status.message().substr(0, 1024))));
     message.done = [self](absl::Status) { self->Close("attach refused"); };
     Send(std::move(message));
   }
@@ -261,19 +252,12 @@ class AttachServer::Impl::Connection : public std::enable_shared_from_this<Conne
       msghdr msg{};
       msg.msg_iov = &iov;
       msg.msg_iovlen = 1;
-      alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * attach::kMaxFdsPerMessage)];
+      alignas(cmsghdr) char control[attach::kRightsControlBytes];
+      int numbers[attach::kMaxFdsPerMessage];
       if (message.sent == 0 && !message.fds.empty()) {
-        msg.msg_control = control;
-        msg.msg_controllen = CMSG_SPACE(sizeof(int) * message.fds.size());
-        cmsghdr* c = CMSG_FIRSTHDR(&msg);
-        c->cmsg_level = SOL_SOCKET;
-        c->cmsg_type = SCM_RIGHTS;
-        c->cmsg_len = CMSG_LEN(sizeof(int) * message.fds.size());
         // The numbers only: the message keeps owning the fds (see Outgoing).
-        for (size_t i = 0; i < message.fds.size(); ++i) {
-          const int fd = message.fds[i].get();
-          std::memcpy(CMSG_DATA(c) + sizeof(int) * i, &fd, sizeof(int));
-        }
+        for (size_t i = 0; i < message.fds.size(); ++i) numbers[i] = message.fds[i].get();
+        attach::AttachRights(absl::MakeConstSpan(numbers, message.fds.size()), control, &msg);
       }
       const ssize_t n = sendmsg(socket_.native_handle(), &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
       if (n < 0 && errno == EINTR) continue;
@@ -417,7 +401,8 @@ void AttachServer::Impl::SendLeases(uint64_t session_id, std::vector<std::shared
         payload.first = first;
         payload.count = std::min(attach::kMaxFdsPerMessage, lease->segments() - first);
         payload.lease_segments = lease->segments();
-        Outgoing message(Encode(attach::MessageType::kSegments, &payload, sizeof(payload)));
+        Outgoing message(
+            attach::EncodeMessage(attach::MessageType::kSegments, attach::PayloadOf(payload)));
         for (uint32_t i = 0; i < payload.count; ++i) {
           absl::StatusOr<UniqueFd> fd = pool_.DupSegmentFd(lease->first_segment() + first + i);
           if (!fd.ok()) {

@@ -8,6 +8,9 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <string>
+
+#include "common/unique_fd.h"
 
 namespace actstash::attach {
 namespace {
@@ -58,6 +61,37 @@ TEST_F(AttachWireTest, MalformedHeadersAreInvalidArgument) {
     absl::StatusOr<Message> message = ReceiveMessage(fds_[1], std::chrono::seconds(1));
     EXPECT_EQ(message.status().code(), absl::StatusCode::kInvalidArgument) << message.status();
   }
+}
+
+TEST(AttachFramingTest, EncodedMessagesReadBackAndHeadersAreChecked) {
+  // The daemon's non-blocking server writes frames with EncodeMessage and
+  // PayloadOf; the client reads them with ReceiveMessage: one format.
+  WelcomePayload welcome;
+  welcome.session_id = 7;
+  const std::string bytes =
+      EncodeMessage(MessageType::kWelcome, PayloadOf(welcome, absl::string_view("why")));
+  ASSERT_EQ(bytes.size(), sizeof(MessageHeader) + sizeof(welcome) + 3);
+  MessageHeader header;
+  std::memcpy(&header, bytes.data(), sizeof(header));
+  EXPECT_TRUE(CheckHeader(header).ok());
+  EXPECT_EQ(header.payload_bytes, sizeof(welcome) + 3);
+  int pair[2];
+  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, pair), 0);
+  UniqueFd writer(pair[0]), reader(pair[1]);
+  ASSERT_EQ(write(writer.get(), bytes.data(), bytes.size()), static_cast<ssize_t>(bytes.size()));
+  absl::StatusOr<Message> message = ReceiveMessage(reader.get(), std::chrono::seconds(1));
+  ASSERT_TRUE(message.ok()) << message.status();
+  EXPECT_EQ(message->type, MessageType::kWelcome);
+  WelcomePayload back;
+  std::memcpy(&back, message->payload.data(), sizeof(back));
+  EXPECT_EQ(back.session_id, 7u);
+  EXPECT_EQ(message->payload.substr(sizeof(back)), "why");
+
+  header.magic = 0;
+  EXPECT_EQ(CheckHeader(header).code(), absl::StatusCode::kInvalidArgument);
+  header.magic = kMagic;
+  header.payload_bytes = kMaxPayloadBytes + 1;
+  EXPECT_EQ(CheckHeader(header).code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST_F(AttachWireTest, TimeoutAndEndOfStream) {

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "common/tiered_id.h"
 #include "server/catalog.h"
 #include "server/host_pool.h"
 #include "server/lease_manager.h"
@@ -199,7 +200,7 @@ TEST_F(DeviceTierTest, ScrubWaitsForTheLastReference) {
   ASSERT_TRUE(granted.ok()) << granted.status();
   std::shared_ptr<Lease> lease = (*granted)[0];
   granted->clear();
-  EXPECT_EQ(LeaseTierOf(lease->id()), 1u);
+  EXPECT_EQ(tiered_id::TierOf(lease->id()), 1u);
   EXPECT_EQ(lease->bytes(), 2 * kMiB);
   std::byte* bytes = Host(*lease);
   EXPECT_TRUE(AllBytesAre(bytes, 2 * kMiB, std::byte{0}));  // zeroed at creation
@@ -326,14 +327,17 @@ TEST_F(DeviceTierTest, ReturnAcrossTiersIsAllOrNothing) {
   ASSERT_TRUE(host.ok() && device.ok() && foreign.ok());
   const uint64_t h = (*host)[0]->id(), d = (*device)[0]->id(), f = (*foreign)[0]->id();
   EXPECT_NE(h, d);
-  EXPECT_EQ(LeaseTierOf(h), 0u);
-  EXPECT_EQ(LeaseTierOf(d), 1u);
+  EXPECT_EQ(tiered_id::TierOf(h), 0u);
+  EXPECT_EQ(tiered_id::TierOf(d), 1u);
 
   absl::StatusOr<RemovedTotals> bad = ReturnLeases(*core_, s->id(), {h, d, f});
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kNotFound);
   bad = ReturnLeases(*core_, s->id(), {h, d, d});
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
-  const uint64_t unknown_tier = (uint64_t{7} << kLeaseTierShift) | 1;
+  const uint64_t unknown_tier = tiered_id::Make(7, 1);
+  const uint64_t inline_bit = tiered_id::MakeInline(h);  // a ticket's bit: never a lease
+  bad = ReturnLeases(*core_, s->id(), {inline_bit});
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kNotFound);
   bad = ReturnLeases(*core_, s->id(), {h, unknown_tier});
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(host_leases_->size(), 1u);  // nothing was returned

@@ -44,6 +44,10 @@ from actstash._planner import BudgetError
 log = logging.getLogger("actstash")
 
 _MAX_CORRECTIONS = 2
+# Profiles of one shape before a budget no plan meets is refused: one step's sampled
+# memory can catch a transient (an allocator growing its heap, a thread pool starting)
+# that the next step does not repeat.
+_MAX_PROFILES = 2
 _PROBE_BYTES = 64 << 20
 _CPU_HEADROOM = 0.05  # sampled RssAnon misses short peaks and varies by step
 
@@ -57,6 +61,8 @@ class _Entry:
         self.budget = self.effective_budget = None
         self.stored_limit = float("inf")
         self.corrections = 0
+        self.profiles = 0     # profiling steps measured
+        self.profiled = None  # (costs, machine) of the previous profile, if one was refused
         self.error_bytes = 0  # the most a checked plan's peak exceeded its prediction
         self.incomplete = 0   # measured steps without a complete backward
         self.verify = False
@@ -216,10 +222,21 @@ class AutoPlanner:
         if machine.offload_allowed:
             largest = max(step.saved, key=lambda s: s.stored)
             self._probe(machine, largest.sizes, step)
+        entry.profiles += 1
+        if entry.profiled is not None:
+            _keep_smaller_working_sets(costs, machine, *entry.profiled)
         entry.costs, entry.machine = costs, machine
         entry.measured = {"time_s": step_s, "peak": max(peaks.values(), default=0),
                           "blocks": blocks, "choices": list(step.choices)}
-        self._solve(entry, "profiled")
+        final = entry.profiles >= _MAX_PROFILES
+        try:
+            self._solve(entry, "profiled", final=final)
+        except BudgetError as error:
+            if final:
+                raise
+            # Profile once more (the plan stays None) before refusing the budget.
+            entry.profiled = (costs, machine)
+            log.info("actstash: %s; profiling once more before refusing it", error)
 
     def _probe(self, machine, sizes, step):
         """Stores and fetches tensors of these sizes through the stash, timed."""
@@ -251,11 +268,15 @@ class AutoPlanner:
             best = run if best is None or run[1] > best[1] else best
         machine.per_tensor_s, machine.store_bps, machine.fetch_bps = best
 
-    def _solve(self, entry, why):
+    def _solve(self, entry, why, final=True):
+        """Solves for the entry's costs. BudgetError when no plan fits; `final`: the
+        entry then refuses its budget for good (the error is logged and kept)."""
         try:
             plan = _planner.solve(entry.costs, entry.machine, entry.effective_budget,
                                   entry.stored_limit)
         except BudgetError as error:
+            if not final:
+                raise
             if entry.effective_budget != entry.budget:
                 error = BudgetError(
                     f"{error} (the budget is {_planner.format_bytes(entry.budget)}; plans aim "
@@ -375,6 +396,15 @@ class PlanReport:
         return "\n".join(lines)
 
     __repr__ = __str__
+
+
+def _keep_smaller_working_sets(costs, machine, previous_costs, previous_machine):
+    """Two profiles of the same plan: keeps each phase's smaller working set (a transient
+    one step caught is not the model's); times stay those of the latest profile."""
+    for cost, previous in zip(costs, previous_costs):
+        cost.forward_work = min(cost.forward_work, previous.forward_work)
+        cost.backward_work = min(cost.backward_work, previous.backward_work)
+    machine.tail_work = min(machine.tail_work, previous_machine.tail_work)
 
 
 def _target(budget, device):
