@@ -37,7 +37,7 @@ absl::Status WaitReadable(int fd, std::chrono::milliseconds timeout) {
 absl::Status ReadExactly(int fd, char* out, size_t n, std::chrono::milliseconds timeout,
                          std::vector<UniqueFd>* fds) {
   size_t done = 0;
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxFdsPerMessage)];
+  alignas(cmsghdr) char control[kRightsControlBytes];
   while (done < n) {
     if (absl::Status s = WaitReadable(fd, timeout); !s.ok()) return s;
     iovec iov{out + done, n - done};

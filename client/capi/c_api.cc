@@ -45,7 +45,6 @@ char* Dup(const std::string& s) {
   return out;
 }
 
-// One of three names (null: the first) to its value.
 void WriteSession(actstash::capi::JsonWriter& w, const actstash::SessionStatsEntry& e) {
   w.Begin();
   w.Field("session_id", e.session_id);
