@@ -159,9 +159,9 @@ Times EngineRounds(const EngineRig& rig, unsigned char* device, size_t n, long c
 }
 
 uint64_t LeasesGranted(Client& client) {
-  absl::StatusOr<actstash::StatsSnapshot> stats = client.Stats();
+  absl::StatusOr<actstash::v1::StatsReply> stats = client.Stats();
   Check(stats.status(), "Client::Stats");
-  return stats->leases_granted;
+  return stats->leases_granted();
 }
 
 // The bytes survive the engine's path at n bytes: device -> reservation
@@ -337,10 +337,10 @@ void RunEngineSections(const Options& options, const Memory& m, cudaStream_t str
   {
     absl::StatusOr<std::unique_ptr<Client>> probe = Client::Connect(client_options);
     Check(probe.status(), "Client::Connect");
-    absl::StatusOr<actstash::StatsSnapshot> stats = (*probe)->Stats();
+    absl::StatusOr<actstash::v1::StatsReply> stats = (*probe)->Stats();
     Check(stats.status(), "Client::Stats");
-    segment_bytes = stats->segment_bytes;
-    version = stats->daemon_version;
+    segment_bytes = stats->pool().segment_bytes();
+    version = stats->daemon_version();
     Check((*probe)->Close(), "Client::Close");
   }
   if (segment_bytes == 0) Die("the daemon reports 0-byte segments");

@@ -197,13 +197,13 @@ int main(int argc, char** argv) {
   absl::StatusOr<std::unique_ptr<actstash::Client>> connected = actstash::Client::Connect(options);
   Check(connected.status(), "Connect");
   actstash::Client& client = **connected;
-  absl::StatusOr<actstash::StatsSnapshot> stats = client.Stats();
+  absl::StatusOr<actstash::v1::StatsReply> stats = client.Stats();
   Check(stats.status(), "Stats");
   std::printf("actstashd %s at %s (%s): pool %.0f MiB, %.0f MiB locked, session quota %.0f MiB\n",
-              stats->daemon_version.c_str(), client.address().c_str(),
+              stats->daemon_version().c_str(), client.address().c_str(),
               daemon ? "started by inline_bench" : "already running",
-              static_cast<double>(stats->pool_total_bytes) / (1 << 20),
-              static_cast<double>(stats->pool_locked_bytes) / (1 << 20),
+              static_cast<double>(stats->pool().total_bytes()) / (1 << 20),
+              static_cast<double>(stats->pool().locked_bytes()) / (1 << 20),
               static_cast<double>(client.quota_bytes()) / (1 << 20));
   std::printf("min-time %.3g s per repetition, %d repetitions, medians; GB/s = 1e9 B/s\n\n",
               min_time, reps);

@@ -87,7 +87,7 @@ Round RunOnce(const std::string& dir, const std::string& pool, uint64_t segment,
     tickets.push_back(*ticket);
   }
   round.store_seconds = Since(store_start);
-  const ZeroCopyUsage stored = (*client)->zero_copy_usage();
+  const v1::ClientUsage stored = (*client)->zero_copy_usage();
   const Clock::time_point fetch_start = Clock::now();
   for (size_t i = tickets.size(); i-- > 0;) {
     Check((*client)->Fetch(tickets[i], data.dst.data(), buffer), "Fetch");
@@ -96,17 +96,17 @@ Round RunOnce(const std::string& dir, const std::string& pool, uint64_t segment,
   }
   round.fetch_seconds = Since(fetch_start);
   if (std::memcmp(data.dst.data(), data.src.data(), buffer) != 0) Die("bytes came back wrong");
-  const ZeroCopyUsage usage = (*client)->zero_copy_usage();
-  absl::StatusOr<StatsSnapshot> stats = (*client)->Stats();
+  const v1::ClientUsage usage = (*client)->zero_copy_usage();
+  absl::StatusOr<v1::StatsReply> stats = (*client)->Stats();
   Check(stats.status(), "Stats");
-  if (!stats->spill.has_value() || stats->spill->bytes_written == 0) Die("nothing was spilled");
-  round.spilled = stats->spill->bytes_written;
-  round.restored = stats->spill->bytes_read;
-  round.spill_write = static_cast<double>(round.spilled) / (stored.spill_wait_ns * 1e-9);
-  round.spill_read = static_cast<double>(round.restored) / stats->spill->read_seconds;
-  round.restore_wait = usage.restore_wait_ns * 1e-9;
+  if (!stats->has_spill() || stats->spill().bytes_written() == 0) Die("nothing was spilled");
+  round.spilled = stats->spill().bytes_written();
+  round.restored = stats->spill().bytes_read();
+  round.spill_write = static_cast<double>(round.spilled) / (stored.spill_wait_ns() * 1e-9);
+  round.spill_read = static_cast<double>(round.restored) / stats->spill().read_seconds();
+  round.restore_wait = usage.restore_wait_ns() * 1e-9;
   round.ahead_fraction =
-      usage.restores == 0 ? 0 : static_cast<double>(usage.restores_ahead) / usage.restores;
+      usage.restores() == 0 ? 0 : static_cast<double>(usage.restores_ahead()) / usage.restores();
   client->reset();
   Check((*daemon)->Stop().status(), "stopping actstashd");
   g_daemon = nullptr;

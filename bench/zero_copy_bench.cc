@@ -58,9 +58,9 @@ std::unique_ptr<Client> Connect(const std::string& address, AttachMode mode, uin
 }
 
 uint64_t LeasesGranted(Client& client) {
-  absl::StatusOr<actstash::StatsSnapshot> stats = client.Stats();
+  absl::StatusOr<actstash::v1::StatsReply> stats = client.Stats();
   Check(stats.status(), "Stats");
-  return stats->leases_granted;
+  return stats->leases_granted();
 }
 
 struct RoundTime {
@@ -260,16 +260,16 @@ int main(int argc, char** argv) {
   uint64_t segment = 0;
   {
     std::unique_ptr<Client> probe = Connect(address, AttachMode::kRequired, 1);
-    absl::StatusOr<actstash::StatsSnapshot> stats = probe->Stats();
+    absl::StatusOr<actstash::v1::StatsReply> stats = probe->Stats();
     Check(stats.status(), "Stats");
-    segment = stats->segment_bytes;
+    segment = stats->pool().segment_bytes();
     std::printf(
         "actstashd %s at %s (%s): pool %.0f MiB, %.0f MiB locked, segments of %s, "
         "session quota %.0f MiB\n",
-        stats->daemon_version.c_str(), probe->address().c_str(),
+        stats->daemon_version().c_str(), probe->address().c_str(),
         daemon ? "started by zero_copy_bench" : "already running",
-        static_cast<double>(stats->pool_total_bytes) / (1 << 20),
-        static_cast<double>(stats->pool_locked_bytes) / (1 << 20), SizeName(segment).c_str(),
+        static_cast<double>(stats->pool().total_bytes()) / (1 << 20),
+        static_cast<double>(stats->pool().locked_bytes()) / (1 << 20), SizeName(segment).c_str(),
         static_cast<double>(probe->quota_bytes()) / (1 << 20));
     Check(probe->Close(), "Close");
   }

@@ -38,35 +38,6 @@ ObjectInfo InfoFromHeader(const v1::ObjectHeader& header) {
   return info;
 }
 
-SessionStatsEntry FromProto(const v1::SessionStats& s) {
-  SessionStatsEntry e;
-  e.session_id = s.session_id();
-  e.client_name = s.client_name();
-  e.client_pid = s.client_pid();
-  e.quota_bytes = s.quota_bytes();
-  e.used_bytes = s.used_bytes();
-  e.objects = s.objects();
-  e.bytes_stored = s.bytes_stored();
-  e.bytes_fetched = s.bytes_fetched();
-  e.puts = s.puts();
-  e.gets = s.gets();
-  e.attached = s.attached();
-  e.peer_uid = s.peer_uid();
-  e.peer_pid = s.peer_pid();
-  e.leases = s.leases();
-  e.leased_bytes = s.leased_bytes();
-  e.local_objects = s.local_objects();
-  e.local_bytes = s.local_bytes();
-  e.spill_on_disk_bytes = s.spill_on_disk_bytes();
-  e.spilled_bytes = s.spilled_bytes();
-  e.restored_bytes = s.restored_bytes();
-  e.spills = s.spills();
-  e.restores = s.restores();
-  e.spill_wait_ns = s.spill_wait_ns();
-  e.restore_wait_ns = s.restore_wait_ns();
-  return e;
-}
-
 }  // namespace
 
 Client::Client(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -240,7 +211,7 @@ absl::Status Client::Delete(absl::Span<const Handle> handles) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<StatsSnapshot> Client::Stats(bool all_sessions) {
+absl::StatusOr<v1::StatsReply> Client::Stats(bool all_sessions) {
   if (absl::Status s = impl_->CheckOpen(); !s.ok()) return s;
   // So that the daemon's numbers include this client's latest placements.
   if (impl_->local != nullptr && !impl_->Lost()) {
@@ -253,45 +224,7 @@ absl::StatusOr<StatsSnapshot> Client::Stats(bool all_sessions) {
   v1::StatsReply reply;
   grpc::Status status = impl_->stub->Stats(&ctx, request, &reply);
   if (!status.ok()) return impl_->Fail(status, "Stats");
-  StatsSnapshot s;
-  s.pool_total_bytes = reply.pool().total_bytes();
-  s.pool_used_bytes = reply.pool().used_bytes();
-  s.pool_free_bytes = reply.pool().free_bytes();
-  s.pool_largest_free_bytes = reply.pool().largest_free_bytes();
-  s.pool_locked_bytes = reply.pool().locked_bytes();
-  s.pool_leased_bytes = reply.pool().leased_bytes();
-  s.pool_renewing_bytes = reply.pool().renewing_bytes();
-  s.pool_cuda_pinned_bytes = reply.pool().cuda_pinned_bytes();
-  for (const v1::DevicePoolStats& d : reply.device_pools()) {
-    s.device_pools.push_back(DevicePoolSnapshot{d.device(), d.total_bytes(), d.used_bytes(),
-                                                d.free_bytes(), d.scrubbing_bytes(),
-                                                d.segment_bytes(), d.segments(), d.leases()});
-  }
-  if (reply.has_spill()) {
-    const v1::SpillStats& p = reply.spill();
-    s.spill =
-        SpillSnapshot{p.dir(),           p.capacity_bytes(),    p.on_disk_bytes(), p.files(),
-                      p.writing_bytes(), p.reading_bytes(),     p.bytes_written(), p.bytes_read(),
-                      p.spills(),        p.restores(),          p.write_seconds(), p.read_seconds(),
-                      p.failures(),      p.checksum_failures(), p.io_mode()};
-  }
-  s.pool_leases = reply.pool().leases();
-  s.leases_granted = reply.leases_granted();
-  s.sessions_reclaimed = reply.sessions_reclaimed();
-  s.segment_bytes = reply.pool().segment_bytes();
-  s.segments = reply.pool().segments();
-  s.sessions = reply.sessions();
-  s.objects = reply.objects();
-  s.bytes_stored = reply.bytes_stored();
-  s.bytes_fetched = reply.bytes_fetched();
-  s.self = FromProto(reply.self());
-  for (const v1::SessionStats& entry : reply.sessions_detail()) {
-    s.all_sessions.push_back(FromProto(entry));
-  }
-  s.daemon_version = reply.daemon_version();
-  s.uptime_seconds = reply.uptime_seconds();
-  s.daemon_pid = reply.daemon_pid();
-  return s;
+  return reply;
 }
 
 absl::Status Client::Close() {
@@ -402,19 +335,9 @@ absl::Status Client::pin_status() const {
   return impl_->local == nullptr ? absl::OkStatus() : impl_->local->pin_status();
 }
 
-ZeroCopyUsage Client::zero_copy_usage() const {
+v1::ClientUsage Client::zero_copy_usage() const {
   if (impl_->local == nullptr) return {};
-  const client_internal::LocalUsage usage = impl_->local->usage();
-  ZeroCopyUsage out{usage.leases,          usage.leased_bytes, usage.pinned_bytes,
-                    usage.unpinned_leases, usage.objects,      usage.bytes};
-  out.spilled_leases = usage.spilled_blocks;
-  out.spilled_bytes = usage.spilled_bytes;
-  out.spills = usage.spills;
-  out.restores = usage.restores;
-  out.restores_ahead = usage.restores_ahead;
-  out.spill_wait_ns = usage.spill_wait_ns;
-  out.restore_wait_ns = usage.restore_wait_ns;
-  return out;
+  return impl_->TotalUsage();
 }
 
 uint64_t Client::session_id() const { return impl_->session_id; }

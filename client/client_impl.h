@@ -207,36 +207,22 @@ struct Client::Impl final : public client_internal::LeaseBackend {
   }
 
   // This client's zero-copy usage: the host store and its device stores.
-  client_internal::LocalUsage TotalUsage() ABSL_LOCKS_EXCLUDED(device_mu) {
-    client_internal::LocalUsage total = local->usage();
+  // The zero-copy usage of every local store (host and device tiers) summed.
+  v1::ClientUsage TotalUsage() ABSL_LOCKS_EXCLUDED(device_mu) {
+    v1::ClientUsage total = local->usage();
     absl::MutexLock lock(&device_mu);
     for (const std::unique_ptr<DeviceTier>& tier : device_tiers) {
-      const client_internal::LocalUsage u = tier->store->usage();
-      total.objects += u.objects;
-      total.bytes += u.bytes;
-      total.bytes_stored += u.bytes_stored;
-      total.bytes_fetched += u.bytes_fetched;
-      total.stores += u.stores;
-      total.fetches += u.fetches;
+      client_internal::AddUsage(tier->store->usage(), &total);
     }
     return total;
   }
 
   absl::Status ReportUsage() {
-    const client_internal::LocalUsage usage = TotalUsage();
+    const v1::ClientUsage usage = TotalUsage();
     grpc::ClientContext ctx;
     Prepare(&ctx);
-    v1::ReportUsageRequest request;
-    request.set_objects(usage.objects);
-    request.set_bytes(usage.bytes);
-    request.set_bytes_stored(usage.bytes_stored);
-    request.set_bytes_fetched(usage.bytes_fetched);
-    request.set_stores(usage.stores);
-    request.set_fetches(usage.fetches);
-    request.set_spill_wait_ns(usage.spill_wait_ns);
-    request.set_restore_wait_ns(usage.restore_wait_ns);
     v1::ReportUsageReply reply;
-    grpc::Status status = stub->ReportUsage(&ctx, request, &reply);
+    grpc::Status status = stub->ReportUsage(&ctx, usage, &reply);
     return status.ok() ? absl::OkStatus() : Fail(status, "ReportUsage");
   }
 
@@ -246,14 +232,14 @@ struct Client::Impl final : public client_internal::LeaseBackend {
       absl::MutexLock lock(&report_mu);
       while (!report_mu.AwaitWithTimeout(absl::Condition(&report_stop),
                                          absl::FromChrono(options.usage_report_interval))) {
-        const client_internal::LocalUsage usage = TotalUsage();
-        if (usage.stores == last_stores && usage.fetches == last_fetches &&
-            usage.objects == last_objects) {
+        const v1::ClientUsage usage = TotalUsage();
+        if (usage.stores() == last_stores && usage.fetches() == last_fetches &&
+            usage.objects() == last_objects) {
           continue;
         }
-        last_stores = usage.stores;
-        last_fetches = usage.fetches;
-        last_objects = usage.objects;
+        last_stores = usage.stores();
+        last_fetches = usage.fetches();
+        last_objects = usage.objects();
         report_mu.Unlock();
         if (!Lost()) (void)ReportUsage();
         report_mu.Lock();

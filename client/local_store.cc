@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/check.h"
 
 namespace actstash::client_internal {
 namespace {
@@ -136,7 +137,7 @@ absl::StatusOr<std::unique_ptr<LocalStore::Arena>> LocalStore::MapArena(GrantedL
 }
 
 void LocalStore::NotePinFailure(const absl::Status& status) {
-  ++usage_.unpinned_leases;
+  usage_.set_unpinned_leases(usage_.unpinned_leases() + 1);
   if (pin_status_.ok()) {
     pin_status_ =
         absl::Status(status.code(), absl::StrCat("leased memory is not pinned for CUDA (copies are "
@@ -156,7 +157,7 @@ void LocalStore::MaybePinLate(Arena* arena) {
   absl::MutexLock lock(&mu_);
   if (status.ok()) {
     arena->pinned = true;
-    usage_.pinned_bytes += arena->bytes;
+    usage_.set_pinned_bytes(usage_.pinned_bytes() + arena->bytes);
   } else {
     NotePinFailure(status);
   }
@@ -192,10 +193,10 @@ uint64_t LocalStore::NewTicket(const Placement& placement, uint64_t nbytes) {
   placed.block->last_seq = placed.seq;
   if (!placed.written) placed.block->unwritten += 1;
   tickets_.emplace(ticket, placed);
-  ++usage_.objects;
-  usage_.bytes += nbytes;
-  ++usage_.stores;
-  usage_.bytes_stored += nbytes;
+  usage_.set_objects(usage_.objects() + 1);
+  usage_.set_bytes(usage_.bytes() + nbytes);
+  usage_.set_stores(usage_.stores() + 1);
+  usage_.set_bytes_stored(usage_.bytes_stored() + nbytes);
   return ticket;
 }
 
@@ -428,16 +429,16 @@ std::unique_ptr<LocalStore::Arena> LocalStore::Detach(Arena* arena) {
   hint_ = 0;
   DeleteBlock(detached->block);
   detached->block = nullptr;
-  usage_.leases -= 1;
-  usage_.leased_bytes -= detached->bytes;
-  if (detached->pinned) usage_.pinned_bytes -= detached->bytes;
+  usage_.set_leases(usage_.leases() - 1);
+  usage_.set_leased_bytes(usage_.leased_bytes() - detached->bytes);
+  if (detached->pinned) usage_.set_pinned_bytes(usage_.pinned_bytes() - detached->bytes);
   return detached;
 }
 
 void LocalStore::Adopt(std::unique_ptr<Arena> arena) {
-  usage_.leases += 1;
-  usage_.leased_bytes += arena->bytes;
-  if (arena->pinned) usage_.pinned_bytes += arena->bytes;
+  usage_.set_leases(usage_.leases() + 1);
+  usage_.set_leased_bytes(usage_.leased_bytes() + arena->bytes);
+  if (arena->pinned) usage_.set_pinned_bytes(usage_.pinned_bytes() + arena->bytes);
   FreshBlock(arena.get());
   arenas_.push_back(std::move(arena));
 }
@@ -480,14 +481,14 @@ absl::Status LocalStore::Release(uint64_t ticket) {
     block->allocator.Free(placement.offset);
     if (!placement.written) block->unwritten -= 1;
     if (placement.located) block->pins -= 1;
-    --usage_.objects;
-    usage_.bytes -= placement.size;
+    usage_.set_objects(usage_.objects() - 1);
+    usage_.set_bytes(usage_.bytes() - placement.size);
     if (!block->allocator.empty()) return absl::OkStatus();
     switch (block->state) {
       case Block::State::kSpilled:  // nothing of it is needed any more
         drop_spill = block->spill_id;
-        usage_.spilled_blocks -= 1;
-        usage_.spilled_bytes -= block->bytes;
+        usage_.set_spilled_leases(usage_.spilled_leases() - 1);
+        usage_.set_spilled_bytes(usage_.spilled_bytes() - block->bytes);
         DeleteBlock(block);
         break;
       case Block::State::kLost:
@@ -521,7 +522,20 @@ absl::Status LocalStore::Release(uint64_t ticket) {
   return absl::OkStatus();
 }
 
-LocalUsage LocalStore::usage() const {
+void AddUsage(const v1::ClientUsage& from, v1::ClientUsage* to) {
+  const google::protobuf::Descriptor* descriptor = v1::ClientUsage::descriptor();
+  const google::protobuf::Reflection* reflection = v1::ClientUsage::GetReflection();
+  for (int i = 0; i < descriptor->field_count(); ++i) {
+    const google::protobuf::FieldDescriptor* field = descriptor->field(i);
+    ACTSTASH_CHECK(field->cpp_type() == google::protobuf::FieldDescriptor::CPPTYPE_UINT64 &&
+                       !field->is_repeated(),
+                   "ClientUsage holds only uint64 counters");
+    reflection->SetUInt64(to, field,
+                          reflection->GetUInt64(*to, field) + reflection->GetUInt64(from, field));
+  }
+}
+
+v1::ClientUsage LocalStore::usage() const {
   absl::MutexLock lock(&mu_);
   return usage_;
 }

@@ -23,6 +23,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
+#include "actstash/v1/stash.pb.h"
 #include "client/arena_allocator.h"
 #include "client/device_import.h"
 #include "common/pinned_registrar.h"
@@ -68,26 +69,10 @@ class LeaseBackend {
   }
 };
 
-struct LocalUsage {
-  uint64_t objects = 0;        // placed buffers alive
-  uint64_t bytes = 0;          // their bytes
-  uint64_t bytes_stored = 0;   // cumulative
-  uint64_t bytes_fetched = 0;  // cumulative
-  uint64_t stores = 0;
-  uint64_t fetches = 0;
-  uint64_t leases = 0;  // leases mapped now
-  uint64_t leased_bytes = 0;
-  uint64_t pinned_bytes = 0;     // of leased_bytes, registered for CUDA
-  uint64_t unpinned_leases = 0;  // leases whose registration failed (cumulative)
-  // Spill tier, as this client sees it.
-  uint64_t spilled_blocks = 0;   // on the daemon's disk now
-  uint64_t spilled_bytes = 0;    // their lease bytes
-  uint64_t spills = 0;           // leases written (cumulative)
-  uint64_t restores = 0;         // leases read back (cumulative)
-  uint64_t restores_ahead = 0;   // of those, read back before a fetch needed them
-  uint64_t spill_wait_ns = 0;    // stores waiting for spills (cumulative)
-  uint64_t restore_wait_ns = 0;  // fetches waiting for restores (cumulative)
-};
+// Adds every counter of `from` to `to` (the usage of several stores, e.g.
+// the host and device tiers, as one). Goes by the message's fields, so a new
+// ClientUsage counter is summed without a change here.
+void AddUsage(const v1::ClientUsage& from, v1::ClientUsage* to);
 
 // Where a reserved buffer lies: the caller writes it.
 struct Placed {
@@ -165,7 +150,8 @@ class LocalStore {
   // Frees the ticket's place; empty segments beyond the batch, and emptied
   // dedicated leases but the last, go back to the daemon.
   absl::Status Release(uint64_t ticket) ABSL_LOCKS_EXCLUDED(mu_);
-  LocalUsage usage() const ABSL_LOCKS_EXCLUDED(mu_);
+  // This store's counts (the wire message the client reports).
+  v1::ClientUsage usage() const ABSL_LOCKS_EXCLUDED(mu_);
   // OK, or the first registration failure (leases then run unpinned).
   absl::Status pin_status() const ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -292,7 +278,7 @@ class LocalStore {
   absl::CondVar block_changed_;  // a block left kSpilling or kRestoring
   uint64_t next_ticket_ ABSL_GUARDED_BY(mu_) = 1;
   uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 1;
-  LocalUsage usage_ ABSL_GUARDED_BY(mu_);
+  v1::ClientUsage usage_ ABSL_GUARDED_BY(mu_);
   absl::Status pin_status_ ABSL_GUARDED_BY(mu_);
   // Read-back ahead of need: blocks queued for the restorer thread (started
   // at the first spill), and how many were read ahead and not read since.

@@ -65,7 +65,7 @@ absl::StatusOr<std::vector<std::unique_ptr<LocalStore::Arena>>> LocalStore::Leas
     arenas = LeaseArenas(1, segments, dedicated);
     {
       absl::MutexLock lock(&mu_);
-      usage_.spill_wait_ns += NowNs() - start;  // waiting for the pool
+      usage_.set_spill_wait_ns(usage_.spill_wait_ns() + NowNs() - start);  // waiting for the pool
     }
     if (arenas.ok()) return arenas;
     last = arenas.status();
@@ -111,7 +111,7 @@ absl::StatusOr<bool> LocalStore::SpillColdest(uint32_t max_blocks, uint64_t* ret
   std::vector<uint64_t> drop;
   {
     absl::MutexLock lock(&mu_);
-    usage_.spill_wait_ns += NowNs() - start;
+    usage_.set_spill_wait_ns(usage_.spill_wait_ns() + NowNs() - start);
     for (size_t i = 0; i < chosen.size(); ++i) {
       Block* block = chosen[i];
       if (!ids.ok()) {
@@ -123,14 +123,14 @@ absl::StatusOr<bool> LocalStore::SpillColdest(uint32_t max_blocks, uint64_t* ret
       block->spill_id = (*ids)[i];
       block->arena = nullptr;
       FreshBlock(arena);
-      usage_.spills += 1;
+      usage_.set_spills(usage_.spills() + 1);
       if (block->allocator.empty()) {  // released while it was being written
         drop.push_back(block->spill_id);
         DeleteBlock(block);
         continue;
       }
-      usage_.spilled_blocks += 1;
-      usage_.spilled_bytes += block->bytes;
+      usage_.set_spilled_leases(usage_.spilled_leases() + 1);
+      usage_.set_spilled_bytes(usage_.spilled_bytes() + block->bytes);
     }
     block_changed_.SignalAll();
     if (ids.ok() && !restorer_.joinable() && restore_ahead_ > 0) {
@@ -147,7 +147,7 @@ absl::Status LocalStore::EnsureResident(Block* block) {
   for (;;) {
     switch (block->state) {
       case Block::State::kResident:
-        if (start != 0) usage_.restore_wait_ns += NowNs() - start;
+        if (start != 0) usage_.set_restore_wait_ns(usage_.restore_wait_ns() + NowNs() - start);
         return absl::OkStatus();
       case Block::State::kLost:
         return block->error;
@@ -164,7 +164,7 @@ absl::Status LocalStore::EnsureResident(Block* block) {
         mu_.Lock();
         // The caller's buffer keeps the block alive (it is not empty).
         if (!status.ok() && block->state == Block::State::kSpilled) {
-          usage_.restore_wait_ns += NowNs() - start;
+          usage_.set_restore_wait_ns(usage_.restore_wait_ns() + NowNs() - start);
           return status;
         }
         break;
@@ -187,8 +187,8 @@ absl::Status LocalStore::RestoreBlock(Block* block, bool may_spill) {
       }
       if (block->allocator.empty()) {
         drop = block->spill_id;
-        usage_.spilled_blocks -= 1;
-        usage_.spilled_bytes -= block->bytes;
+        usage_.set_spilled_leases(usage_.spilled_leases() - 1);
+        usage_.set_spilled_bytes(usage_.spilled_bytes() - block->bytes);
         DeleteBlock(block);
       }
       block_changed_.SignalAll();
@@ -274,8 +274,8 @@ absl::Status LocalStore::RestoreBlock(Block* block, bool may_spill) {
   if (status.ok()) {
     block->state = Block::State::kResident;
     block->spill_id = 0;
-    usage_.restores += 1;
-    usage_.restores_ahead += block->ahead ? 1 : 0;
+    usage_.set_restores(usage_.restores() + 1);
+    usage_.set_restores_ahead(usage_.restores_ahead() + block->ahead ? 1 : 0);
   } else {
     block->arena = nullptr;
     FreshBlock(target);
@@ -301,8 +301,8 @@ absl::Status LocalStore::RestoreBlock(Block* block, bool may_spill) {
       return status;
     }
   }
-  usage_.spilled_blocks -= 1;
-  usage_.spilled_bytes -= block->bytes;
+  usage_.set_spilled_leases(usage_.spilled_leases() - 1);
+  usage_.set_spilled_bytes(usage_.spilled_bytes() - block->bytes);
   const bool lost = block->state == Block::State::kLost;
   const absl::Status error = block->error;
   if (block->allocator.empty() && lost) DeleteBlock(block);
@@ -370,9 +370,9 @@ absl::StatusOr<LocalStore::Placement> LocalStore::PinForRead(uint64_t ticket, bo
   }
   if (!locate || !placement.located) block->pins += 1;
   if (locate) placement.located = true;
-  ++usage_.fetches;
-  usage_.bytes_fetched += placement.size;
-  if (usage_.spilled_blocks > 0) RestoreAhead(placement.seq);
+  usage_.set_fetches(usage_.fetches() + 1);
+  usage_.set_bytes_fetched(usage_.bytes_fetched() + placement.size);
+  if (usage_.spilled_leases() > 0) RestoreAhead(placement.seq);
   return placement;
 }
 

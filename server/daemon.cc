@@ -133,13 +133,14 @@ absl::StatusOr<Daemon::Memory> Daemon::CreateMemory(const DaemonConfig& config,
   const PoolStats stats = memory.pool->Stats();
   const std::string cuda =
       memory.registrar == nullptr ? absl::StrCat("not CUDA-registered: ", why_not)
-      : stats.cuda_pinned_bytes == stats.total_bytes
+      : stats.cuda_pinned_bytes() == stats.total_bytes()
           ? std::string("CUDA-registered")
-          : absl::StrCat("CUDA-registered: only ", FormatBytes(stats.cuda_pinned_bytes),
+          : absl::StrCat("CUDA-registered: only ", FormatBytes(stats.cuda_pinned_bytes()),
                          " (registration failed, see above)");
   spdlog::info("host pool: {} in {} segments of {} ({}; {}), ready in {} ms",
-               FormatBytes(stats.total_bytes), stats.segments, FormatBytes(stats.segment_bytes),
-               stats.locked_bytes == stats.total_bytes ? "mlocked" : "NOT pinned", cuda,
+               FormatBytes(stats.total_bytes()), stats.segments(),
+               FormatBytes(stats.segment_bytes()),
+               stats.locked_bytes() == stats.total_bytes() ? "mlocked" : "NOT pinned", cuda,
                std::chrono::duration_cast<std::chrono::milliseconds>(
                    std::chrono::steady_clock::now() - pool_start)
                    .count());
@@ -169,7 +170,7 @@ absl::StatusOr<Daemon::Memory> Daemon::CreateMemory(const DaemonConfig& config,
         "device pool: {} on GPU {} ({}) in {} segments, exported as one CUDA IPC handle; "
         "clients that open it can reach the whole pool: for trusted, same-uid trainers only",
         FormatBytes((*device_pool)->region_bytes()), entry.device,
-        memory.device_memory->Describe(entry.device), (*device_pool)->Stats().segments);
+        memory.device_memory->Describe(entry.device), (*device_pool)->Stats().segments());
     memory.device_pools.push_back(*std::move(device_pool));
   }
   return memory;
@@ -204,7 +205,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config
     spdlog::info("spill tier in {} ({}), {}", config.spill_dir,
                  config.spill_bytes > 0 ? absl::StrCat("at most ", FormatBytes(config.spill_bytes))
                                         : std::string("bounded by the free space"),
-                 daemon->spill_->Stats().io_mode);
+                 daemon->spill_->Stats().io_mode());
   }
   AttachServerOptions attach_options;
   attach_options.socket_path = attach::AttachSocketPath(config.socket_path);
@@ -227,7 +228,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config
   daemon->attach_ = *std::move(attach_server);
   daemon->core_.attach = daemon->attach_.get();
   daemon->core_.work = daemon->work_.get();
-  daemon->core_.pool_segments = stats.segments;
+  daemon->core_.pool_segments = stats.segments();
   daemon->leases_.SetWorkQueue(daemon->work_.get());
   for (auto& device_leases : daemon->device_leases_)
     device_leases->SetWorkQueue(daemon->work_.get());
@@ -349,7 +350,7 @@ void Daemon::Shutdown(std::chrono::milliseconds grace) {
   work_.reset();
   // Remove the socket only if it is still ours (a new daemon may own the path).
   RemoveSocketIfOurs(config_.socket_path, socket_inode_);
-  const RemovedTotals leftover{catalog_.size(), pool_->Stats().used_bytes};
+  const RemovedTotals leftover{catalog_.size(), pool_->Stats().used_bytes()};
   spdlog::info("stopped; {} sessions and {} objects ({}) released", sessions_.size(),
                leftover.objects, FormatBytes(leftover.bytes));
 }

@@ -121,13 +121,13 @@ absl::StatusOr<UniqueFd> DevicePool::DupSegmentFd(uint32_t) const {
 PoolStats DevicePool::Stats() const {
   absl::MutexLock lock(&mu_);
   PoolStats stats;
-  stats.total_bytes = region_.bytes;
-  stats.used_bytes = allocator_.used_bytes() * segment_bytes_;
-  stats.free_bytes = allocator_.free_bytes() * segment_bytes_;
-  stats.largest_free_bytes = allocator_.largest_free_block() * segment_bytes_;
-  stats.segment_bytes = segment_bytes_;
-  stats.segments = segments_;
-  stats.allocations = allocator_.allocation_count();
+  stats.set_total_bytes(region_.bytes);
+  stats.set_used_bytes(allocator_.used_bytes() * segment_bytes_);
+  stats.set_free_bytes(allocator_.free_bytes() * segment_bytes_);
+  stats.set_largest_free_bytes(allocator_.largest_free_block() * segment_bytes_);
+  stats.set_segment_bytes(segment_bytes_);
+  stats.set_segments(segments_);
+  stats.set_allocations(allocator_.allocation_count());
   return stats;
 }
 

@@ -218,20 +218,20 @@ class HostPool final : public MemoryPool {
   PoolStats Stats() const override {
     absl::MutexLock lock(&mu_);
     PoolStats stats;
-    stats.total_bytes = total_bytes_;
-    stats.used_bytes = allocator_.used_bytes();
-    stats.free_bytes = allocator_.free_bytes();
-    stats.largest_free_bytes = allocator_.largest_free_block();
-    stats.segment_bytes = segment_bytes_;
-    stats.segments = segment_count_;
-    stats.locked_bytes =
+    stats.set_total_bytes(total_bytes_);
+    stats.set_used_bytes(allocator_.used_bytes());
+    stats.set_free_bytes(allocator_.free_bytes());
+    stats.set_largest_free_bytes(allocator_.largest_free_block());
+    stats.set_segment_bytes(segment_bytes_);
+    stats.set_segments(segment_count_);
+    stats.set_locked_bytes(
         pinned_ ? total_bytes_ - segment_bytes_ * static_cast<uint64_t>(std::count(
                                                       unpinned_.begin(), unpinned_.end(), true))
-                : 0;
-    stats.cuda_pinned_bytes =
+                : 0);
+    stats.set_cuda_pinned_bytes(
         segment_bytes_ *
-        static_cast<uint64_t>(std::count(cuda_registered_.begin(), cuda_registered_.end(), true));
-    stats.allocations = allocator_.allocation_count();
+        static_cast<uint64_t>(std::count(cuda_registered_.begin(), cuda_registered_.end(), true)));
+    stats.set_allocations(allocator_.allocation_count());
     return stats;
   }
 

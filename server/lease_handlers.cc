@@ -134,7 +134,7 @@ grpc::ServerUnaryReactor* StashService::Lease(grpc::CallbackServerContext* ctx,
         *core_, request->has_device() ? std::optional<uint32_t>(request->device()) : std::nullopt);
     if (!tier.ok()) return FinishUnary(ctx, tier.status());
     device = *tier;
-    segments = device->pool->Stats().segments;
+    segments = device->pool->Stats().segments();
     pool_name = absl::StrCat("the device pool on GPU ", device->pool->device());
   } else if (request->tier() != v1::LEASE_TIER_HOST) {
     return FinishUnary(
@@ -159,7 +159,7 @@ grpc::ServerUnaryReactor* StashService::Lease(grpc::CallbackServerContext* ctx,
     // Fair share under pressure: while another session waits for pool memory,
     // one above its share does not grow (it spills its own instead).
     const uint64_t want = uint64_t{request->count()} * per_lease * core_->pool.segment_bytes();
-    const uint64_t leased = (*session)->Snapshot().leased_bytes;
+    const uint64_t leased = (*session)->leased_bytes();
     if (BytesAboveFairShare(*core_, (*session)->id(), leased + want) > 0) {
       return FinishUnary(ctx, absl::ResourceExhaustedError(absl::StrCat(
                                   "host pool exhausted: another session waits for pool memory "
@@ -207,20 +207,11 @@ grpc::ServerUnaryReactor* StashService::Return(grpc::CallbackServerContext* ctx,
 }
 
 grpc::ServerUnaryReactor* StashService::ReportUsage(grpc::CallbackServerContext* ctx,
-                                                    const v1::ReportUsageRequest* request,
+                                                    const v1::ClientUsage* request,
                                                     v1::ReportUsageReply* reply) {
   absl::StatusOr<std::shared_ptr<Session>> session = AuthenticateCall(*core_, *ctx);
   if (!session.ok()) return FinishUnary(ctx, session.status());
-  LocalUsage usage;
-  usage.objects = request->objects();
-  usage.bytes = request->bytes();
-  usage.bytes_stored = request->bytes_stored();
-  usage.bytes_fetched = request->bytes_fetched();
-  usage.stores = request->stores();
-  usage.fetches = request->fetches();
-  usage.spill_wait_ns = request->spill_wait_ns();
-  usage.restore_wait_ns = request->restore_wait_ns();
-  (*session)->RecordLocalUsage(usage);
+  (*session)->RecordClientUsage(*request);
   return FinishUnary(ctx, absl::OkStatus());
 }
 

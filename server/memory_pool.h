@@ -8,25 +8,16 @@
 #include <cstdint>
 
 #include "absl/status/statusor.h"
+#include "actstash/v1/stash.pb.h"
 #include "common/unique_fd.h"
 
 namespace actstash::server {
 
-struct PoolStats {
-  uint64_t total_bytes = 0;
-  uint64_t used_bytes = 0;
-  uint64_t free_bytes = 0;
-  uint64_t largest_free_bytes = 0;
-  uint64_t segment_bytes = 0;
-  uint64_t segments = 0;
-  uint64_t locked_bytes = 0;
-  // Bytes registered with CUDA (cudaHostRegister): host pools only.
-  uint64_t cuda_pinned_bytes = 0;
-  uint64_t allocations = 0;
-  // Set by SessionPoolStats (stash_core.h): part of the pool's used bytes
-  // that no session holds any more (returned leases being renewed).
-  uint64_t renewing_bytes = 0;
-};
+// A pool's numbers are the wire message itself: a pool fills what it knows
+// (totals, free, segments, locked, pinned, allocations); the daemon's stats
+// (stash_core.h) add what the lease managers know (leases, leased and
+// renewing bytes). A new counter is a proto field plus the line that sets it.
+using PoolStats = v1::PoolStats;
 
 class Allocation;
 

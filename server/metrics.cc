@@ -13,7 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "server/lease_manager.h"
-#include "server/spill_tier.h"
+#include "server/stats.h"
 
 namespace actstash::server {
 namespace {
@@ -47,23 +47,25 @@ class StashCollector final : public prometheus::Collectable {
   explicit StashCollector(StashCore* core) : core_(*core) {}
 
   std::vector<MetricFamily> Collect() const override {
-    const PoolStats pool = SessionPoolStats(core_);
+    v1::StatsReply stats;
+    FillStats(core_, /*self=*/nullptr, /*all_sessions=*/true, &stats);
+    const v1::PoolStats& pool = stats.pool();
     std::vector<MetricFamily> out;
     MetricFamily bytes =
         Family("actstash_pool_bytes", "Host pool bytes by state (used = held by sessions)",
                MetricType::Gauge);
-    const std::pair<const char*, uint64_t> states[] = {{"total", pool.total_bytes},
-                                                       {"used", pool.used_bytes},
-                                                       {"free", pool.free_bytes},
-                                                       {"renewing", pool.renewing_bytes},
-                                                       {"leased", core_.leases.leased_bytes()},
-                                                       {"locked", pool.locked_bytes},
-                                                       {"cuda_pinned", pool.cuda_pinned_bytes}};
+    const std::pair<const char*, uint64_t> states[] = {{"total", pool.total_bytes()},
+                                                       {"used", pool.used_bytes()},
+                                                       {"free", pool.free_bytes()},
+                                                       {"renewing", pool.renewing_bytes()},
+                                                       {"leased", pool.leased_bytes()},
+                                                       {"locked", pool.locked_bytes()},
+                                                       {"cuda_pinned", pool.cuda_pinned_bytes()}};
     for (const auto& [state, value] : states) {
       AddValue(&bytes, static_cast<double>(value), {{"state", state}});
     }
     out.push_back(std::move(bytes));
-    if (!core_.device_tiers.empty()) {
+    if (stats.device_pools_size() > 0) {
       MetricFamily device_bytes = Family(
           "actstash_device_pool_bytes",
           "Device pool bytes by GPU and state (used = leased to sessions; scrubbing = returned, "
@@ -72,46 +74,45 @@ class StashCollector final : public prometheus::Collectable {
       MetricFamily device_leases =
           Family("actstash_device_leases", "Device pool leases held by sessions, by GPU",
                  MetricType::Gauge);
-      for (const DeviceTier& tier : core_.device_tiers) {
-        const PoolStats stats = DeviceTierStats(tier);
-        const std::string gpu = std::to_string(tier.pool->device());
+      for (const v1::DevicePoolStats& device : stats.device_pools()) {
+        const v1::PoolStats& d = device.pool();
+        const std::string gpu = std::to_string(device.device());
         const std::pair<const char*, uint64_t> device_states[] = {
-            {"total", stats.total_bytes},
-            {"used", stats.used_bytes},
-            {"free", stats.free_bytes},
-            {"scrubbing", stats.renewing_bytes}};
+            {"total", d.total_bytes()},
+            {"used", d.used_bytes()},
+            {"free", d.free_bytes()},
+            {"scrubbing", d.renewing_bytes()}};
         for (const auto& [state, value] : device_states) {
           AddValue(&device_bytes, static_cast<double>(value), {{"device", gpu}, {"state", state}});
         }
-        AddValue(&device_leases, static_cast<double>(tier.leases->size()), {{"device", gpu}});
+        AddValue(&device_leases, static_cast<double>(d.leases()), {{"device", gpu}});
       }
       out.push_back(std::move(device_bytes));
       out.push_back(std::move(device_leases));
     }
-    const auto sessions = core_.sessions.List();
     size_t attached = 0;
-    for (const auto& s : sessions) attached += s->attached();
+    for (const v1::SessionStats& s : stats.all_sessions()) attached += s.attached();
     MetricFamily session_gauge = Family("actstash_sessions", "Open sessions", MetricType::Gauge);
-    AddValue(&session_gauge, static_cast<double>(sessions.size() - attached),
+    AddValue(&session_gauge, static_cast<double>(stats.all_sessions_size() - attached),
              {{"attached", "false"}});
     AddValue(&session_gauge, static_cast<double>(attached), {{"attached", "true"}});
     out.push_back(std::move(session_gauge));
     const std::tuple<const char*, const char*, MetricType, double> simple[] = {
         {"actstash_pool_segments", "Segments in the host pool", MetricType::Gauge,
-         static_cast<double>(pool.segments)},
+         static_cast<double>(pool.segments())},
         {"actstash_leases", "Leases held by sessions", MetricType::Gauge,
-         static_cast<double>(core_.leases.size())},
+         static_cast<double>(pool.leases())},
         {"actstash_objects", "Objects stored through the inline path", MetricType::Gauge,
-         static_cast<double>(core_.catalog.size())},
+         static_cast<double>(stats.objects())},
         {"actstash_stored_bytes_total", "Bytes stored through the inline path (Put)",
-         MetricType::Counter, static_cast<double>(core_.bytes_stored.load())},
+         MetricType::Counter, static_cast<double>(stats.bytes_stored())},
         {"actstash_fetched_bytes_total", "Bytes fetched through the inline path (Get)",
-         MetricType::Counter, static_cast<double>(core_.bytes_fetched.load())},
+         MetricType::Counter, static_cast<double>(stats.bytes_fetched())},
         {"actstash_leases_granted_total", "Leases granted since start", MetricType::Counter,
-         static_cast<double>(core_.leases.granted_total())},
+         static_cast<double>(stats.leases_granted())},
         {"actstash_sessions_reclaimed_total",
          "Sessions closed because their client vanished or idled out", MetricType::Counter,
-         static_cast<double>(core_.sessions_reclaimed.load())},
+         static_cast<double>(stats.sessions_reclaimed())},
     };
     for (const auto& [name, help, type, value] : simple) {
       MetricFamily family = Family(name, help, type);
@@ -120,10 +121,9 @@ class StashCollector final : public prometheus::Collectable {
     }
     // Zero-copy traffic is placed by the clients; they report it (ReportUsage).
     double local_stored = 0, local_fetched = 0;
-    for (const auto& s : sessions) {
-      const SessionSnapshot snap = s->Snapshot();
-      local_stored += static_cast<double>(snap.local.bytes_stored);
-      local_fetched += static_cast<double>(snap.local.bytes_fetched);
+    for (const v1::SessionStats& s : stats.all_sessions()) {
+      local_stored += static_cast<double>(s.client().bytes_stored());
+      local_fetched += static_cast<double>(s.client().bytes_fetched());
     }
     MetricFamily local = Family("actstash_zero_copy_bytes",
                                 "Bytes stored/fetched by open sessions through the zero-copy "
@@ -132,49 +132,47 @@ class StashCollector final : public prometheus::Collectable {
     AddValue(&local, local_stored, {{"direction", "stored"}});
     AddValue(&local, local_fetched, {{"direction", "fetched"}});
     out.push_back(std::move(local));
-    if (core_.spill != nullptr) AddSpill(sessions, &out);
+    if (stats.has_spill()) AddSpill(stats, &out);
     return out;
   }
 
  private:
   // The spill tier's numbers (--spill-dir only).
-  void AddSpill(const std::vector<std::shared_ptr<Session>>& sessions,
-                std::vector<MetricFamily>* out) const {
-    const SpillTierStats spill = core_.spill->Stats();
+  static void AddSpill(const v1::StatsReply& stats, std::vector<MetricFamily>* out) {
+    const v1::SpillStats& spill = stats.spill();
     MetricFamily bytes = Family("actstash_spill_bytes",
                                 "Spill tier bytes by state (on_disk includes writing; capacity "
                                 "is --spill-size, 0 for the free space)",
                                 MetricType::Gauge);
-    AddValue(&bytes, static_cast<double>(spill.on_disk_bytes), {{"state", "on_disk"}});
-    AddValue(&bytes, static_cast<double>(spill.writing_bytes), {{"state", "writing"}});
-    AddValue(&bytes, static_cast<double>(spill.reading_bytes), {{"state", "reading"}});
-    AddValue(&bytes, static_cast<double>(spill.capacity_bytes), {{"state", "capacity"}});
+    AddValue(&bytes, static_cast<double>(spill.on_disk_bytes()), {{"state", "on_disk"}});
+    AddValue(&bytes, static_cast<double>(spill.writing_bytes()), {{"state", "writing"}});
+    AddValue(&bytes, static_cast<double>(spill.reading_bytes()), {{"state", "reading"}});
+    AddValue(&bytes, static_cast<double>(spill.capacity_bytes()), {{"state", "capacity"}});
     out->push_back(std::move(bytes));
     MetricFamily io =
         Family("actstash_spill_io_bytes_total",
                "Bytes written to and read back from the spill tier", MetricType::Counter);
-    AddValue(&io, static_cast<double>(spill.bytes_written), {{"direction", "write"}});
-    AddValue(&io, static_cast<double>(spill.bytes_read), {{"direction", "read"}});
+    AddValue(&io, static_cast<double>(spill.bytes_written()), {{"direction", "write"}});
+    AddValue(&io, static_cast<double>(spill.bytes_read()), {{"direction", "read"}});
     out->push_back(std::move(io));
     MetricFamily busy = Family("actstash_spill_io_seconds_total",
                                "Time spill writes (checksum included) and reads took, summed; "
                                "bytes over seconds is the throughput",
                                MetricType::Counter);
-    AddValue(&busy, static_cast<double>(spill.write_ns) * 1e-9, {{"direction", "write"}});
-    AddValue(&busy, static_cast<double>(spill.read_ns) * 1e-9, {{"direction", "read"}});
+    AddValue(&busy, spill.write_seconds(), {{"direction", "write"}});
+    AddValue(&busy, spill.read_seconds(), {{"direction", "read"}});
     out->push_back(std::move(busy));
     MetricFamily failures = Family("actstash_spill_failures_total",
                                    "Failed spill writes/reads (kind=io, disk or space full "
                                    "included) and restores refused for a bad checksum",
                                    MetricType::Counter);
-    AddValue(&failures, static_cast<double>(spill.failures), {{"kind", "io"}});
-    AddValue(&failures, static_cast<double>(spill.checksum_failures), {{"kind", "checksum"}});
+    AddValue(&failures, static_cast<double>(spill.failures()), {{"kind", "io"}});
+    AddValue(&failures, static_cast<double>(spill.checksum_failures()), {{"kind", "checksum"}});
     out->push_back(std::move(failures));
     double spill_wait = 0, restore_wait = 0;
-    for (const auto& s : sessions) {
-      const SessionSnapshot snap = s->Snapshot();
-      spill_wait += static_cast<double>(snap.local.spill_wait_ns) * 1e-9;
-      restore_wait += static_cast<double>(snap.local.restore_wait_ns) * 1e-9;
+    for (const v1::SessionStats& s : stats.all_sessions()) {
+      spill_wait += static_cast<double>(s.client().spill_wait_ns()) * 1e-9;
+      restore_wait += static_cast<double>(s.client().restore_wait_ns()) * 1e-9;
     }
     MetricFamily wait = Family("actstash_spill_wait_seconds",
                                "Time trainers of open sessions waited for spills (stores) and "

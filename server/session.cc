@@ -71,9 +71,14 @@ void Session::RecordFetch(uint64_t bytes) {
   gets_.fetch_add(1, std::memory_order_relaxed);
 }
 
-void Session::RecordLocalUsage(const LocalUsage& usage) {
+void Session::RecordClientUsage(const v1::ClientUsage& usage) {
   absl::MutexLock lock(&mu_);
-  local_ = usage;
+  client_usage_ = usage;
+}
+
+uint64_t Session::leased_bytes() const {
+  absl::MutexLock lock(&mu_);
+  return leased_bytes_;
 }
 
 void Session::AddLeases(int64_t count, int64_t bytes) {
@@ -106,25 +111,25 @@ int64_t SteadyNowMs() {
 
 void Session::Touch() { last_active_ms_.store(SteadyNowMs(), std::memory_order_relaxed); }
 
-SessionSnapshot Session::Snapshot() const {
-  SessionSnapshot s;
-  s.id = id_;
-  s.name = name_;
-  s.pid = pid_;
-  s.quota_bytes = quota_bytes_;
-  s.used_bytes = used_bytes();
-  s.bytes_stored = bytes_stored_.load(std::memory_order_relaxed);
-  s.bytes_fetched = bytes_fetched_.load(std::memory_order_relaxed);
-  s.puts = puts_.load(std::memory_order_relaxed);
-  s.gets = gets_.load(std::memory_order_relaxed);
-  s.opened_unix_ms = opened_unix_ms_;
+void Session::FillStats(v1::SessionStats* out) const {
+  out->set_session_id(id_);
+  out->set_client_name(name_);
+  out->set_client_pid(pid_);
+  out->set_quota_bytes(quota_bytes_);
+  out->set_bytes_stored(bytes_stored_.load(std::memory_order_relaxed));
+  out->set_bytes_fetched(bytes_fetched_.load(std::memory_order_relaxed));
+  out->set_puts(puts_.load(std::memory_order_relaxed));
+  out->set_gets(gets_.load(std::memory_order_relaxed));
+  out->set_opened_unix_ms(opened_unix_ms_);
   absl::MutexLock lock(&mu_);
-  s.attached = attached_;
-  s.peer = peer_;
-  s.leases = leases_;
-  s.leased_bytes = leased_bytes_;
-  s.local = local_;
-  return s;
+  out->set_used_bytes(used_bytes_);
+  out->set_attached(attached_);
+  out->set_peer_uid(peer_.uid);
+  out->set_peer_gid(peer_.gid);
+  out->set_peer_pid(peer_.pid);
+  out->set_leases(leases_);
+  out->set_leased_bytes(leased_bytes_);
+  *out->mutable_client() = client_usage_;
 }
 
 }  // namespace actstash::server

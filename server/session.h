@@ -10,6 +10,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "actstash/v1/stash.pb.h"
 
 namespace actstash::server {
 
@@ -47,36 +48,6 @@ struct PeerCredentials {
   uint32_t pid = 0;
 };
 
-// What a client reports of the objects it placed in its own leases.
-struct LocalUsage {
-  uint64_t objects = 0;
-  uint64_t bytes = 0;
-  uint64_t bytes_stored = 0;
-  uint64_t bytes_fetched = 0;
-  uint64_t stores = 0;
-  uint64_t fetches = 0;
-  uint64_t spill_wait_ns = 0;    // cumulative: stores waiting for spills
-  uint64_t restore_wait_ns = 0;  // cumulative: fetches waiting for restores
-};
-
-struct SessionSnapshot {
-  uint64_t id = 0;
-  std::string name;
-  uint32_t pid = 0;
-  uint64_t quota_bytes = 0;
-  uint64_t used_bytes = 0;
-  uint64_t bytes_stored = 0;
-  uint64_t bytes_fetched = 0;
-  uint64_t puts = 0;
-  uint64_t gets = 0;
-  int64_t opened_unix_ms = 0;
-  bool attached = false;
-  PeerCredentials peer;
-  uint64_t leases = 0;
-  uint64_t leased_bytes = 0;
-  LocalUsage local;
-};
-
 // Thread-safe. Created and closed only by SessionManager; shared with
 // in-flight RPCs and with the reservations of its objects, so it may outlive
 // its closing.
@@ -101,7 +72,8 @@ class Session : public std::enable_shared_from_this<Session> {
 
   void RecordStore(uint64_t bytes);
   void RecordFetch(uint64_t bytes);
-  void RecordLocalUsage(const LocalUsage& usage) ABSL_LOCKS_EXCLUDED(mu_);
+  // Keeps the client's latest report of its zero-copy side, as sent.
+  void RecordClientUsage(const v1::ClientUsage& usage) ABSL_LOCKS_EXCLUDED(mu_);
   // Lease bookkeeping (by LeaseManager): count and bytes held now.
   void AddLeases(int64_t count, int64_t bytes) ABSL_LOCKS_EXCLUDED(mu_);
   // Attach state (by AttachServer). Attached sessions never idle out.
@@ -113,7 +85,11 @@ class Session : public std::enable_shared_from_this<Session> {
   // Milliseconds of the steady clock (SteadyNowMs) at the last Touch or at
   // creation: immune to wall-clock steps.
   int64_t last_active_ms() const { return last_active_ms_.load(std::memory_order_relaxed); }
-  SessionSnapshot Snapshot() const;
+  uint64_t leased_bytes() const ABSL_LOCKS_EXCLUDED(mu_);
+  // What the session itself counts, filled into the wire message (the one
+  // place these fields are set): everything but `objects` (the catalog's)
+  // and `spill` (the spill tier's).
+  void FillStats(v1::SessionStats* out) const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   friend class SessionManager;
@@ -134,7 +110,7 @@ class Session : public std::enable_shared_from_this<Session> {
   PeerCredentials peer_ ABSL_GUARDED_BY(mu_);
   uint64_t leases_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t leased_bytes_ ABSL_GUARDED_BY(mu_) = 0;
-  LocalUsage local_ ABSL_GUARDED_BY(mu_);
+  v1::ClientUsage client_usage_ ABSL_GUARDED_BY(mu_);
   std::atomic<int64_t> last_active_ms_{0};
   std::atomic<uint64_t> bytes_stored_{0};
   std::atomic<uint64_t> bytes_fetched_{0};

@@ -76,8 +76,7 @@ struct SpillCall {
         spilled->set_spill_id(written[i]);
         spilled->set_bytes(bytes[i]);
       }
-      reply->set_return_bytes(
-          BytesAboveFairShare(*core, session_id, session->Snapshot().leased_bytes));
+      reply->set_return_bytes(BytesAboveFairShare(*core, session_id, session->leased_bytes()));
     }
     reactor->Finish(ToGrpcStatus(result));
     core->streams_in_flight.fetch_sub(1, std::memory_order_acq_rel);

@@ -161,7 +161,7 @@ void SpillTier::SpillBytes(std::shared_ptr<Session> session, const std::byte* da
       refused =
           absl::FailedPreconditionError(absl::StrCat("session ", session->id(), " is closed"));
     } else if (options_.size_bytes > 0 && reserved_bytes_ + bytes > options_.size_bytes) {
-      totals_.failures += 1;
+      totals_.set_failures(totals_.failures() + 1);
       refused = absl::ResourceExhaustedError(
           absl::StrCat("spill space is full: ", FormatBytes(reserved_bytes_), " of ",
                        FormatBytes(options_.size_bytes),
@@ -170,7 +170,7 @@ void SpillTier::SpillBytes(std::shared_ptr<Session> session, const std::byte* da
                        FormatBytes(bytes)));
     } else {
       reserved_bytes_ += bytes;
-      totals_.writing_bytes += bytes;
+      totals_.set_writing_bytes(totals_.writing_bytes() + bytes);
       id = next_id_++;
       auto file = std::make_shared<File>();
       file->id = id;
@@ -197,7 +197,7 @@ void SpillTier::SpillBytes(std::shared_ptr<Session> session, const std::byte* da
     absl::StatusOr<uint64_t> result = id;
     {
       absl::MutexLock lock(&mu_);
-      totals_.writing_bytes -= bytes;
+      totals_.set_writing_bytes(totals_.writing_bytes() - bytes);
       auto it = files_.find(id);
       File& file = *it->second;
       if (status.ok() && (file.dropped || session->closed())) {
@@ -207,20 +207,21 @@ void SpillTier::SpillBytes(std::shared_ptr<Session> session, const std::byte* da
       if (!status.ok()) {
         if (fd.ok()) to_close = *std::move(fd);
         reserved_bytes_ -= bytes;
-        if (status.code() != absl::StatusCode::kFailedPrecondition) totals_.failures += 1;
+        if (status.code() != absl::StatusCode::kFailedPrecondition)
+          totals_.set_failures(totals_.failures() + 1);
         files_.erase(it);
         result = status;
       } else {
         file.fd = *std::move(fd);
         file.checksum = checksum;
         file.state = File::State::kOnDisk;
-        totals_.bytes_written += bytes;
-        totals_.spills += 1;
-        totals_.write_ns += elapsed;
+        totals_.set_bytes_written(totals_.bytes_written() + bytes);
+        totals_.set_spills(totals_.spills() + 1);
+        totals_.set_write_seconds(totals_.write_seconds() + static_cast<double>(elapsed) * 1e-9);
         PerSession& per = sessions_[session->id()];
-        per.stats.on_disk_bytes += bytes;
-        per.stats.spilled_bytes += bytes;
-        per.stats.spills += 1;
+        per.stats.set_on_disk_bytes(per.stats.on_disk_bytes() + bytes);
+        per.stats.set_spilled_bytes(per.stats.spilled_bytes() + bytes);
+        per.stats.set_spills(per.stats.spills() + 1);
       }
     }
     to_close.Reset();
@@ -250,7 +251,7 @@ void SpillTier::RestoreBytes(std::shared_ptr<Session> session, uint64_t spill_id
     } else {
       file = it->second;
       file->state = File::State::kReading;
-      totals_.reading_bytes += file->bytes;
+      totals_.set_reading_bytes(totals_.reading_bytes() + file->bytes);
     }
   }
   if (!refused.ok()) return done(refused);
@@ -275,7 +276,7 @@ void SpillTier::RestoreBytes(std::shared_ptr<Session> session, uint64_t spill_id
     UniqueFd to_close;
     {
       absl::MutexLock lock(&mu_);
-      totals_.reading_bytes -= file->bytes;
+      totals_.set_reading_bytes(totals_.reading_bytes() - file->bytes);
       const bool gone = file->dropped || session->closed();
       if (status.ok() && gone) {
         status = absl::FailedPreconditionError(
@@ -283,21 +284,21 @@ void SpillTier::RestoreBytes(std::shared_ptr<Session> session, uint64_t spill_id
       }
       if (!status.ok() && !corrupt && !gone) {
         file->state = File::State::kOnDisk;  // an I/O error: the caller may try again
-        totals_.failures += 1;
+        totals_.set_failures(totals_.failures() + 1);
       } else {
         // Restored (the file is no longer needed), corrupt, or dropped.
-        if (corrupt) totals_.checksum_failures += 1;
+        if (corrupt) totals_.set_checksum_failures(totals_.checksum_failures() + 1);
         if (status.ok()) {
-          totals_.bytes_read += file->bytes;
-          totals_.restores += 1;
-          totals_.read_ns += elapsed;
+          totals_.set_bytes_read(totals_.bytes_read() + file->bytes);
+          totals_.set_restores(totals_.restores() + 1);
+          totals_.set_read_seconds(totals_.read_seconds() + static_cast<double>(elapsed) * 1e-9);
         }
         auto it = sessions_.find(file->session_id);
         if (it != sessions_.end()) {
-          it->second.stats.on_disk_bytes -= file->bytes;
+          it->second.stats.set_on_disk_bytes(it->second.stats.on_disk_bytes() - file->bytes);
           if (status.ok()) {
-            it->second.stats.restored_bytes += file->bytes;
-            it->second.stats.restores += 1;
+            it->second.stats.set_restored_bytes(it->second.stats.restored_bytes() + file->bytes);
+            it->second.stats.set_restores(it->second.stats.restores() + 1);
           }
         }
         reserved_bytes_ -= file->bytes;
@@ -337,7 +338,8 @@ absl::StatusOr<RemovedTotals> SpillTier::Drop(uint64_t session_id, absl::Span<co
         file.dropped = true;  // the operation in flight removes it
         continue;
       }
-      sessions_[session_id].stats.on_disk_bytes -= file.bytes;
+      sessions_[session_id].stats.set_on_disk_bytes(sessions_[session_id].stats.on_disk_bytes() -
+                                                    file.bytes);
       reserved_bytes_ -= file.bytes;
       to_close.push_back(std::move(file.fd));
       files_.erase(it);
@@ -361,20 +363,21 @@ RemovedTotals SpillTier::ReleaseSession(uint64_t session_id) {
   return dropped.ok() ? *dropped : RemovedTotals{};
 }
 
-SpillTierStats SpillTier::Stats() const {
+v1::SpillStats SpillTier::Stats() const {
   absl::MutexLock lock(&mu_);
-  SpillTierStats stats = totals_;
-  stats.capacity_bytes = options_.size_bytes;
-  stats.on_disk_bytes = reserved_bytes_;
-  stats.files = files_.size();
-  stats.io_mode = io_mode_;
+  v1::SpillStats stats = totals_;
+  stats.set_dir(options_.dir);
+  stats.set_capacity_bytes(options_.size_bytes);
+  stats.set_on_disk_bytes(reserved_bytes_);
+  stats.set_files(files_.size());
+  stats.set_io_mode(io_mode_);
   return stats;
 }
 
-SessionSpillStats SpillTier::SessionStats(uint64_t session_id) const {
+v1::SessionSpillStats SpillTier::SessionStats(uint64_t session_id) const {
   absl::MutexLock lock(&mu_);
   auto it = sessions_.find(session_id);
-  return it == sessions_.end() ? SessionSpillStats{} : it->second.stats;
+  return it == sessions_.end() ? v1::SessionSpillStats() : it->second.stats;
 }
 
 }  // namespace actstash::server

@@ -23,6 +23,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
+#include "actstash/v1/stash.pb.h"
 #include "common/unique_fd.h"
 #include "server/catalog.h"
 #include "server/lease_manager.h"
@@ -36,31 +37,6 @@ struct SpillOptions {
   uint32_t workers = 2;     // segments written or read at once
   uint32_t depth = 8;       // I/O requests in flight per worker
   uint64_t chunk_bytes = 4ull << 20;
-};
-
-struct SpillTierStats {
-  uint64_t capacity_bytes = 0;  // --spill-size; 0: unbounded
-  uint64_t on_disk_bytes = 0;   // written and being written
-  uint64_t files = 0;
-  uint64_t writing_bytes = 0;  // in flight now
-  uint64_t reading_bytes = 0;
-  uint64_t bytes_written = 0;  // cumulative
-  uint64_t bytes_read = 0;
-  uint64_t spills = 0;  // completed writes, cumulative
-  uint64_t restores = 0;
-  uint64_t write_ns = 0;  // time writes took (checksum included), summed
-  uint64_t read_ns = 0;
-  uint64_t failures = 0;           // failed writes and reads (disk full included)
-  uint64_t checksum_failures = 0;  // restores refused with DATA_LOSS
-  std::string io_mode;             // "io_uring" or "pwrite"
-};
-
-struct SessionSpillStats {
-  uint64_t on_disk_bytes = 0;
-  uint64_t spilled_bytes = 0;  // cumulative
-  uint64_t restored_bytes = 0;
-  uint64_t spills = 0;
-  uint64_t restores = 0;
 };
 
 // Thread-safe. Spill and Restore return at once; their `done` runs later on
@@ -110,14 +86,16 @@ class SpillTier {
   // read in flight finishes first; its file is dropped when it does.
   RemovedTotals ReleaseSession(uint64_t session_id);
 
-  SpillTierStats Stats() const;
-  SessionSpillStats SessionStats(uint64_t session_id) const;
+  // The tier's numbers (the wire message: a new counter is a field and the
+  // line that keeps it) and one session's part of them.
+  v1::SpillStats Stats() const ABSL_LOCKS_EXCLUDED(mu_);
+  v1::SessionSpillStats SessionStats(uint64_t session_id) const ABSL_LOCKS_EXCLUDED(mu_);
   const std::string& dir() const { return options_.dir; }
 
  private:
   struct File;
   struct PerSession {
-    SessionSpillStats stats;
+    v1::SessionSpillStats stats;
   };
   explicit SpillTier(const SpillOptions& options, UniqueFd dir_fd, bool tmpfile);
   // Creates an unlinked file of `bytes` (fallocated); RESOURCE_EXHAUSTED when
@@ -136,7 +114,8 @@ class SpillTier {
   uint64_t reserved_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // files, written or being written
   absl::flat_hash_map<uint64_t, std::shared_ptr<File>> files_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, PerSession> sessions_ ABSL_GUARDED_BY(mu_);
-  SpillTierStats totals_ ABSL_GUARDED_BY(mu_);
+  // Cumulative and in-flight counts; Stats adds what it derives.
+  v1::SpillStats totals_ ABSL_GUARDED_BY(mu_);
   std::deque<std::function<void(SpillFileIo&)>> jobs_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<std::thread> workers_;

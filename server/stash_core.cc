@@ -30,13 +30,6 @@ absl::StatusOr<std::shared_ptr<Session>> AuthenticateCall(const StashCore& core,
   return session;
 }
 
-PoolStats DeviceTierStats(const DeviceTier& tier) {
-  PoolStats stats = tier.pool->Stats();
-  stats.renewing_bytes = std::min(tier.leases->renewing_bytes(), stats.used_bytes);
-  stats.used_bytes -= stats.renewing_bytes;
-  return stats;
-}
-
 absl::StatusOr<const DeviceTier*> FindDeviceTier(const StashCore& core,
                                                  std::optional<uint32_t> device) {
   if (core.device_tiers.empty()) {
@@ -110,15 +103,8 @@ uint64_t BytesAboveFairShare(const StashCore& core, uint64_t session_id, uint64_
   }
   // The waiting session counts even when it holds nothing yet.
   const uint64_t holders = std::max<uint64_t>(1, core.leases.sessions_holding(waiting));
-  const uint64_t share = core.pool.Stats().total_bytes / holders;
+  const uint64_t share = core.pool.Stats().total_bytes() / holders;
   return leased_bytes > share ? leased_bytes - share : 0;
-}
-
-PoolStats SessionPoolStats(const StashCore& core) {
-  PoolStats stats = core.pool.Stats();
-  stats.renewing_bytes = std::min(core.leases.renewing_bytes(), stats.used_bytes);
-  stats.used_bytes -= stats.renewing_bytes;
-  return stats;
 }
 
 std::optional<SessionTotals> CloseSessionAndFree(StashCore& core, uint64_t session_id) {

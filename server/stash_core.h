@@ -79,12 +79,6 @@ struct SessionTotals {
   RemovedTotals spilled;  // spill files deleted
 };
 
-// The pool's stats as sessions see them: memory being renewed moves from
-// used_bytes to renewing_bytes. Any thread.
-PoolStats SessionPoolStats(const StashCore& core);
-// The same for a device pool (renewing_bytes: being zeroed).
-PoolStats DeviceTierStats(const DeviceTier& tier);
-
 // The device tier of the daemon's GPU `device`, or its only one when
 // `device` is unset. FAILED_PRECONDITION without device pools (or none on
 // that GPU); INVALID_ARGUMENT when unset and there are several.

@@ -42,7 +42,7 @@ class StashService final : public v1::Stash::CallbackService {
                                    const v1::ReturnRequest* request,
                                    v1::ReturnReply* reply) override;
   grpc::ServerUnaryReactor* ReportUsage(grpc::CallbackServerContext* ctx,
-                                        const v1::ReportUsageRequest* request,
+                                        const v1::ClientUsage* request,
                                         v1::ReportUsageReply* reply) override;
   // spill_handlers.cc
   grpc::ServerUnaryReactor* Spill(grpc::CallbackServerContext* ctx, const v1::SpillRequest* request,

@@ -2,6 +2,8 @@
 //
 // Exit codes: 0 success; 1 the daemon could not be reached or refused the
 // request; 2 usage error; 3 the daemon answered but is not serving.
+#include <google/protobuf/util/json_util.h>
+
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -50,60 +52,35 @@ absl::StatusOr<std::unique_ptr<actstash::Client>> ConnectCli(const Common& commo
   return actstash::Client::Connect(options);
 }
 
-std::string JsonEscape(const std::string& text) {
+// The stats messages as JSON: protobuf's own printer (proto field names,
+// every field, one line). 64-bit integers are JSON strings, as the proto3
+// JSON mapping has them (jq: tonumber).
+std::string ToJson(const google::protobuf::Message& message) {
+  google::protobuf::util::JsonPrintOptions options;
+  options.always_print_primitive_fields = true;
+  options.preserve_proto_field_names = true;
   std::string out;
-  for (char c : text) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      out += absl::StrFormat("\\u%04x", c);
-    } else {
-      out += c;
-    }
-  }
+  // Printing a generated message cannot fail (no Any, no unknown types).
+  (void)google::protobuf::util::MessageToJsonString(message, &out, options);
   return out;
 }
 
-void PrintSessionJson(const actstash::SessionStatsEntry& s) {
-  std::printf(
-      "{\"session_id\": %llu, \"client_name\": \"%s\", \"client_pid\": %u, "
-      "\"quota_bytes\": %llu, \"used_bytes\": %llu, \"objects\": %llu, \"bytes_stored\": %llu, "
-      "\"bytes_fetched\": %llu, \"attached\": %s, \"peer_uid\": %u, \"peer_pid\": %u, "
-      "\"leases\": %llu, \"leased_bytes\": %llu, \"local_objects\": %llu, \"local_bytes\": %llu, "
-      "\"spill_on_disk_bytes\": %llu, \"spilled_bytes\": %llu, \"restored_bytes\": %llu, "
-      "\"spill_wait_ns\": %llu, \"restore_wait_ns\": %llu}",
-      static_cast<unsigned long long>(s.session_id), JsonEscape(s.client_name).c_str(),
-      s.client_pid, static_cast<unsigned long long>(s.quota_bytes),
-      static_cast<unsigned long long>(s.used_bytes), static_cast<unsigned long long>(s.objects),
-      static_cast<unsigned long long>(s.bytes_stored),
-      static_cast<unsigned long long>(s.bytes_fetched), s.attached ? "true" : "false", s.peer_uid,
-      s.peer_pid, static_cast<unsigned long long>(s.leases),
-      static_cast<unsigned long long>(s.leased_bytes),
-      static_cast<unsigned long long>(s.local_objects),
-      static_cast<unsigned long long>(s.local_bytes),
-      static_cast<unsigned long long>(s.spill_on_disk_bytes),
-      static_cast<unsigned long long>(s.spilled_bytes),
-      static_cast<unsigned long long>(s.restored_bytes),
-      static_cast<unsigned long long>(s.spill_wait_ns),
-      static_cast<unsigned long long>(s.restore_wait_ns));
-}
-
-void PrintSessionTable(const actstash::StatsSnapshot& s) {
+void PrintSessionTable(const actstash::v1::StatsReply& s) {
   using actstash::FormatBytes;
   using ull = unsigned long long;
   std::printf("%8s  %-20s %8s %6s %12s %12s %12s %8s %12s %12s %12s\n", "SESSION", "NAME", "PID",
               "UID", "QUOTA", "USED", "LEASED", "OBJECTS", "STORED", "FETCHED", "SPILLED");
-  for (const actstash::SessionStatsEntry& e : s.all_sessions) {
+  for (const actstash::v1::SessionStats& e : s.all_sessions()) {
     // Attached sessions show the kernel's view of the peer (SO_PEERCRED),
     // the others what the client said; objects of both data paths count.
-    const std::string uid = e.attached ? std::to_string(e.peer_uid) : "-";
-    std::printf("%8llu  %-20s %8u %6s %12s %12s %12s %8llu %12s %12s %12s\n", ull(e.session_id),
-                e.client_name.substr(0, 20).c_str(), e.attached ? e.peer_pid : e.client_pid,
-                uid.c_str(), FormatBytes(e.quota_bytes).c_str(), FormatBytes(e.used_bytes).c_str(),
-                FormatBytes(e.leased_bytes).c_str(), ull(e.objects + e.local_objects),
-                FormatBytes(e.bytes_stored).c_str(), FormatBytes(e.bytes_fetched).c_str(),
-                FormatBytes(e.spill_on_disk_bytes).c_str());
+    const std::string uid = e.attached() ? std::to_string(e.peer_uid()) : "-";
+    std::printf("%8llu  %-20s %8u %6s %12s %12s %12s %8llu %12s %12s %12s\n", ull(e.session_id()),
+                e.client_name().substr(0, 20).c_str(), e.attached() ? e.peer_pid() : e.client_pid(),
+                uid.c_str(), FormatBytes(e.quota_bytes()).c_str(),
+                FormatBytes(e.used_bytes()).c_str(), FormatBytes(e.leased_bytes()).c_str(),
+                ull(e.objects() + e.client().objects()), FormatBytes(e.bytes_stored()).c_str(),
+                FormatBytes(e.bytes_fetched()).c_str(),
+                FormatBytes(e.spill().on_disk_bytes()).c_str());
   }
 }
 
@@ -125,68 +102,23 @@ int RunStats(const Common& common, bool json, bool sessions_only) {
     std::fprintf(stderr, "actstash stats: %s\n", std::string(client.status().message()).c_str());
     return kExitUnavailable;
   }
-  absl::StatusOr<actstash::StatsSnapshot> stats = (*client)->Stats(/*all_sessions=*/true);
+  absl::StatusOr<actstash::v1::StatsReply> stats = (*client)->Stats(/*all_sessions=*/true);
   if (!stats.ok()) {
     std::fprintf(stderr, "actstash stats: %s\n", std::string(stats.status().message()).c_str());
     return kExitUnavailable;
   }
-  const actstash::StatsSnapshot& s = *stats;
+  const actstash::v1::StatsReply& s = *stats;
   using ull = unsigned long long;
   if (json && sessions_only) {
     std::printf("[");
-    for (size_t i = 0; i < s.all_sessions.size(); ++i) {
-      if (i > 0) std::printf(", ");
-      PrintSessionJson(s.all_sessions[i]);
+    for (int i = 0; i < s.all_sessions_size(); ++i) {
+      std::printf("%s%s", i > 0 ? ", " : "", ToJson(s.all_sessions(i)).c_str());
     }
     std::printf("]\n");
     return 0;
   }
   if (json) {
-    std::printf(
-        "{\"daemon_version\": \"%s\", \"daemon_pid\": %u, \"uptime_seconds\": %llu, "
-        "\"pool\": {\"total_bytes\": %llu, \"used_bytes\": %llu, \"free_bytes\": %llu, "
-        "\"largest_free_bytes\": %llu, \"locked_bytes\": %llu, \"segment_bytes\": %llu, "
-        "\"segments\": %llu, \"leased_bytes\": %llu, \"leases\": %llu, \"renewing_bytes\": %llu, "
-        "\"cuda_pinned_bytes\": %llu}, "
-        "\"sessions\": %llu, \"objects\": %llu, \"bytes_stored\": %llu, "
-        "\"bytes_fetched\": %llu, \"device_pools\": [",
-        JsonEscape(s.daemon_version).c_str(), s.daemon_pid, ull(s.uptime_seconds),
-        ull(s.pool_total_bytes), ull(s.pool_used_bytes), ull(s.pool_free_bytes),
-        ull(s.pool_largest_free_bytes), ull(s.pool_locked_bytes), ull(s.segment_bytes),
-        ull(s.segments), ull(s.pool_leased_bytes), ull(s.pool_leases), ull(s.pool_renewing_bytes),
-        ull(s.pool_cuda_pinned_bytes), ull(s.sessions), ull(s.objects), ull(s.bytes_stored),
-        ull(s.bytes_fetched));
-    for (size_t i = 0; i < s.device_pools.size(); ++i) {
-      const actstash::DevicePoolSnapshot& d = s.device_pools[i];
-      std::printf(
-          "%s{\"device\": %u, \"total_bytes\": %llu, \"used_bytes\": %llu, \"free_bytes\": "
-          "%llu, \"scrubbing_bytes\": %llu, \"segment_bytes\": %llu, \"segments\": %llu, "
-          "\"leases\": %llu}",
-          i > 0 ? ", " : "", d.device, ull(d.total_bytes), ull(d.used_bytes), ull(d.free_bytes),
-          ull(d.scrubbing_bytes), ull(d.segment_bytes), ull(d.segments), ull(d.leases));
-    }
-    std::printf("], \"spill\": ");
-    if (s.spill.has_value()) {
-      const actstash::SpillSnapshot& p = *s.spill;
-      std::printf(
-          "{\"dir\": \"%s\", \"capacity_bytes\": %llu, \"on_disk_bytes\": %llu, \"files\": %llu, "
-          "\"writing_bytes\": %llu, \"reading_bytes\": %llu, \"bytes_written\": %llu, "
-          "\"bytes_read\": %llu, \"spills\": %llu, \"restores\": %llu, \"write_seconds\": %.6f, "
-          "\"read_seconds\": %.6f, \"failures\": %llu, \"checksum_failures\": %llu, "
-          "\"io_mode\": \"%s\"}",
-          JsonEscape(p.dir).c_str(), ull(p.capacity_bytes), ull(p.on_disk_bytes), ull(p.files),
-          ull(p.writing_bytes), ull(p.reading_bytes), ull(p.bytes_written), ull(p.bytes_read),
-          ull(p.spills), ull(p.restores), p.write_seconds, p.read_seconds, ull(p.failures),
-          ull(p.checksum_failures), JsonEscape(p.io_mode).c_str());
-    } else {
-      std::printf("null");
-    }
-    std::printf(", \"session_list\": [");
-    for (size_t i = 0; i < s.all_sessions.size(); ++i) {
-      if (i > 0) std::printf(", ");
-      PrintSessionJson(s.all_sessions[i]);
-    }
-    std::printf("]}\n");
+    std::printf("%s\n", ToJson(s).c_str());
     return 0;
   }
   using actstash::FormatBytes;
@@ -194,27 +126,29 @@ int RunStats(const Common& common, bool json, bool sessions_only) {
     PrintSessionTable(s);
     return 0;
   }
-  std::printf("actstashd %s (pid %u, up %llus) at %s\n", s.daemon_version.c_str(), s.daemon_pid,
-              ull(s.uptime_seconds), (*client)->address().c_str());
+  std::printf("actstashd %s (pid %u, up %llus) at %s\n", s.daemon_version().c_str(), s.daemon_pid(),
+              ull(s.uptime_seconds()), (*client)->address().c_str());
+  const actstash::v1::PoolStats& pool = s.pool();
   std::printf("pool     %s total, %s used, %s free (largest free block %s), %s renewing\n",
-              FormatBytes(s.pool_total_bytes).c_str(), FormatBytes(s.pool_used_bytes).c_str(),
-              FormatBytes(s.pool_free_bytes).c_str(),
-              FormatBytes(s.pool_largest_free_bytes).c_str(),
-              FormatBytes(s.pool_renewing_bytes).c_str());
+              FormatBytes(pool.total_bytes()).c_str(), FormatBytes(pool.used_bytes()).c_str(),
+              FormatBytes(pool.free_bytes()).c_str(),
+              FormatBytes(pool.largest_free_bytes()).c_str(),
+              FormatBytes(pool.renewing_bytes()).c_str());
   std::printf(
       "         %llu segments of %s, %s pinned (mlock), %s CUDA-registered; %s in %llu "
       "leases\n",
-      ull(s.segments), FormatBytes(s.segment_bytes).c_str(),
-      FormatBytes(s.pool_locked_bytes).c_str(), FormatBytes(s.pool_cuda_pinned_bytes).c_str(),
-      FormatBytes(s.pool_leased_bytes).c_str(), ull(s.pool_leases));
-  for (const actstash::DevicePoolSnapshot& d : s.device_pools) {
+      ull(pool.segments()), FormatBytes(pool.segment_bytes()).c_str(),
+      FormatBytes(pool.locked_bytes()).c_str(), FormatBytes(pool.cuda_pinned_bytes()).c_str(),
+      FormatBytes(pool.leased_bytes()).c_str(), ull(pool.leases()));
+  for (const actstash::v1::DevicePoolStats& device : s.device_pools()) {
+    const actstash::v1::PoolStats& d = device.pool();
     std::printf("gpu %-4u %s total, %s used, %s free, %s scrubbing; %llu segments, %llu leases\n",
-                d.device, FormatBytes(d.total_bytes).c_str(), FormatBytes(d.used_bytes).c_str(),
-                FormatBytes(d.free_bytes).c_str(), FormatBytes(d.scrubbing_bytes).c_str(),
-                ull(d.segments), ull(d.leases));
+                device.device(), FormatBytes(d.total_bytes()).c_str(),
+                FormatBytes(d.used_bytes()).c_str(), FormatBytes(d.free_bytes()).c_str(),
+                FormatBytes(d.renewing_bytes()).c_str(), ull(d.segments()), ull(d.leases()));
   }
-  if (s.spill.has_value()) {
-    const actstash::SpillSnapshot& p = *s.spill;
+  if (s.has_spill()) {
+    const actstash::v1::SpillStats& p = s.spill();
     auto rate = [](uint64_t bytes, double seconds) {
       return seconds > 0 ? absl::StrFormat("%.0f MB/s", bytes / seconds / 1e6) : std::string("-");
     };
@@ -222,16 +156,17 @@ int RunStats(const Common& common, bool json, bool sessions_only) {
         "spill    %s on disk in %llu files (of %s) in %s, %s; %s being written, %s being read\n"
         "         %s written (%s), %s read (%s) since start; %llu failures, %llu checksum "
         "failures\n",
-        FormatBytes(p.on_disk_bytes).c_str(), ull(p.files),
-        p.capacity_bytes > 0 ? FormatBytes(p.capacity_bytes).c_str() : "the free space",
-        p.dir.c_str(), p.io_mode.c_str(), FormatBytes(p.writing_bytes).c_str(),
-        FormatBytes(p.reading_bytes).c_str(), FormatBytes(p.bytes_written).c_str(),
-        rate(p.bytes_written, p.write_seconds).c_str(), FormatBytes(p.bytes_read).c_str(),
-        rate(p.bytes_read, p.read_seconds).c_str(), ull(p.failures), ull(p.checksum_failures));
+        FormatBytes(p.on_disk_bytes()).c_str(), ull(p.files()),
+        p.capacity_bytes() > 0 ? FormatBytes(p.capacity_bytes()).c_str() : "the free space",
+        p.dir().c_str(), p.io_mode().c_str(), FormatBytes(p.writing_bytes()).c_str(),
+        FormatBytes(p.reading_bytes()).c_str(), FormatBytes(p.bytes_written()).c_str(),
+        rate(p.bytes_written(), p.write_seconds()).c_str(), FormatBytes(p.bytes_read()).c_str(),
+        rate(p.bytes_read(), p.read_seconds()).c_str(), ull(p.failures()),
+        ull(p.checksum_failures()));
   }
-  std::printf("objects  %llu stored; %s stored and %s fetched since start\n", ull(s.objects),
-              FormatBytes(s.bytes_stored).c_str(), FormatBytes(s.bytes_fetched).c_str());
-  std::printf("sessions %llu open (this one included)\n\n", ull(s.sessions));
+  std::printf("objects  %llu stored; %s stored and %s fetched since start\n", ull(s.objects()),
+              FormatBytes(s.bytes_stored()).c_str(), FormatBytes(s.bytes_fetched()).c_str());
+  std::printf("sessions %llu open (this one included)\n\n", ull(s.sessions()));
   PrintSessionTable(s);
   return 0;
 }
@@ -315,9 +250,13 @@ int main(int argc, char** argv) {
   CLI::App* ping = app.add_subcommand("ping", "Check that the daemon is serving");
   CLI::App* stats = app.add_subcommand("stats", "Show pool and session statistics");
   bool json = false;
-  stats->add_flag("--json", json, "Print JSON instead of a table");
+  stats->add_flag(
+      "--json", json,
+      "Print the StatsReply message (actstash/v1/stash.proto) as protobuf JSON: proto field "
+      "names, 64-bit integers as strings");
   CLI::App* sessions = app.add_subcommand("sessions", "Who holds what: one line per session");
-  sessions->add_flag("--json", json, "Print JSON instead of a table");
+  sessions->add_flag("--json", json,
+                     "Print a JSON array of SessionStats messages (as stats --json)");
   CLI::App* bench = app.add_subcommand(
       "bench", "Store/Fetch/Release throughput against the daemon, next to memcpy");
   std::vector<std::string> sizes = {"1MiB", "64MiB"};

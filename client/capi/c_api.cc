@@ -16,6 +16,7 @@
 #include "actstash/copy_engine.h"
 #include "actstash/saved_tensors.h"
 #include "client/capi/json_writer.h"
+#include "client/capi/message_json.h"
 #include "common/choice.h"
 
 struct actstash_client {
@@ -43,32 +44,6 @@ char* Dup(const std::string& s) {
   char* out = static_cast<char*>(std::malloc(s.size() + 1));
   if (out != nullptr) std::memcpy(out, s.c_str(), s.size() + 1);
   return out;
-}
-
-void WriteSession(actstash::capi::JsonWriter& w, const actstash::SessionStatsEntry& e) {
-  w.Begin();
-  w.Field("session_id", e.session_id);
-  w.Field("client_name", e.client_name);
-  w.Field("client_pid", e.client_pid);
-  w.Field("quota_bytes", e.quota_bytes);
-  w.Field("used_bytes", e.used_bytes);
-  w.Field("objects", e.objects);
-  w.Field("bytes_stored", e.bytes_stored);
-  w.Field("bytes_fetched", e.bytes_fetched);
-  w.Field("attached", e.attached);
-  w.Field("peer_pid", e.peer_pid);
-  w.Field("leases", e.leases);
-  w.Field("leased_bytes", e.leased_bytes);
-  w.Field("local_objects", e.local_objects);
-  w.Field("local_bytes", e.local_bytes);
-  w.Field("spill_on_disk_bytes", e.spill_on_disk_bytes);
-  w.Field("spilled_bytes", e.spilled_bytes);
-  w.Field("restored_bytes", e.restored_bytes);
-  w.Field("spills", e.spills);
-  w.Field("restores", e.restores);
-  w.Field("spill_wait_ns", e.spill_wait_ns);
-  w.Field("restore_wait_ns", e.restore_wait_ns);
-  w.End();
 }
 
 }  // namespace
@@ -147,84 +122,18 @@ char* actstash_client_info_json(actstash_client* c) {
     w.End();
   }
   w.EndArray();
-  const actstash::ZeroCopyUsage u = client.zero_copy_usage();
   w.Key("zero_copy");
-  w.Begin();
-  w.Field("leases", u.leases);
-  w.Field("leased_bytes", u.leased_bytes);
-  w.Field("pinned_bytes", u.pinned_bytes);
-  w.Field("unpinned_leases", u.unpinned_leases);
-  w.Field("objects", u.objects);
-  w.Field("bytes", u.bytes);
-  w.Field("spilled_leases", u.spilled_leases);
-  w.Field("spilled_bytes", u.spilled_bytes);
-  w.Field("spills", u.spills);
-  w.Field("restores", u.restores);
-  w.Field("restores_ahead", u.restores_ahead);
-  w.Field("spill_wait_ns", u.spill_wait_ns);
-  w.Field("restore_wait_ns", u.restore_wait_ns);
-  w.End();
+  actstash::capi::WriteMessage(w, client.zero_copy_usage());
   w.End();
   return Dup(w.str());
 }
 
 int actstash_client_stats_json(actstash_client* c, int all_sessions, char** out) {
   if (c == nullptr || out == nullptr) return NullHandle();
-  absl::StatusOr<actstash::StatsSnapshot> stats = c->client->Stats(all_sessions != 0);
+  absl::StatusOr<actstash::v1::StatsReply> stats = c->client->Stats(all_sessions != 0);
   if (!stats.ok()) return Fail(stats.status());
   actstash::capi::JsonWriter w;
-  w.Begin();
-  w.Field("pool_total_bytes", stats->pool_total_bytes);
-  w.Field("pool_used_bytes", stats->pool_used_bytes);
-  w.Field("pool_free_bytes", stats->pool_free_bytes);
-  w.Field("pool_leased_bytes", stats->pool_leased_bytes);
-  w.Field("pool_leases", stats->pool_leases);
-  w.Field("sessions", stats->sessions);
-  w.Field("objects", stats->objects);
-  w.Field("bytes_stored", stats->bytes_stored);
-  w.Field("bytes_fetched", stats->bytes_fetched);
-  w.Key("self");
-  WriteSession(w, stats->self);
-  w.Key("all_sessions");
-  w.BeginArray();
-  for (const actstash::SessionStatsEntry& e : stats->all_sessions) WriteSession(w, e);
-  w.EndArray();
-  w.Key("device_pools");
-  w.BeginArray();
-  for (const actstash::DevicePoolSnapshot& p : stats->device_pools) {
-    w.Begin();
-    w.Field("device", p.device);
-    w.Field("total_bytes", p.total_bytes);
-    w.Field("used_bytes", p.used_bytes);
-    w.Field("free_bytes", p.free_bytes);
-    w.Field("leases", p.leases);
-    w.End();
-  }
-  w.EndArray();
-  if (stats->spill.has_value()) {
-    const actstash::SpillSnapshot& p = *stats->spill;
-    w.Key("spill");
-    w.Begin();
-    w.Field("dir", p.dir);
-    w.Field("capacity_bytes", p.capacity_bytes);
-    w.Field("on_disk_bytes", p.on_disk_bytes);
-    w.Field("files", p.files);
-    w.Field("writing_bytes", p.writing_bytes);
-    w.Field("reading_bytes", p.reading_bytes);
-    w.Field("bytes_written", p.bytes_written);
-    w.Field("bytes_read", p.bytes_read);
-    w.Field("spills", p.spills);
-    w.Field("restores", p.restores);
-    w.Field("write_seconds", p.write_seconds);
-    w.Field("read_seconds", p.read_seconds);
-    w.Field("failures", p.failures);
-    w.Field("checksum_failures", p.checksum_failures);
-    w.Field("io_mode", p.io_mode);
-    w.End();
-  } else {
-    w.NullField("spill");
-  }
-  w.End();
+  actstash::capi::WriteMessage(w, *stats);
   *out = Dup(w.str());
   return 0;
 }

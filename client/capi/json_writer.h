@@ -46,6 +46,13 @@ class JsonWriter {
     Key(key);
     Value("null");
   }
+  // A value after Key or inside an array: JSON text as is (a number, true,
+  // false, null), or a string to quote.
+  void RawValue(std::string_view json) { Value(json); }
+  void StringValue(std::string_view s) {
+    Separate();
+    String(s);
+  }
   const std::string& str() const { return out_; }
 
  private:

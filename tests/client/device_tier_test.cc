@@ -112,13 +112,13 @@ TEST_F(DeviceTierTest, ReservationsLandInThePoolAndComeBackThroughLocate) {
     reserved.push_back(*r);
   }
   EXPECT_EQ(opens_, 1) << "the pool's handle is imported once";
-  absl::StatusOr<StatsSnapshot> stats = client->Stats();
+  absl::StatusOr<v1::StatsReply> stats = client->Stats();
   ASSERT_TRUE(stats.ok());
-  ASSERT_EQ(stats->device_pools.size(), 1u);
-  EXPECT_EQ(stats->device_pools[0].used_bytes, 2 * kMiB);
-  EXPECT_EQ(stats->device_pools[0].leases, 2u);
-  EXPECT_EQ(stats->self.local_objects, 8u) << "device-tier buffers are reported as usage";
-  EXPECT_EQ(stats->self.local_bytes, 8u * (256 << 10));
+  ASSERT_EQ(stats->device_pools_size(), 1u);
+  EXPECT_EQ(stats->device_pools(0).pool().used_bytes(), 2 * kMiB);
+  EXPECT_EQ(stats->device_pools(0).pool().leases(), 2u);
+  EXPECT_EQ(stats->self().client().objects(), 8u) << "device-tier buffers are reported as usage";
+  EXPECT_EQ(stats->self().client().bytes(), 8u * (256 << 10));
   for (int i = 0; i < 8; ++i) {
     absl::StatusOr<StoredBytes> where = client->Locate(reserved[i].ticket);
     ASSERT_TRUE(where.ok()) << where.status();
@@ -144,7 +144,8 @@ TEST_F(DeviceTierTest, ReservationsLandInThePoolAndComeBackThroughLocate) {
   while (used != 0 && std::chrono::steady_clock::now() < deadline) {
     stats = other->Stats();
     ASSERT_TRUE(stats.ok());
-    used = stats->device_pools[0].used_bytes + stats->device_pools[0].scrubbing_bytes;
+    used =
+        stats->device_pools(0).pool().used_bytes() + stats->device_pools(0).pool().renewing_bytes();
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   EXPECT_EQ(used, 0u) << "the closed session's device leases went back (and were scrubbed)";

@@ -147,16 +147,16 @@ TEST(LocalStoreSpillTest, ThreeTimesThePoolComesBackInBackwardOrder) {
   LocalStore store(&backend, kSegment, /*lease_batch=*/2, nullptr, false, /*restore_ahead=*/2);
   std::vector<Held> held = StoreMany(store, 96, 256 << 10, 1);  // 24 MiB through 8 MiB
   ASSERT_EQ(held.size(), 96u);
-  EXPECT_GE(store.usage().spilled_bytes, 14 * kSegment);
-  EXPECT_LE(store.usage().leased_bytes, 8 * kSegment);
+  EXPECT_GE(store.usage().spilled_bytes(), 14 * kSegment);
+  EXPECT_LE(store.usage().leased_bytes(), 8 * kSegment);
   for (size_t i = held.size(); i-- > 0;) {
     ExpectBack(store, held[i]);
     ASSERT_TRUE(store.Release(held[i].ticket).ok());
   }
-  const LocalUsage usage = store.usage();
-  EXPECT_EQ(usage.spilled_blocks, 0u);
-  EXPECT_GT(usage.restores, 0u);
-  EXPECT_GT(usage.restores_ahead, 0u);
+  const v1::ClientUsage usage = store.usage();
+  EXPECT_EQ(usage.spilled_leases(), 0u);
+  EXPECT_GT(usage.restores(), 0u);
+  EXPECT_GT(usage.restores_ahead(), 0u);
   absl::MutexLock lock(&backend.mu_);
   EXPECT_TRUE(backend.disk_.empty());
 }
@@ -169,9 +169,9 @@ TEST(LocalStoreSpillTest, ColdestBlocksSpillFirst) {
   // The first buffers are on disk, the last ones in memory: fetching the last
   // reads nothing back.
   ExpectBack(store, held.back());
-  EXPECT_EQ(store.usage().restores, 0u);
+  EXPECT_EQ(store.usage().restores(), 0u);
   ExpectBack(store, held.front());
-  EXPECT_EQ(store.usage().restores, 1u);
+  EXPECT_EQ(store.usage().restores(), 1u);
 }
 
 TEST(LocalStoreSpillTest, UnwrittenReservationsNeverSpill) {
@@ -186,10 +186,10 @@ TEST(LocalStoreSpillTest, UnwrittenReservationsNeverSpill) {
   }
   EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted) << status;
   EXPECT_NE(std::string(status.message()).find("nothing more"), std::string::npos) << status;
-  EXPECT_EQ(store.usage().spills, 0u);
+  EXPECT_EQ(store.usage().spills(), 0u);
   for (uint64_t ticket : tickets) ASSERT_TRUE(store.MarkWritten(ticket).ok());
   EXPECT_TRUE(store.Reserve(kSegment / 2).ok());
-  EXPECT_GT(store.usage().spills, 0u);
+  EXPECT_GT(store.usage().spills(), 0u);
 }
 
 TEST(LocalStoreSpillTest, LocatedBuffersStayWhereTheyWere) {
@@ -200,7 +200,7 @@ TEST(LocalStoreSpillTest, LocatedBuffersStayWhereTheyWere) {
   ASSERT_TRUE(located.ok());
   std::vector<Held> more = StoreMany(store, 30, 512 << 10, 4);
   ASSERT_EQ(more.size(), 30u);
-  EXPECT_GT(store.usage().spills, 0u);
+  EXPECT_GT(store.usage().spills(), 0u);
   // The located buffer's block never left memory: the pointer still holds it.
   EXPECT_EQ(0, std::memcmp(located->data, first[0].data.data(), first[0].data.size()));
   for (const Held& h : more) ExpectBack(store, h);

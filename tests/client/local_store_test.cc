@@ -96,16 +96,16 @@ TEST(LocalStoreTest, SmallBuffersShareLeasedSegmentsAndLeaseInBatches) {
     tickets.push_back(*t);
   }
   EXPECT_EQ(backend.lease_calls(), 1) << "one batch of two segments holds all";
-  EXPECT_EQ(store.usage().leases, 2u);
-  EXPECT_EQ(store.usage().objects, 64u);
+  EXPECT_EQ(store.usage().leases(), 2u);
+  EXPECT_EQ(store.usage().objects(), 64u);
   for (int i = 0; i < 64; ++i) {
     std::vector<char> back(32 << 10);
     ASSERT_TRUE(store.Fetch(tickets[i], back.data(), back.size()).ok());
     ASSERT_EQ(back, Pattern(32 << 10, static_cast<char>(i)));
   }
   for (uint64_t t : tickets) ASSERT_TRUE(store.Release(t).ok());
-  EXPECT_EQ(store.usage().objects, 0u);
-  EXPECT_EQ(store.usage().leases, 2u) << "empty segments up to the batch stay leased";
+  EXPECT_EQ(store.usage().objects(), 0u);
+  EXPECT_EQ(store.usage().leases(), 2u) << "empty segments up to the batch stay leased";
   EXPECT_EQ(store.Release(tickets[0]).code(), absl::StatusCode::kNotFound);
 }
 
@@ -115,13 +115,13 @@ TEST(LocalStoreTest, LargeBuffersGetDedicatedLeasesReturnedOnRelease) {
   const std::vector<char> big = Pattern(3 * kSegment + 5, 3);
   absl::StatusOr<uint64_t> t = store.Store(big.data(), big.size());
   ASSERT_TRUE(t.ok()) << t.status();
-  EXPECT_EQ(store.usage().leased_bytes, 4 * kSegment);
+  EXPECT_EQ(store.usage().leased_bytes(), 4 * kSegment);
   std::vector<char> back(big.size());
   ASSERT_TRUE(store.Fetch(*t, back.data(), back.size()).ok());
   EXPECT_EQ(back, big);
   EXPECT_EQ(store.Fetch(*t, back.data(), back.size() - 1).code(), absl::StatusCode::kOutOfRange);
   ASSERT_TRUE(store.Release(*t).ok());
-  EXPECT_EQ(store.usage().leases, 1u) << "the last dedicated lease is kept as a spare";
+  EXPECT_EQ(store.usage().leases(), 1u) << "the last dedicated lease is kept as a spare";
   const int calls = backend.lease_calls();
   absl::StatusOr<uint64_t> again = store.Store(big.data(), big.size());
   ASSERT_TRUE(again.ok());
@@ -157,7 +157,7 @@ TEST(LocalStoreTest, ExhaustionIsReportedAndNothingIsHalfStored) {
   ASSERT_TRUE(first.ok()) << first.status();
   absl::StatusOr<uint64_t> second = store.Store(data.data(), data.size());
   EXPECT_EQ(second.status().code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_EQ(store.usage().objects, 1u);
+  EXPECT_EQ(store.usage().objects(), 1u);
   std::vector<char> back(data.size());
   ASSERT_TRUE(store.Fetch(*first, back.data(), back.size()).ok());
   EXPECT_EQ(back, data);
@@ -212,8 +212,8 @@ TEST(LocalStoreTest, ConcurrentThreadsNeverSeeEachOthersBytes) {
   }
   for (std::thread& thread : threads) thread.join();
   EXPECT_EQ(errors.load(), 0);
-  EXPECT_EQ(store.usage().objects, 0u);
-  EXPECT_EQ(store.usage().bytes, 0u);
+  EXPECT_EQ(store.usage().objects(), 0u);
+  EXPECT_EQ(store.usage().bytes(), 0u);
 }
 
 // Records registrations like CUDA would (a range must be registered once and
@@ -268,14 +268,14 @@ TEST(LocalStorePinningTest, EachLeaseIsRegisteredOnceWhileMapped) {
       tickets.push_back(*t);
     }
     EXPECT_EQ(registrar.registrations(), 4) << "once per lease, not per buffer";
-    EXPECT_EQ(store.usage().pinned_bytes, 4 * kSegment);
+    EXPECT_EQ(store.usage().pinned_bytes(), 4 * kSegment);
     const std::vector<char> big = Pattern(2 * kSegment, 9);  // a dedicated lease
     absl::StatusOr<uint64_t> t = store.Store(big.data(), big.size());
     ASSERT_TRUE(t.ok());
     EXPECT_EQ(registrar.live(), 5u);
     for (uint64_t ticket : tickets) ASSERT_TRUE(store.Release(ticket).ok());
     EXPECT_EQ(registrar.live(), 3u) << "segments given back were unregistered first";
-    EXPECT_EQ(store.usage().pinned_bytes, store.usage().leased_bytes);
+    EXPECT_EQ(store.usage().pinned_bytes(), store.usage().leased_bytes());
     EXPECT_TRUE(store.pin_status().ok());
   }
   EXPECT_EQ(registrar.live(), 0u) << "the store unregisters everything it unmaps";
@@ -292,8 +292,8 @@ TEST(LocalStorePinningTest, AFailedRegistrationFallsBackToUnpinnedAndSaysWhy) {
   std::vector<char> back(data.size());
   ASSERT_TRUE(store.Fetch(*t, back.data(), back.size()).ok());
   EXPECT_EQ(back, data);
-  EXPECT_EQ(store.usage().unpinned_leases, 1u);
-  EXPECT_EQ(store.usage().pinned_bytes, 0u);
+  EXPECT_EQ(store.usage().unpinned_leases(), 1u);
+  EXPECT_EQ(store.usage().pinned_bytes(), 0u);
   EXPECT_EQ(store.pin_status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_NE(store.pin_status().message().find("cudaHostRegister failed"), std::string::npos)
       << store.pin_status();
@@ -312,7 +312,7 @@ TEST(LocalStorePinningTest, RequiredPinningFailsTheStoreAndReturnsTheLease) {
   ASSERT_EQ(t.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_NE(t.status().message().find("required"), std::string::npos) << t.status();
   EXPECT_EQ(backend.leased(), 0u) << "the unusable lease went back";
-  EXPECT_EQ(store.usage().objects, 0u);
+  EXPECT_EQ(store.usage().objects(), 0u);
   registrar.set_fail(false);
   EXPECT_TRUE(store.Store(data.data(), data.size()).ok());
 }
@@ -325,13 +325,13 @@ TEST(LocalStorePinningTest, ALeaseMappedWithoutCudaWorkIsPinnedByTheFirstReserve
   const std::vector<char> data = Pattern(4096, 1);
   ASSERT_TRUE(store.Store(data.data(), data.size()).ok());
   EXPECT_EQ(registrar.registrations(), 0);
-  EXPECT_EQ(store.usage().pinned_bytes, 0u);
+  EXPECT_EQ(store.usage().pinned_bytes(), 0u);
   registrar.ready_ = true;  // now a thread with CUDA work reserves in the same lease
   absl::StatusOr<Placed> placed = store.Reserve(4096);
   ASSERT_TRUE(placed.ok());
   EXPECT_TRUE(placed->pinned);
   EXPECT_EQ(registrar.registrations(), 1);
-  EXPECT_EQ(store.usage().pinned_bytes, kSegment);
+  EXPECT_EQ(store.usage().pinned_bytes(), kSegment);
   ASSERT_TRUE(store.Reserve(4096).ok());
   EXPECT_EQ(registrar.registrations(), 1) << "once per lease";
   EXPECT_TRUE(store.pin_status().ok());
@@ -348,7 +348,7 @@ TEST(LocalStoreReserveTest, ReservedBytesAreWrittenByTheCallerAndLocatedForReadi
     if (n > 0) std::memcpy(placed->data, data.data(), n);  // "the device copy"
     stored.emplace_back(placed->ticket, data);
   }
-  const uint64_t fetches = store.usage().fetches;
+  const uint64_t fetches = store.usage().fetches();
   for (const auto& [ticket, data] : stored) {
     absl::StatusOr<Located> where = store.Locate(ticket);
     ASSERT_TRUE(where.ok()) << where.status();
@@ -361,10 +361,28 @@ TEST(LocalStoreReserveTest, ReservedBytesAreWrittenByTheCallerAndLocatedForReadi
     ASSERT_TRUE(store.Fetch(ticket, back.data(), back.size()).ok());
     EXPECT_EQ(back, data);
   }
-  EXPECT_EQ(store.usage().fetches, fetches + 2 * stored.size());
+  EXPECT_EQ(store.usage().fetches(), fetches + 2 * stored.size());
   for (const auto& entry : stored) ASSERT_TRUE(store.Release(entry.first).ok());
   EXPECT_EQ(store.Locate(stored[0].first).status().code(), absl::StatusCode::kNotFound);
-  EXPECT_EQ(store.usage().objects, 0u);
+  EXPECT_EQ(store.usage().objects(), 0u);
+}
+
+// The host and device stores' usage is reported as one: every counter of
+// the message is summed, including ones added to the proto later.
+TEST(AddUsageTest, SumsEveryCounterOfTheMessage) {
+  const google::protobuf::Descriptor* d = v1::ClientUsage::descriptor();
+  const google::protobuf::Reflection* r = v1::ClientUsage::GetReflection();
+  ASSERT_GE(d->field_count(), 17);
+  v1::ClientUsage from, to;
+  for (int i = 0; i < d->field_count(); ++i) {
+    r->SetUInt64(&from, d->field(i), i + 1);
+    r->SetUInt64(&to, d->field(i), 100 * (i + 1));
+  }
+  AddUsage(from, &to);
+  for (int i = 0; i < d->field_count(); ++i) {
+    EXPECT_EQ(r->GetUInt64(to, d->field(i)), 101u * (i + 1)) << d->field(i)->name();
+  }
+  EXPECT_EQ(r->GetUInt64(from, d->field(0)), 1u) << "the source is left as it was";
 }
 
 }  // namespace

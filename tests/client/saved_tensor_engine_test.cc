@@ -104,7 +104,7 @@ TEST_F(SavedTensorEngineTest, SmallCpuTensorIsStoredInlineAndReadAsAView) {
   const uint64_t id = engine->Pack(Dense(v, &owner), kNone, 0);
   ASSERT_GT(id, 0u);
   EXPECT_EQ(owner.acquired, 0) << "an inline store holds no source";
-  EXPECT_EQ(client->zero_copy_usage().bytes, v.size() * 4) << "the bytes are in leased memory";
+  EXPECT_EQ(client->zero_copy_usage().bytes(), v.size() * 4) << "the bytes are in leased memory";
   auto r = engine->UnpackBegin(id, 0);
   ASSERT_TRUE(r.ok()) << r.status();
   ASSERT_EQ(r->kind, UnpackKind::kView);
@@ -114,10 +114,10 @@ TEST_F(SavedTensorEngineTest, SmallCpuTensorIsStoredInlineAndReadAsAView) {
   EXPECT_EQ(s.inline_stores, 1u);
   EXPECT_EQ(s.views, 1u);
   engine->Release(id);  // autograd dropped it; the view still reads the bytes
-  EXPECT_EQ(client->zero_copy_usage().objects, 1u);
+  EXPECT_EQ(client->zero_copy_usage().objects(), 1u);
   EXPECT_EQ(std::memcmp(r->data, v.data(), v.size() * 4), 0);
   engine->ViewDone(id);
-  EXPECT_EQ(client->zero_copy_usage().objects, 0u);
+  EXPECT_EQ(client->zero_copy_usage().objects(), 0u);
   EXPECT_EQ(engine->stats().live_bytes, 0u);
 }
 
@@ -147,7 +147,7 @@ TEST_F(SavedTensorEngineTest, SmallCpuTensorsAreCopiedBackOnTheUnpackingThread) 
   EXPECT_EQ(s.wait_ns, 0u) << "no copy stream was involved";
   engine->Release(small_id);
   engine->Release(large_id);
-  EXPECT_EQ(client->zero_copy_usage().objects, 0u);
+  EXPECT_EQ(client->zero_copy_usage().objects(), 0u);
 }
 
 TEST_F(SavedTensorEngineTest, AsyncStoreHoldsItsSourceUntilDoneAndUnpackUsesItMeanwhile) {
@@ -187,7 +187,7 @@ TEST_F(SavedTensorEngineTest, AsyncStoreHoldsItsSourceUntilDoneAndUnpackUsesItMe
   }
   EXPECT_EQ(engine->stats().unpacked_from_source, static_cast<uint64_t>(from_source));
   EXPECT_EQ(engine->stats().live_bytes, 0u);
-  EXPECT_EQ(client->zero_copy_usage().objects, 0u);
+  EXPECT_EQ(client->zero_copy_usage().objects(), 0u);
 }
 
 TEST_F(SavedTensorEngineTest, ViewWithGapsIsGatheredInlineAndAsynchronously) {
@@ -287,7 +287,7 @@ TEST_F(SavedTensorEngineTest, FetchIntoAndPrefetchInReverseSaveOrder) {
   engine->Synchronize();
   for (int i = 0; i < 6; ++i) EXPECT_EQ(dst_owners[i].refs, 0) << i;
   for (int i = 0; i < 6; ++i) EXPECT_EQ(cookies[i].refs, 0) << i;
-  EXPECT_EQ(client->zero_copy_usage().objects, 0u);
+  EXPECT_EQ(client->zero_copy_usage().objects(), 0u);
 }
 
 TEST_F(SavedTensorEngineTest, ReleasedBeforeItsPrefetchFinishedKeepsTheDestinationUntilDone) {
@@ -310,7 +310,7 @@ TEST_F(SavedTensorEngineTest, ReleasedBeforeItsPrefetchFinishedKeepsTheDestinati
   EXPECT_EQ(dst_owner.refs, 1) << "the copy may still write it";
   engine->Synchronize();
   EXPECT_EQ(dst_owner.refs, 0);
-  EXPECT_EQ(client->zero_copy_usage().objects, 0u);
+  EXPECT_EQ(client->zero_copy_usage().objects(), 0u);
 }
 
 TEST_F(SavedTensorEngineTest, ChangedVersionFailsTheUnpack) {
@@ -457,7 +457,7 @@ TEST_F(SavedTensorEngineTest, ThreadsPackUnpackAndReleaseConcurrently) {
   EXPECT_EQ(mismatches, 0);
   for (const Owner& o : owners) ASSERT_EQ(o.refs, 0);
   EXPECT_EQ(engine->stats().live_bytes, 0u);
-  EXPECT_EQ(client->zero_copy_usage().objects, 0u);
+  EXPECT_EQ(client->zero_copy_usage().objects(), 0u);
 }
 
 TEST(SavedTensorEngineOptions, BadOptionsAreRefused) {

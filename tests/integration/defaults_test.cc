@@ -32,13 +32,13 @@ TEST(DefaultsTest, NoArgumentsGivesAWorkingDaemonOnTheDefaultSocket) {
   ASSERT_TRUE(client.ok()) << client.status();
   EXPECT_EQ((*client)->address(), "unix://" + socket);
 
-  absl::StatusOr<StatsSnapshot> stats = (*client)->Stats();
+  absl::StatusOr<v1::StatsReply> stats = (*client)->Stats();
   ASSERT_TRUE(stats.ok()) << stats.status();
   const uint64_t expected = server::DefaultPoolBytes() / (64u << 20) * (64u << 20);
-  EXPECT_EQ(stats->pool_total_bytes, expected);
-  EXPECT_EQ(stats->segment_bytes, 64u << 20);
-  EXPECT_LE(stats->pool_total_bytes, 32ull << 30);
-  EXPECT_EQ((*client)->quota_bytes(), stats->pool_total_bytes);
+  EXPECT_EQ(stats->pool().total_bytes(), expected);
+  EXPECT_EQ(stats->pool().segment_bytes(), 64u << 20);
+  EXPECT_LE(stats->pool().total_bytes(), 32ull << 30);
+  EXPECT_EQ((*client)->quota_bytes(), stats->pool().total_bytes());
 
   const std::vector<std::byte> data = RandomBytes(5 << 20, 9);
   absl::StatusOr<Handle> handle = (*client)->Put(data.data(), data.size());

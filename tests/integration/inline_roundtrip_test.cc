@@ -63,15 +63,15 @@ TEST_P(SizedRoundTripTest, BytesComeBackIdentical) {
     ASSERT_TRUE(info.ok()) << info.status();
     EXPECT_EQ(0, size == 0 ? 0 : std::memcmp(into.data(), payload.data(), size));
 
-    absl::StatusOr<StatsSnapshot> stats = client->Stats();
+    absl::StatusOr<v1::StatsReply> stats = client->Stats();
     ASSERT_TRUE(stats.ok()) << stats.status();
-    EXPECT_EQ(stats->self.used_bytes, size);
-    EXPECT_EQ(stats->self.objects, 1u);
+    EXPECT_EQ(stats->self().used_bytes(), size);
+    EXPECT_EQ(stats->self().objects(), 1u);
     ASSERT_TRUE(client->Delete(*handle).ok());
     stats = client->Stats();
     ASSERT_TRUE(stats.ok()) << stats.status();
-    EXPECT_EQ(stats->self.used_bytes, 0u);
-    EXPECT_EQ(stats->self.objects, 0u);
+    EXPECT_EQ(stats->self().used_bytes(), 0u);
+    EXPECT_EQ(stats->self().objects(), 0u);
   }
 }
 
@@ -142,9 +142,9 @@ TEST_F(InlineRoundTripTest, ConcurrentClientsEightThreadsTwoHundredOps) {
   }
   for (std::thread& thread : threads) thread.join();
   EXPECT_EQ(failures.load(), 0);
-  absl::StatusOr<StatsSnapshot> stats = shared->Stats();
+  absl::StatusOr<v1::StatsReply> stats = shared->Stats();
   ASSERT_TRUE(stats.ok());
-  EXPECT_EQ(stats->self.used_bytes, 0u);
+  EXPECT_EQ(stats->self().used_bytes(), 0u);
 }
 
 TEST_F(InlineRoundTripTest, QuotaExhaustedSaysRequestedAndAvailable) {
@@ -163,10 +163,10 @@ TEST_F(InlineRoundTripTest, QuotaExhaustedSaysRequestedAndAvailable) {
   absl::StatusOr<Handle> second = client->Put(big.data(), 400000);
   ASSERT_EQ(second.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(std::string(second.status().message()), HasSubstr("available 348576 bytes"));
-  absl::StatusOr<StatsSnapshot> stats = client->Stats();
+  absl::StatusOr<v1::StatsReply> stats = client->Stats();
   ASSERT_TRUE(stats.ok());
-  EXPECT_EQ(stats->self.used_bytes, 700000u) << "a refused Put must store nothing";
-  EXPECT_EQ(stats->self.objects, 1u);
+  EXPECT_EQ(stats->self().used_bytes(), 700000u) << "a refused Put must store nothing";
+  EXPECT_EQ(stats->self().objects(), 1u);
   // Freeing makes room again.
   ASSERT_TRUE(client->Delete(*handle).ok());
   EXPECT_TRUE(client->Put(big.data(), 1 << 20).ok());
@@ -184,16 +184,16 @@ TEST_F(InlineRoundTripTest, PoolExhaustedIsResourceExhaustedAndLeavesNothing) {
     ASSERT_TRUE(h.ok()) << h.status();
     held.push_back(*h);
   }
-  absl::StatusOr<StatsSnapshot> before = b->Stats();
+  absl::StatusOr<v1::StatsReply> before = b->Stats();
   ASSERT_TRUE(before.ok());
   absl::StatusOr<Handle> refused = b->Put(chunk.data(), chunk.size());
   ASSERT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted) << refused.status();
   EXPECT_THAT(std::string(refused.status().message()), HasSubstr("requested 104857600 bytes"));
   EXPECT_THAT(std::string(refused.status().message()), HasSubstr("available"));
-  absl::StatusOr<StatsSnapshot> after = b->Stats();
+  absl::StatusOr<v1::StatsReply> after = b->Stats();
   ASSERT_TRUE(after.ok());
-  EXPECT_EQ(after->pool_used_bytes, before->pool_used_bytes);
-  EXPECT_EQ(after->self.used_bytes, 0u);
+  EXPECT_EQ(after->pool().used_bytes(), before->pool().used_bytes());
+  EXPECT_EQ(after->self().used_bytes(), 0u);
   ASSERT_TRUE(a->Delete(absl::MakeConstSpan(held)).ok());
   EXPECT_TRUE(b->Put(chunk.data(), chunk.size()).ok());
 }
@@ -229,34 +229,34 @@ TEST_F(InlineRoundTripTest, UnknownAndForeignHandlesAreNotFound) {
 TEST_F(InlineRoundTripTest, ClosingASessionFreesEverythingItHolds) {
   auto observer = ConnectOrDie(*daemon_, 0, "observer");
   ASSERT_NE(observer, nullptr);
-  absl::StatusOr<StatsSnapshot> before = observer->Stats();
+  absl::StatusOr<v1::StatsReply> before = observer->Stats();
   ASSERT_TRUE(before.ok());
   {
     auto client = ConnectOrDie(*daemon_, 0, "closer");
     ASSERT_NE(client, nullptr);
     const std::vector<std::byte> data = RandomBytes(3 << 20, 5);
     for (int i = 0; i < 5; ++i) ASSERT_TRUE(client->Put(data.data(), data.size()).ok());
-    absl::StatusOr<StatsSnapshot> during = observer->Stats(/*all_sessions=*/true);
+    absl::StatusOr<v1::StatsReply> during = observer->Stats(/*all_sessions=*/true);
     ASSERT_TRUE(during.ok());
-    EXPECT_GE(during->pool_used_bytes, before->pool_used_bytes + 15 * (1 << 20));
+    EXPECT_GE(during->pool().used_bytes(), before->pool().used_bytes() + 15 * (1 << 20));
     bool listed = false;
-    for (const SessionStatsEntry& s : during->all_sessions) {
-      if (s.session_id == client->session_id()) {
+    for (const v1::SessionStats& s : during->all_sessions()) {
+      if (s.session_id() == client->session_id()) {
         listed = true;
-        EXPECT_EQ(s.client_name, "closer");
-        EXPECT_EQ(s.objects, 5u);
-        EXPECT_EQ(s.used_bytes, 15u << 20);
-        EXPECT_EQ(s.client_pid, static_cast<uint32_t>(getpid()));
+        EXPECT_EQ(s.client_name(), "closer");
+        EXPECT_EQ(s.objects(), 5u);
+        EXPECT_EQ(s.used_bytes(), 15u << 20);
+        EXPECT_EQ(s.client_pid(), static_cast<uint32_t>(getpid()));
       }
     }
     EXPECT_TRUE(listed);
     ASSERT_TRUE(client->Close().ok());
     EXPECT_EQ(client->Stats().status().code(), absl::StatusCode::kFailedPrecondition);
   }
-  absl::StatusOr<StatsSnapshot> after = observer->Stats();
+  absl::StatusOr<v1::StatsReply> after = observer->Stats();
   ASSERT_TRUE(after.ok());
-  EXPECT_EQ(after->pool_used_bytes, before->pool_used_bytes);
-  EXPECT_EQ(after->objects, before->objects);
+  EXPECT_EQ(after->pool().used_bytes(), before->pool().used_bytes());
+  EXPECT_EQ(after->objects(), before->objects());
 }
 
 }  // namespace

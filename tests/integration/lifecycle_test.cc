@@ -147,9 +147,9 @@ TEST(LifecycleTest, StreamStuckPastTheGracePeriodIsCancelled) {
   ASSERT_NE(observer, nullptr);
   uint64_t used = 0;
   for (int i = 0; i < 500 && used == 0; ++i) {
-    absl::StatusOr<StatsSnapshot> stats = observer->Stats();
+    absl::StatusOr<v1::StatsReply> stats = observer->Stats();
     ASSERT_TRUE(stats.ok());
-    used = stats->pool_used_bytes;
+    used = stats->pool().used_bytes();
     if (used == 0) std::this_thread::sleep_for(std::chrono::milliseconds(2));
   }
   ASSERT_EQ(used, 1u << 20);
@@ -285,11 +285,11 @@ TEST(LifecycleTest, TomlConfigFileAndFlagsOverIt) {
   auto capped = Client::Connect(big);
   ASSERT_TRUE(capped.ok()) << capped.status();
   EXPECT_EQ((*capped)->quota_bytes(), 48u << 20);
-  absl::StatusOr<StatsSnapshot> stats = client->Stats();
+  absl::StatusOr<v1::StatsReply> stats = client->Stats();
   ASSERT_TRUE(stats.ok());
-  EXPECT_EQ(stats->pool_total_bytes, 96u << 20);
-  EXPECT_EQ(stats->segment_bytes, 16u << 20);
-  EXPECT_EQ(stats->pool_locked_bytes, 0u);
+  EXPECT_EQ(stats->pool().total_bytes(), 96u << 20);
+  EXPECT_EQ(stats->pool().segment_bytes(), 16u << 20);
+  EXPECT_EQ(stats->pool().locked_bytes(), 0u);
   // --max-sessions 2 on the command line beats max_sessions = 3 in the file.
   auto third = Client::Connect(FastOptions(*daemon));
   ASSERT_FALSE(third.ok());
@@ -339,8 +339,15 @@ TEST(LifecycleTest, CliPingAndStats) {
 
   CommandResult json = RunCommand(cli + " stats --json");
   EXPECT_EQ(json.exit_code, 0) << json.output;
-  EXPECT_THAT(json.output, HasSubstr("\"used_bytes\": 3145728"));
-  EXPECT_THAT(json.output, HasSubstr("\"client_name\": \"cli-visible\""));
+  const v1::StatsReply parsed = ParseStatsJson(json.output);
+  bool listed = false;
+  for (const v1::SessionStats& session : parsed.all_sessions()) {
+    if (session.client_name() != "cli-visible") continue;
+    listed = true;
+    EXPECT_EQ(session.used_bytes(), 3145728u);
+  }
+  EXPECT_TRUE(listed) << json.output;
+  EXPECT_EQ(parsed.pool().used_bytes(), 3145728u);
 
   CommandResult usage = RunCommand(cli);
   EXPECT_EQ(usage.exit_code, 2) << usage.output;

@@ -90,11 +90,11 @@ class SpillTest : public ::testing::Test {
     EXPECT_TRUE(client.ok()) << client.status();
     return client.ok() ? *std::move(client) : nullptr;
   }
-  StatsSnapshot Stats() {
+  v1::StatsReply Stats() {
     auto observer = ConnectOrDie(*daemon_, 1, "observer");
-    absl::StatusOr<StatsSnapshot> stats = observer->Stats(/*all_sessions=*/true);
+    absl::StatusOr<v1::StatsReply> stats = observer->Stats(/*all_sessions=*/true);
     EXPECT_TRUE(stats.ok()) << stats.status();
-    return stats.ok() ? *stats : StatsSnapshot{};
+    return stats.ok() ? *stats : v1::StatsReply();
   }
   // Stores buffers of 64 KiB to 3 MiB (and one of 6 MiB, a dedicated lease
   // every 16) until `total` bytes are stored.
@@ -135,35 +135,35 @@ TEST_F(SpillTest, ThreeTimesThePoolComesBackByteForByte) {
   auto client = Attached();
   ASSERT_NE(client, nullptr);
   std::vector<Stored> stored = StoreMany(*client, 192 * kMiB, 1);
-  const ZeroCopyUsage after_store = client->zero_copy_usage();
-  EXPECT_GT(after_store.spills, 0u);
-  EXPECT_GE(after_store.spilled_bytes, 120 * kMiB) << "most of 192 MiB must be on disk";
-  EXPECT_LE(after_store.leased_bytes, 64 * kMiB);
+  const v1::ClientUsage after_store = client->zero_copy_usage();
+  EXPECT_GT(after_store.spills(), 0u);
+  EXPECT_GE(after_store.spilled_bytes(), 120 * kMiB) << "most of 192 MiB must be on disk";
+  EXPECT_LE(after_store.leased_bytes(), 64 * kMiB);
   EXPECT_TRUE(Entries(spill_dir_).empty()) << "spill files have no name";
   EXPECT_FALSE(SpillFds(daemon_->pid(), spill_dir_).empty());
-  StatsSnapshot stats = Stats();
-  ASSERT_TRUE(stats.spill.has_value());
-  EXPECT_EQ(stats.spill->on_disk_bytes, after_store.spilled_bytes);
-  EXPECT_GE(stats.spill->bytes_written, after_store.spilled_bytes);
+  v1::StatsReply stats = Stats();
+  ASSERT_TRUE(stats.has_spill());
+  EXPECT_EQ(stats.spill().on_disk_bytes(), after_store.spilled_bytes());
+  EXPECT_GE(stats.spill().bytes_written(), after_store.spilled_bytes());
   FetchAllBack(*client, stored);
-  const ZeroCopyUsage after_fetch = client->zero_copy_usage();
-  EXPECT_EQ(after_fetch.spilled_leases, 0u);
-  EXPECT_GT(after_fetch.restores, 0u);
-  EXPECT_GT(after_fetch.restores_ahead, 0u) << "backward should find blocks read back ahead";
+  const v1::ClientUsage after_fetch = client->zero_copy_usage();
+  EXPECT_EQ(after_fetch.spilled_leases(), 0u);
+  EXPECT_GT(after_fetch.restores(), 0u);
+  EXPECT_GT(after_fetch.restores_ahead(), 0u) << "backward should find blocks read back ahead";
   ASSERT_TRUE(client->Stats().ok());  // reports this client's waits
   stats = Stats();
-  EXPECT_EQ(stats.spill->on_disk_bytes, 0u);
-  EXPECT_EQ(stats.spill->files, 0u);
-  EXPECT_GE(stats.spill->bytes_read, 64 * kMiB);
-  EXPECT_EQ(stats.spill->checksum_failures, 0u);
+  EXPECT_EQ(stats.spill().on_disk_bytes(), 0u);
+  EXPECT_EQ(stats.spill().files(), 0u);
+  EXPECT_GE(stats.spill().bytes_read(), 64 * kMiB);
+  EXPECT_EQ(stats.spill().checksum_failures(), 0u);
   // The session's numbers, and the waits the client reported.
   bool found = false;
-  for (const SessionStatsEntry& s : stats.all_sessions) {
-    if (s.session_id != client->session_id()) continue;
+  for (const v1::SessionStats& s : stats.all_sessions()) {
+    if (s.session_id() != client->session_id()) continue;
     found = true;
-    EXPECT_EQ(s.spilled_bytes, stats.spill->bytes_written);
-    EXPECT_EQ(s.restored_bytes, stats.spill->bytes_read);
-    EXPECT_GT(s.spill_wait_ns, 0u);
+    EXPECT_EQ(s.spill().spilled_bytes(), stats.spill().bytes_written());
+    EXPECT_EQ(s.spill().restored_bytes(), stats.spill().bytes_read());
+    EXPECT_GT(s.client().spill_wait_ns(), 0u);
   }
   EXPECT_TRUE(found);
   EXPECT_TRUE(SpillFds(daemon_->pid(), spill_dir_).empty());
@@ -174,12 +174,12 @@ TEST_F(SpillTest, ReleasedSpilledBuffersDropTheirFilesWithoutReadingThem) {
   auto client = Attached();
   ASSERT_NE(client, nullptr);
   std::vector<Stored> stored = StoreMany(*client, 160 * kMiB, 2);
-  ASSERT_GT(client->zero_copy_usage().spilled_leases, 0u);
+  ASSERT_GT(client->zero_copy_usage().spilled_leases(), 0u);
   for (Stored& s : stored) ASSERT_TRUE(client->Release(s.ticket).ok());
-  EXPECT_EQ(client->zero_copy_usage().restores, 0u);
-  const StatsSnapshot stats = Stats();
-  EXPECT_EQ(stats.spill->on_disk_bytes, 0u);
-  EXPECT_EQ(stats.spill->bytes_read, 0u);
+  EXPECT_EQ(client->zero_copy_usage().restores(), 0u);
+  const v1::StatsReply stats = Stats();
+  EXPECT_EQ(stats.spill().on_disk_bytes(), 0u);
+  EXPECT_EQ(stats.spill().bytes_read(), 0u);
 }
 
 TEST_F(SpillTest, TwoSessionsSharingASmallPoolBothSpill) {
@@ -199,9 +199,9 @@ TEST_F(SpillTest, TwoSessionsSharingASmallPoolBothSpill) {
     FetchAllBack(*a, stored);
   }
   other.join();
-  EXPECT_GT(a->zero_copy_usage().spills, 0u);
-  EXPECT_GT(b->zero_copy_usage().spills, 0u);
-  EXPECT_EQ(Stats().spill->on_disk_bytes, 0u);
+  EXPECT_GT(a->zero_copy_usage().spills(), 0u);
+  EXPECT_GT(b->zero_copy_usage().spills(), 0u);
+  EXPECT_EQ(Stats().spill().on_disk_bytes(), 0u);
 }
 
 TEST_F(SpillTest, CorruptSpillFileIsDataLossAndTheDaemonGoesOn) {
@@ -236,9 +236,9 @@ TEST_F(SpillTest, CorruptSpillFileIsDataLossAndTheDaemonGoesOn) {
     ASSERT_TRUE(client->Release(stored[i].ticket).ok());
   }
   EXPECT_GT(data_loss, 0);
-  const StatsSnapshot stats = Stats();
-  EXPECT_GE(stats.spill->checksum_failures, 1u);
-  EXPECT_EQ(stats.spill->on_disk_bytes, 0u);
+  const v1::StatsReply stats = Stats();
+  EXPECT_GE(stats.spill().checksum_failures(), 1u);
+  EXPECT_EQ(stats.spill().on_disk_bytes(), 0u);
   // Still serving, spilling included.
   std::vector<Stored> again = StoreMany(*client, 128 * kMiB, 4);
   FetchAllBack(*client, again);
@@ -278,19 +278,19 @@ TEST_F(SpillTest, KilledClientsSpillSpaceIsFreedWithinASecond) {
   char line[256] = {};
   ASSERT_NE(fgets(line, sizeof(line), out), nullptr);
   ASSERT_STREQ(line, "holding\n");
-  StatsSnapshot stats = Stats();
-  ASSERT_GE(stats.spill->on_disk_bytes, 100 * kMiB);
+  v1::StatsReply stats = Stats();
+  ASSERT_GE(stats.spill().on_disk_bytes(), 100 * kMiB);
   kill(child, SIGKILL);
   waitpid(child, nullptr, 0);
   fclose(out);
   const auto killed = std::chrono::steady_clock::now();
-  while (Stats().spill->on_disk_bytes != 0 &&
+  while (Stats().spill().on_disk_bytes() != 0 &&
          std::chrono::steady_clock::now() - killed < std::chrono::seconds(1)) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   stats = Stats();
-  EXPECT_EQ(stats.spill->on_disk_bytes, 0u);
-  EXPECT_EQ(stats.spill->files, 0u);
+  EXPECT_EQ(stats.spill().on_disk_bytes(), 0u);
+  EXPECT_EQ(stats.spill().files(), 0u);
   EXPECT_TRUE(SpillFds(daemon_->pid(), spill_dir_).empty());
 }
 
@@ -313,9 +313,9 @@ TEST_F(SpillTest, FullSpillSpaceIsResourceExhaustedAndLosesNothing) {
   ASSERT_EQ(status.code(), absl::StatusCode::kResourceExhausted) << status;
   EXPECT_THAT(std::string(status.message()), HasSubstr("spill space is full"));
   EXPECT_THAT(std::string(status.message()), HasSubstr("32.0 MiB"));
-  const StatsSnapshot stats = Stats();
-  EXPECT_LE(stats.spill->on_disk_bytes, 32 * kMiB);
-  EXPECT_GE(stats.spill->failures, 1u);
+  const v1::StatsReply stats = Stats();
+  EXPECT_LE(stats.spill().on_disk_bytes(), 32 * kMiB);
+  EXPECT_GE(stats.spill().failures(), 1u);
   FetchAllBack(*client, stored);  // everything stored before is intact
 }
 
@@ -361,9 +361,9 @@ TEST_F(SpillTest, FullDiskIsResourceExhaustedAndLosesNothing) {
   EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted) << status;
   EXPECT_THAT(std::string(status.message()), HasSubstr("No space left on device"));
   EXPECT_THAT(std::string(status.message()), HasSubstr("free of"));
-  const StatsSnapshot stats = Stats();
-  EXPECT_LE(stats.spill->on_disk_bytes, 24 * kMiB);
-  EXPECT_GE(stats.spill->failures, 1u);
+  const v1::StatsReply stats = Stats();
+  EXPECT_LE(stats.spill().on_disk_bytes(), 24 * kMiB);
+  EXPECT_GE(stats.spill().failures(), 1u);
   FetchAllBack(*client, stored);
   client.reset();
 }
@@ -381,10 +381,10 @@ TEST_F(SpillTest, InlineObjectsSpillAndComeBack) {
     ASSERT_TRUE(handle.ok()) << i << ": " << handle.status();
     objects.emplace_back(*handle, std::move(data));
   }
-  StatsSnapshot stats = Stats();
-  ASSERT_TRUE(stats.spill.has_value());
-  EXPECT_GE(stats.spill->on_disk_bytes, 90 * kMiB);
-  EXPECT_EQ(stats.objects, 40u);
+  v1::StatsReply stats = Stats();
+  ASSERT_TRUE(stats.has_spill());
+  EXPECT_GE(stats.spill().on_disk_bytes(), 90 * kMiB);
+  EXPECT_EQ(stats.objects(), 40u);
   // Two readers of the same spilled object at once, then everything, oldest
   // (spilled) first.
   std::thread other([&] {
@@ -400,12 +400,12 @@ TEST_F(SpillTest, InlineObjectsSpillAndComeBack) {
   }
   other.join();
   stats = Stats();
-  EXPECT_GE(stats.spill->bytes_read, 90 * kMiB);
-  EXPECT_EQ(stats.spill->checksum_failures, 0u);
+  EXPECT_GE(stats.spill().bytes_read(), 90 * kMiB);
+  EXPECT_EQ(stats.spill().checksum_failures(), 0u);
   for (const auto& entry : objects) ASSERT_TRUE(client->Delete(entry.first).ok());
   stats = Stats();
-  EXPECT_EQ(stats.spill->on_disk_bytes, 0u);
-  EXPECT_EQ(stats.spill->files, 0u);
+  EXPECT_EQ(stats.spill().on_disk_bytes(), 0u);
+  EXPECT_EQ(stats.spill().files(), 0u);
   EXPECT_TRUE(SpillFds(daemon_->pid(), spill_dir_).empty());
 }
 
@@ -441,7 +441,7 @@ TEST_F(SpillTest, CorruptInlineObjectIsDataLoss) {
   }
   EXPECT_GT(lost, 0);
   for (const auto& entry : objects) ASSERT_TRUE(client->Delete(entry.first).ok());
-  EXPECT_EQ(Stats().spill->on_disk_bytes, 0u);
+  EXPECT_EQ(Stats().spill().on_disk_bytes(), 0u);
 }
 
 // Raw RPCs: what a buggy or hostile client could send.
@@ -473,7 +473,7 @@ TEST_F(SpillTest, SpillRpcsCheckEveryIdTheClientSends) {
   auto client = Attached();
   ASSERT_NE(client, nullptr);
   std::vector<Stored> stored = StoreMany(*client, 128 * kMiB, 8);
-  ASSERT_GT(client->zero_copy_usage().spilled_leases, 0u);
+  ASSERT_GT(client->zero_copy_usage().spilled_leases(), 0u);
   RawSession raw(daemon_->address());
   pb::SpillReply spill_reply;
   pb::SpillRequest spill;

@@ -2,6 +2,7 @@
 #ifndef ACTSTASH_TESTS_INTEGRATION_TEST_UTIL_H_
 #define ACTSTASH_TESTS_INTEGRATION_TEST_UTIL_H_
 
+#include <google/protobuf/util/json_util.h>
 #include <gtest/gtest.h>
 
 #include <cstddef>
@@ -43,6 +44,18 @@ inline std::unique_ptr<Client> ConnectOrDie(const DaemonProcess& daemon, uint64_
   absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(options);
   EXPECT_TRUE(client.ok()) << client.status();
   return client.ok() ? *std::move(client) : nullptr;
+}
+
+// The CLI's `stats --json` output read back with protobuf's JSON parser
+// (which refuses anything that is not the message's JSON). `sessions --json`
+// prints an array of SessionStats: pass `session_array` to read it as the
+// reply's all_sessions.
+inline v1::StatsReply ParseStatsJson(const std::string& json, bool session_array = false) {
+  v1::StatsReply reply;
+  const std::string text = session_array ? "{\"all_sessions\": " + json + "}" : json;
+  const auto status = google::protobuf::util::JsonStringToMessage(text, &reply);
+  EXPECT_TRUE(status.ok()) << status.ToString() << " in: " << json;
+  return reply;
 }
 
 }  // namespace actstash::testing

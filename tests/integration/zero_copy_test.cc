@@ -91,18 +91,18 @@ class ZeroCopyTest : public ::testing::Test {
     EXPECT_TRUE(client.ok()) << client.status();
     return client.ok() ? *std::move(client) : nullptr;
   }
-  StatsSnapshot Stats() {
+  v1::StatsReply Stats() {
     auto observer = ConnectOrDie(*daemon_, 1, "observer");
-    absl::StatusOr<StatsSnapshot> stats = observer->Stats(/*all_sessions=*/true);
+    absl::StatusOr<v1::StatsReply> stats = observer->Stats(/*all_sessions=*/true);
     EXPECT_TRUE(stats.ok()) << stats.status();
-    return stats.ok() ? *stats : StatsSnapshot{};
+    return stats.ok() ? *stats : v1::StatsReply();
   }
 
   // Stats once `settled` holds (returned leases are renewed in the
   // background before their memory counts as free), or after 5 s.
   template <typename Predicate>
-  StatsSnapshot SettledStats(Predicate settled) {
-    StatsSnapshot stats;
+  v1::StatsReply SettledStats(Predicate settled) {
+    v1::StatsReply stats;
     for (int i = 0; i < 500; ++i) {
       stats = Stats();
       if (settled(stats)) break;
@@ -138,10 +138,10 @@ TEST_F(ZeroCopyTest, StoreFetchOneByteTo256MiBBytesIdentical) {
   }
   // Dedicated leases went back on Release but the last (kept as a spare for
   // the next buffer of its size); of the shared segments, at most the batch.
-  StatsSnapshot stats =
-      SettledStats([](const StatsSnapshot& s) { return s.pool_used_bytes == s.pool_leased_bytes; });
-  EXPECT_LE(stats.pool_leased_bytes, 2 * kSegment + (size_t{256} << 20));
-  EXPECT_EQ(stats.pool_used_bytes, stats.pool_leased_bytes);
+  v1::StatsReply stats = SettledStats(
+      [](const v1::StatsReply& s) { return s.pool().used_bytes() == s.pool().leased_bytes(); });
+  EXPECT_LE(stats.pool().leased_bytes(), 2 * kSegment + (size_t{256} << 20));
+  EXPECT_EQ(stats.pool().used_bytes(), stats.pool().leased_bytes());
 }
 
 TEST_F(ZeroCopyTest, ThousandsOfMixedBuffersAndStatsSeeThem) {
@@ -168,14 +168,14 @@ TEST_F(ZeroCopyTest, ThousandsOfMixedBuffersAndStatsSeeThem) {
   }
   uint64_t live_bytes = 0;
   for (const auto& entry : live) live_bytes += entry.second.size();
-  absl::StatusOr<StatsSnapshot> stats = client->Stats();
+  absl::StatusOr<v1::StatsReply> stats = client->Stats();
   ASSERT_TRUE(stats.ok());
-  EXPECT_TRUE(stats->self.attached);
-  EXPECT_EQ(stats->self.local_objects, live.size());
-  EXPECT_EQ(stats->self.local_bytes, live_bytes);
-  EXPECT_GE(stats->self.leased_bytes, live_bytes);
-  EXPECT_EQ(stats->self.peer_pid, static_cast<uint32_t>(getpid()));
-  EXPECT_EQ(stats->self.objects, 0u) << "nothing went through the inline path";
+  EXPECT_TRUE(stats->self().attached());
+  EXPECT_EQ(stats->self().client().objects(), live.size());
+  EXPECT_EQ(stats->self().client().bytes(), live_bytes);
+  EXPECT_GE(stats->self().leased_bytes(), live_bytes);
+  EXPECT_EQ(stats->self().peer_pid(), static_cast<uint32_t>(getpid()));
+  EXPECT_EQ(stats->self().objects(), 0u) << "nothing went through the inline path";
 }
 
 TEST_F(ZeroCopyTest, FourClientProcessesAtOnce) {
@@ -190,9 +190,10 @@ TEST_F(ZeroCopyTest, FourClientProcessesAtOnce) {
     EXPECT_THAT(line, HasSubstr("ok: 0 errors, attached=1"));
     EXPECT_EQ(Wait(child), 0);
   }
-  StatsSnapshot stats = SettledStats([](const StatsSnapshot& s) { return s.pool_used_bytes == 0; });
-  EXPECT_EQ(stats.pool_used_bytes, 0u) << "the workers' sessions were closed";
-  EXPECT_EQ(stats.sessions, 1u);
+  v1::StatsReply stats =
+      SettledStats([](const v1::StatsReply& s) { return s.pool().used_bytes() == 0; });
+  EXPECT_EQ(stats.pool().used_bytes(), 0u) << "the workers' sessions were closed";
+  EXPECT_EQ(stats.sessions(), 1u);
 }
 
 TEST_F(ZeroCopyTest, LeaseQuotaAndPoolExhaustionAreResourceExhausted) {
@@ -450,13 +451,13 @@ TEST_F(ZeroCopyTest, KilledClientHolding500MiBIsReclaimedWithinOneSecond) {
   Child child = SpawnWorker({"--address", daemon_->address(), "--hold-bytes", "524288000"});
   ASSERT_THAT(ReadLine(child.out), HasSubstr("holding"));
   auto observer = ConnectOrDie(*daemon_, 1, "observer");
-  absl::StatusOr<StatsSnapshot> before = observer->Stats(true);
+  absl::StatusOr<v1::StatsReply> before = observer->Stats(true);
   ASSERT_TRUE(before.ok());
-  EXPECT_GE(before->pool_leased_bytes, 500u << 20);
+  EXPECT_GE(before->pool().leased_bytes(), 500u << 20);
   bool listed = false;
-  for (const SessionStatsEntry& s : before->all_sessions) {
-    if (s.peer_pid == static_cast<uint32_t>(child.pid))
-      listed = s.attached && s.leased_bytes >= (500u << 20);
+  for (const v1::SessionStats& s : before->all_sessions()) {
+    if (s.peer_pid() == static_cast<uint32_t>(child.pid))
+      listed = s.attached() && s.leased_bytes() >= (500u << 20);
   }
   EXPECT_TRUE(listed) << "the worker's session shows its pid and leases";
 
@@ -465,21 +466,21 @@ TEST_F(ZeroCopyTest, KilledClientHolding500MiBIsReclaimedWithinOneSecond) {
   Wait(child);
   uint64_t used = 1;
   while (std::chrono::steady_clock::now() - killed < std::chrono::seconds(1)) {
-    absl::StatusOr<StatsSnapshot> stats = observer->Stats();
+    absl::StatusOr<v1::StatsReply> stats = observer->Stats();
     ASSERT_TRUE(stats.ok());
-    used = stats->pool_used_bytes;
+    used = stats->pool().used_bytes();
     if (used == 0) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   EXPECT_EQ(used, 0u) << "not reclaimed within 1 s of SIGKILL";
   // Then renewed in the background and free again.
-  StatsSnapshot settled =
-      SettledStats([](const StatsSnapshot& s) { return s.pool_renewing_bytes == 0; });
-  EXPECT_EQ(settled.pool_free_bytes, settled.pool_total_bytes);
-  absl::StatusOr<StatsSnapshot> after = observer->Stats();
+  v1::StatsReply settled =
+      SettledStats([](const v1::StatsReply& s) { return s.pool().renewing_bytes() == 0; });
+  EXPECT_EQ(settled.pool().free_bytes(), settled.pool().total_bytes());
+  absl::StatusOr<v1::StatsReply> after = observer->Stats();
   ASSERT_TRUE(after.ok());
-  EXPECT_EQ(after->sessions, 1u);
-  EXPECT_EQ(after->sessions_reclaimed, 1u);
+  EXPECT_EQ(after->sessions(), 1u);
+  EXPECT_EQ(after->sessions_reclaimed(), 1u);
   EXPECT_THAT(daemon_->log(), HasSubstr("attach connection closed"));
 }
 
@@ -530,12 +531,12 @@ TEST_F(ZeroCopyTest, UnattachedClientsFallBackAndIdleSessionsExpire) {
   const uint64_t attached_id = attached->session_id();
 
   std::this_thread::sleep_for(std::chrono::milliseconds(2500));
-  StatsSnapshot stats = Stats();
-  EXPECT_EQ(stats.objects, 0u) << "the idle inline session's objects were freed";
+  v1::StatsReply stats = Stats();
+  EXPECT_EQ(stats.objects(), 0u) << "the idle inline session's objects were freed";
   bool attached_alive = false;
-  for (const SessionStatsEntry& s : stats.all_sessions) {
-    EXPECT_NE(s.session_id, (*inline_client)->session_id());
-    attached_alive |= s.session_id == attached_id;
+  for (const v1::SessionStats& s : stats.all_sessions()) {
+    EXPECT_NE(s.session_id(), (*inline_client)->session_id());
+    attached_alive |= s.session_id() == attached_id;
   }
   EXPECT_TRUE(attached_alive);
   EXPECT_EQ((*inline_client)->Fetch(*ticket, back.data(), back.size()).code(),

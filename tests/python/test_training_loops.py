@@ -129,7 +129,7 @@ def test_gradient_accumulation_releases_every_micro_batch(daemon):
     actstash.wrap(offloaded, stash, blocks=Block, mode="offload", min_bytes=0)
     opt_a = torch.optim.SGD(plain.parameters(), lr=0.01)
     opt_b = torch.optim.SGD(offloaded.parameters(), lr=0.01)
-    baseline = stash.client.stats()["self"]["local_objects"]
+    baseline = stash.client.stats()["self"]["client"]["objects"]
     for step in range(50):
         for micro, idx in enumerate(_batches(4, seed=step)):
             torch.manual_seed(1000 * step + micro)
@@ -139,7 +139,7 @@ def test_gradient_accumulation_releases_every_micro_batch(daemon):
             stash.synchronize()
             gc.collect()
             assert stash.stats()["live_bytes"] == 0, (step, micro)
-            assert stash.client.stats()["self"]["local_objects"] == baseline, (step, micro)
+            assert stash.client.stats()["self"]["client"]["objects"] == baseline, (step, micro)
         if step % 10 == 0:
             assert _same_tensors([p.grad for p in plain.parameters()],
                                  [p.grad for p in offloaded.parameters()]), step

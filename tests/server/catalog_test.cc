@@ -81,8 +81,8 @@ class CatalogTest : public ::testing::Test {
     return handle.ok() ? *handle : 0;
   }
 
-  uint64_t PoolUsed() const { return pool_->Stats().used_bytes; }
-  uint64_t PoolAllocations() const { return pool_->Stats().allocations; }
+  uint64_t PoolUsed() const { return pool_->Stats().used_bytes(); }
+  uint64_t PoolAllocations() const { return pool_->Stats().allocations(); }
 
   static bool AllBytesAre(const StoredObject& object, uint8_t fill) {
     const std::byte* data = object.data();

@@ -185,9 +185,9 @@ TEST_F(DeviceDaemonTest, LeaseAndReturnDeviceSegments) {
 
   pb::StatsReply stats = Stats();
   ASSERT_EQ(stats.device_pools_size(), 1);
-  EXPECT_EQ(stats.device_pools(0).used_bytes(), 2 * kMiB);
-  EXPECT_EQ(stats.device_pools(0).free_bytes(), 2 * kMiB);
-  EXPECT_EQ(stats.device_pools(0).leases(), 2u);
+  EXPECT_EQ(stats.device_pools(0).pool().used_bytes(), 2 * kMiB);
+  EXPECT_EQ(stats.device_pools(0).pool().free_bytes(), 2 * kMiB);
+  EXPECT_EQ(stats.device_pools(0).pool().leases(), 2u);
   EXPECT_EQ(stats.self().leases(), 3u);
   EXPECT_EQ(stats.self().used_bytes(), 3 * kMiB);
 
@@ -195,13 +195,13 @@ TEST_F(DeviceDaemonTest, LeaseAndReturnDeviceSegments) {
   std::memset(bytes, 0x5a, kMiB);
   ASSERT_TRUE(Return({reply.leases(0).lease_id(), host_reply.leases(0).lease_id()}).ok());
   // Scrubbed on the daemon's work queue, then free.
-  for (int i = 0; i < 500 && Stats().device_pools(0).free_bytes() != 3 * kMiB; ++i) {
+  for (int i = 0; i < 500 && Stats().device_pools(0).pool().free_bytes() != 3 * kMiB; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   stats = Stats();
-  EXPECT_EQ(stats.device_pools(0).used_bytes(), kMiB);
-  EXPECT_EQ(stats.device_pools(0).scrubbing_bytes(), 0u);
-  EXPECT_EQ(stats.device_pools(0).free_bytes(), 3 * kMiB);
+  EXPECT_EQ(stats.device_pools(0).pool().used_bytes(), kMiB);
+  EXPECT_EQ(stats.device_pools(0).pool().renewing_bytes(), 0u);
+  EXPECT_EQ(stats.device_pools(0).pool().free_bytes(), 3 * kMiB);
   for (uint64_t i = 0; i < kMiB; ++i) ASSERT_EQ(bytes[i], std::byte{0}) << i;
   ExpectCode(Return({reply.leases(0).lease_id()}), grpc::StatusCode::NOT_FOUND, "no lease");
 }
@@ -226,7 +226,7 @@ TEST_F(DeviceDaemonTest, BadDeviceRequests) {
   // Over the session quota (3 MiB): the numbers, and nothing taken.
   ExpectCode(Lease(DeviceRequest(2, 2), &reply), grpc::StatusCode::RESOURCE_EXHAUSTED,
              std::to_string(4 * kMiB));
-  EXPECT_EQ(Stats().device_pools(0).used_bytes(), 0u);
+  EXPECT_EQ(Stats().device_pools(0).pool().used_bytes(), 0u);
   pb::LeaseRequest gpu0 = DeviceRequest(3);
   gpu0.set_device(0);
   ASSERT_TRUE(Lease(gpu0, &reply).ok());
@@ -248,7 +248,8 @@ TEST_F(DeviceDaemonTest, HangingUpReclaimsAndScrubsDeviceLeases) {
   ASSERT_TRUE(stub_->OpenSession(&ctx, pb::OpenSessionRequest(), &open_).ok());
   uint64_t used = 1;
   for (int i = 0; i < 500 && used != 0; ++i) {
-    used = Stats().device_pools(0).used_bytes() + Stats().device_pools(0).scrubbing_bytes();
+    used = Stats().device_pools(0).pool().used_bytes() +
+           Stats().device_pools(0).pool().renewing_bytes();
     if (used != 0) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   EXPECT_EQ(used, 0u);

@@ -82,12 +82,12 @@ TEST_F(DevicePoolTest, CreationAllocatesZeroesAndExportsOneRegion) {
   EXPECT_EQ(pool->region_bytes(), 4 * kMiB);
   EXPECT_EQ(pool->ipc_handle().size(), kIpcHandleBytes);
   const PoolStats stats = pool->Stats();
-  EXPECT_EQ(stats.total_bytes, 4 * kMiB);
-  EXPECT_EQ(stats.free_bytes, 4 * kMiB);
-  EXPECT_EQ(stats.used_bytes, 0u);
-  EXPECT_EQ(stats.segments, 4u);
-  EXPECT_EQ(stats.segment_bytes, kMiB);
-  EXPECT_EQ(stats.cuda_pinned_bytes, 0u);
+  EXPECT_EQ(stats.total_bytes(), 4 * kMiB);
+  EXPECT_EQ(stats.free_bytes(), 4 * kMiB);
+  EXPECT_EQ(stats.used_bytes(), 0u);
+  EXPECT_EQ(stats.segments(), 4u);
+  EXPECT_EQ(stats.segment_bytes(), kMiB);
+  EXPECT_EQ(stats.cuda_pinned_bytes(), 0u);
 }
 
 TEST_F(DevicePoolTest, CreationErrors) {
@@ -209,11 +209,11 @@ TEST_F(DeviceTierTest, ScrubWaitsForTheLastReference) {
 
   ASSERT_TRUE(ReturnLeases(*core_, a->id(), {lease->id()}).ok());
   EXPECT_EQ(state_->Count("zero"), zeroes);
-  EXPECT_EQ(device_pool_->Stats().used_bytes, 2 * kMiB);
+  EXPECT_EQ(device_pool_->Stats().used_bytes(), 2 * kMiB);
   lease.reset();
   EXPECT_EQ(state_->Count("zero"), zeroes + 1);
   EXPECT_TRUE(AllBytesAre(bytes, 2 * kMiB, std::byte{0}));
-  EXPECT_EQ(device_pool_->Stats().used_bytes, 0u);
+  EXPECT_EQ(device_pool_->Stats().used_bytes(), 0u);
 }
 
 TEST_F(DeviceTierTest, ScrubHappensWhenTheLastReferenceDrops) {
@@ -236,7 +236,7 @@ TEST_F(DeviceTierTest, ScrubHappensWhenTheLastReferenceDrops) {
   EXPECT_EQ(calls.back().offset, offset);
   EXPECT_EQ(calls.back().bytes, 2 * kMiB);
   EXPECT_TRUE(AllBytesAre(bytes, 2 * kMiB, std::byte{0}));
-  EXPECT_EQ(device_pool_->Stats().used_bytes, 0u);
+  EXPECT_EQ(device_pool_->Stats().used_bytes(), 0u);
   EXPECT_EQ(a->used_bytes(), 0u);
 
   // The next tenant gets the same (zeroed) memory.
@@ -270,7 +270,7 @@ TEST_F(DeviceTierTest, ClosingASessionReclaimsAndScrubsOnlyItsDeviceLeases) {
   EXPECT_TRUE(AllBytesAre(a_bytes, kMiB, std::byte{0}));
   EXPECT_TRUE(AllBytesAre(b_bytes, kMiB, std::byte{0x22}));  // b's untouched
   EXPECT_EQ(device_leases_->size(), 1u);
-  EXPECT_EQ(device_pool_->Stats().used_bytes, kMiB);
+  EXPECT_EQ(device_pool_->Stats().used_bytes(), kMiB);
   EXPECT_EQ(a->used_bytes(), 0u);
 }
 
@@ -283,7 +283,7 @@ TEST_F(DeviceTierTest, DeviceBytesCountAgainstTheSessionQuota) {
   ASSERT_FALSE(over.ok());
   EXPECT_EQ(over.status().code(), absl::StatusCode::kResourceExhausted) << over.status();
   EXPECT_TRUE(Contains(over.status(), std::to_string(3 * kMiB))) << over.status();  // the quota
-  EXPECT_EQ(device_pool_->Stats().used_bytes, 2 * kMiB);  // nothing taken by the refusal
+  EXPECT_EQ(device_pool_->Stats().used_bytes(), 2 * kMiB);  // nothing taken by the refusal
 }
 
 TEST_F(DeviceTierTest, PoolExhaustionIsResourceExhaustedWithNumbers) {
@@ -313,8 +313,8 @@ TEST_F(DeviceTierTest, SegmentsThatCannotBeScrubbedAreNeverReused) {
     state_->fail_zero = absl::InternalError("fake memset failed");
   }
   ASSERT_TRUE(ReturnLeases(*core_, s->id(), {id}).ok());
-  EXPECT_EQ(device_pool_->Stats().used_bytes, 4 * kMiB);  // quarantined
-  EXPECT_EQ(s->used_bytes(), 0u);                         // but the quota is back
+  EXPECT_EQ(device_pool_->Stats().used_bytes(), 4 * kMiB);  // quarantined
+  EXPECT_EQ(s->used_bytes(), 0u);                           // but the quota is back
   EXPECT_EQ(device_leases_->Grant(s, 1, 1).status().code(), absl::StatusCode::kResourceExhausted);
 }
 

@@ -93,7 +93,7 @@ HostPoolOptions Options(FakeRegistrar* registrar, bool require, uint64_t segment
 
 // The pool's base address: all segments as one run (the pool is empty).
 std::byte* PoolBase(MemoryPool& pool) {
-  absl::StatusOr<SegmentRun> all = pool.AllocateSegments(pool.Stats().segments);
+  absl::StatusOr<SegmentRun> all = pool.AllocateSegments(pool.Stats().segments());
   EXPECT_TRUE(all.ok()) << all.status();
   return all.ok() ? all->memory.data() : nullptr;
 }
@@ -111,13 +111,13 @@ TEST(HostPoolRegistrationTest, EverySegmentRegisteredOnceAtCreation) {
     EXPECT_EQ(events[i].bytes, kMiB);
   }
   EXPECT_EQ(registrar.live(), 4u);
-  EXPECT_EQ((*pool)->Stats().cuda_pinned_bytes, 4 * kMiB);
+  EXPECT_EQ((*pool)->Stats().cuda_pinned_bytes(), 4 * kMiB);
 }
 
 TEST(HostPoolRegistrationTest, NoRegistrarMeansNothingRegistered) {
   auto pool = CreateHostPool(Options(nullptr, /*require=*/false));
   ASSERT_TRUE(pool.ok()) << pool.status();
-  EXPECT_EQ((*pool)->Stats().cuda_pinned_bytes, 0u);
+  EXPECT_EQ((*pool)->Stats().cuda_pinned_bytes(), 0u);
 }
 
 TEST(HostPoolRegistrationTest, RenewalUnregistersBeforeTheRemapAndRegistersAfter) {
@@ -149,7 +149,7 @@ TEST(HostPoolRegistrationTest, RenewalUnregistersBeforeTheRemapAndRegistersAfter
     EXPECT_EQ(reg.first_byte, std::byte{0});
   }
   EXPECT_EQ(registrar.live(), 4u);
-  EXPECT_EQ((*pool)->Stats().cuda_pinned_bytes, 4 * kMiB);
+  EXPECT_EQ((*pool)->Stats().cuda_pinned_bytes(), 4 * kMiB);
 }
 
 TEST(HostPoolRegistrationTest, DestructionUnregistersEverySegmentWhileMapped) {
@@ -183,7 +183,7 @@ TEST(HostPoolRegistrationTest, FailureWithoutRequireKeepsThePoolUsable) {
   {
     auto pool = CreateHostPool(Options(&registrar, /*require=*/false));
     ASSERT_TRUE(pool.ok()) << pool.status();
-    EXPECT_EQ((*pool)->Stats().cuda_pinned_bytes, 0u);
+    EXPECT_EQ((*pool)->Stats().cuda_pinned_bytes(), 0u);
     absl::StatusOr<Allocation> a = (*pool)->Allocate(3 * kMiB);
     ASSERT_TRUE(a.ok()) << a.status();
     std::memset(a->data(), 0x11, a->size());
@@ -192,7 +192,7 @@ TEST(HostPoolRegistrationTest, FailureWithoutRequireKeepsThePoolUsable) {
     absl::StatusOr<SegmentRun> run = (*pool)->AllocateSegments(1);
     ASSERT_TRUE(run.ok());
     EXPECT_TRUE((*pool)->RenewSegments(*run).ok());
-    EXPECT_EQ((*pool)->Stats().cuda_pinned_bytes, 0u);
+    EXPECT_EQ((*pool)->Stats().cuda_pinned_bytes(), 0u);
     registrar.TakeEvents();
   }
   // Nothing was registered, so nothing is unregistered.
@@ -205,7 +205,7 @@ TEST(HostPoolRegistrationTest, PartialFailureCountsOnlyRegisteredSegments) {
   {
     auto pool = CreateHostPool(Options(&registrar, /*require=*/false));
     ASSERT_TRUE(pool.ok()) << pool.status();
-    EXPECT_EQ((*pool)->Stats().cuda_pinned_bytes, 3 * kMiB);
+    EXPECT_EQ((*pool)->Stats().cuda_pinned_bytes(), 3 * kMiB);
     registrar.TakeEvents();
   }
   EXPECT_EQ(registrar.TakeEvents().size(), 3u);  // the three that were registered
@@ -236,7 +236,7 @@ TEST(HostPoolRegistrationTest, RenewalThatCannotRegisterAgainFailsOnlyWithRequir
     registrar.FailAll(true);
     const absl::Status renewed = (*pool)->RenewSegments(*run);
     EXPECT_EQ(renewed.ok(), !require) << renewed;
-    EXPECT_EQ((*pool)->Stats().cuda_pinned_bytes, 3 * kMiB);
+    EXPECT_EQ((*pool)->Stats().cuda_pinned_bytes(), 3 * kMiB);
     EXPECT_EQ(registrar.live(), 3u);
     // The renewed segment is zeroed and usable either way.
     EXPECT_EQ(run->memory.data()[0], std::byte{0});

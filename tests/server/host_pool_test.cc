@@ -81,25 +81,25 @@ TEST(HostPoolTest, PoolIsRoundedDownToWholeSegments) {
   auto pool = CreateHostPool(Options(5 * kMiB + kMiB / 2));
   ASSERT_TRUE(pool.ok()) << pool.status();
   const PoolStats stats = (*pool)->Stats();
-  EXPECT_EQ(stats.total_bytes, 5 * kMiB);
-  EXPECT_EQ(stats.segments, 5u);
-  EXPECT_EQ(stats.segment_bytes, kMiB);
-  EXPECT_EQ(stats.used_bytes, 0u);
-  EXPECT_EQ(stats.free_bytes, 5 * kMiB);
-  EXPECT_EQ(stats.largest_free_bytes, 5 * kMiB);
-  EXPECT_EQ(stats.allocations, 0u);
-  EXPECT_EQ(stats.locked_bytes, 0u);  // Tristate::kOff
+  EXPECT_EQ(stats.total_bytes(), 5 * kMiB);
+  EXPECT_EQ(stats.segments(), 5u);
+  EXPECT_EQ(stats.segment_bytes(), kMiB);
+  EXPECT_EQ(stats.used_bytes(), 0u);
+  EXPECT_EQ(stats.free_bytes(), 5 * kMiB);
+  EXPECT_EQ(stats.largest_free_bytes(), 5 * kMiB);
+  EXPECT_EQ(stats.allocations(), 0u);
+  EXPECT_EQ(stats.locked_bytes(), 0u);  // Tristate::kOff
 
   // Exactly one segment is the smallest pool.
   auto one = CreateHostPool(Options(kMiB + kMiB - 1));
   ASSERT_TRUE(one.ok()) << one.status();
-  EXPECT_EQ((*one)->Stats().total_bytes, kMiB);
-  EXPECT_EQ((*one)->Stats().segments, 1u);
+  EXPECT_EQ((*one)->Stats().total_bytes(), kMiB);
+  EXPECT_EQ((*one)->Stats().segments(), 1u);
 
   // A page-sized segment is allowed.
   auto small = CreateHostPool(Options(3 * PageSize(), PageSize()));
   ASSERT_TRUE(small.ok()) << small.status();
-  EXPECT_EQ((*small)->Stats().segments, 3u);
+  EXPECT_EQ((*small)->Stats().segments(), 3u);
 }
 
 TEST(HostPoolTest, ZeroByteAllocationIsEmpty) {
@@ -109,10 +109,10 @@ TEST(HostPoolTest, ZeroByteAllocationIsEmpty) {
   ASSERT_TRUE(empty.ok()) << empty.status();
   EXPECT_EQ(empty->data(), nullptr);
   EXPECT_EQ(empty->size(), 0u);
-  EXPECT_EQ(pool->Stats().allocations, 0u);
-  EXPECT_EQ(pool->Stats().used_bytes, 0u);
+  EXPECT_EQ(pool->Stats().allocations(), 0u);
+  EXPECT_EQ(pool->Stats().used_bytes(), 0u);
   empty->Reset();
-  EXPECT_EQ(pool->Stats().allocations, 0u);
+  EXPECT_EQ(pool->Stats().allocations(), 0u);
 }
 
 TEST(HostPoolTest, AllocationsAreAlignedDisjointAndInsideThePool) {
@@ -126,7 +126,7 @@ TEST(HostPoolTest, AllocationsAreAlignedDisjointAndInsideThePool) {
     EXPECT_EQ(a->size(), size);
     EXPECT_EQ(reinterpret_cast<uintptr_t>(a->data()) % 256, 0u) << "size " << size;
     EXPECT_EQ(a->offset() % 256, 0u) << "size " << size;
-    EXPECT_LE(a->offset() + a->size(), pool->Stats().total_bytes);
+    EXPECT_LE(a->offset() + a->size(), pool->Stats().total_bytes());
     live.push_back(*std::move(a));
   }
   // One mapping: data() - offset() is the same base for all of them.
@@ -138,13 +138,13 @@ TEST(HostPoolTest, AllocationsAreAlignedDisjointAndInsideThePool) {
   std::sort(ranges.begin(), ranges.end());
   for (size_t i = 1; i < ranges.size(); ++i) EXPECT_LE(ranges[i - 1].second, ranges[i].first);
 
-  EXPECT_EQ(pool->Stats().allocations, sizes.size());
+  EXPECT_EQ(pool->Stats().allocations(), sizes.size());
   uint64_t requested = 0;
   for (uint64_t size : sizes) requested += size;
-  EXPECT_GE(pool->Stats().used_bytes, requested);
+  EXPECT_GE(pool->Stats().used_bytes(), requested);
   live.clear();
-  EXPECT_EQ(pool->Stats().used_bytes, 0u);
-  EXPECT_EQ(pool->Stats().allocations, 0u);
+  EXPECT_EQ(pool->Stats().used_bytes(), 0u);
+  EXPECT_EQ(pool->Stats().allocations(), 0u);
 }
 
 TEST(HostPoolTest, LargerAlignmentIsHonoured) {
@@ -195,8 +195,8 @@ TEST(HostPoolTest, WholePoolIsOneWritableRange) {
   uint64_t mismatches = 0;
   for (uint64_t i = 0; i < all->size(); ++i) mismatches += all->data()[i] != PatternByte(i, 0xa1);
   EXPECT_EQ(mismatches, 0u);
-  EXPECT_EQ(pool->Stats().free_bytes, 0u);
-  EXPECT_EQ(pool->Stats().largest_free_bytes, 0u);
+  EXPECT_EQ(pool->Stats().free_bytes(), 0u);
+  EXPECT_EQ(pool->Stats().largest_free_bytes(), 0u);
 }
 
 TEST(HostPoolTest, ExhaustionIsResourceExhaustedWithNumbers) {
@@ -214,8 +214,8 @@ TEST(HostPoolTest, ExhaustionIsResourceExhaustedWithNumbers) {
   EXPECT_NE(message.find(absl::StrCat(request)), std::string::npos) << message;
   EXPECT_NE(message.find(absl::StrCat(kMiB)), std::string::npos) << message;  // free bytes
   // A refusal changes nothing.
-  EXPECT_EQ(pool->Stats().allocations, 1u);
-  EXPECT_EQ(pool->Stats().used_bytes, 3 * kMiB);
+  EXPECT_EQ(pool->Stats().allocations(), 1u);
+  EXPECT_EQ(pool->Stats().used_bytes(), 3 * kMiB);
 
   auto rest = pool->Allocate(kMiB);
   ASSERT_TRUE(rest.ok()) << rest.status();
@@ -237,8 +237,8 @@ TEST(HostPoolTest, FragmentationIsResourceExhaustedNamingLargestFreeBlock) {
   for (int i = 0; i < 8; ++i) blocks.push_back(pool->Allocate(kMiB).value());
   for (int i = 0; i < 8; i += 2) blocks[i].Reset();  // 4 MiB free in 1 MiB holes
   const PoolStats stats = pool->Stats();
-  EXPECT_EQ(stats.free_bytes, 4 * kMiB);
-  EXPECT_EQ(stats.largest_free_bytes, kMiB);
+  EXPECT_EQ(stats.free_bytes(), 4 * kMiB);
+  EXPECT_EQ(stats.largest_free_bytes(), kMiB);
 
   auto refused = pool->Allocate(2 * kMiB);
   ASSERT_FALSE(refused.ok());
@@ -262,7 +262,7 @@ TEST(HostPoolTest, AllocationMoveAndResetGiveMemoryBack) {
   std::byte* const data = a.data();
   const uint64_t offset = a.offset();
   ASSERT_NE(data, nullptr);
-  EXPECT_EQ(pool->Stats().allocations, 1u);
+  EXPECT_EQ(pool->Stats().allocations(), 1u);
 
   Allocation b(std::move(a));
   EXPECT_EQ(a.data(), nullptr);  // NOLINT(bugprone-use-after-move)
@@ -270,37 +270,37 @@ TEST(HostPoolTest, AllocationMoveAndResetGiveMemoryBack) {
   EXPECT_EQ(b.data(), data);
   EXPECT_EQ(b.offset(), offset);
   EXPECT_EQ(b.size(), 1000u);
-  EXPECT_EQ(pool->Stats().allocations, 1u);
+  EXPECT_EQ(pool->Stats().allocations(), 1u);
   a.Reset();  // owns nothing: no effect
-  EXPECT_EQ(pool->Stats().allocations, 1u);
+  EXPECT_EQ(pool->Stats().allocations(), 1u);
 
   Allocation c = pool->Allocate(5000).value();
-  EXPECT_EQ(pool->Stats().allocations, 2u);
+  EXPECT_EQ(pool->Stats().allocations(), 2u);
   c = std::move(b);  // c's own range goes back; c now owns b's
-  EXPECT_EQ(pool->Stats().allocations, 1u);
+  EXPECT_EQ(pool->Stats().allocations(), 1u);
   EXPECT_EQ(c.data(), data);
   EXPECT_EQ(b.data(), nullptr);  // NOLINT(bugprone-use-after-move)
 
   Allocation& alias = c;
   c = std::move(alias);  // self-move keeps it
   EXPECT_EQ(c.data(), data);
-  EXPECT_EQ(pool->Stats().allocations, 1u);
+  EXPECT_EQ(pool->Stats().allocations(), 1u);
 
   c.Reset();
   EXPECT_EQ(c.data(), nullptr);
   EXPECT_EQ(c.size(), 0u);
-  EXPECT_EQ(pool->Stats().allocations, 0u);
-  EXPECT_EQ(pool->Stats().used_bytes, 0u);
+  EXPECT_EQ(pool->Stats().allocations(), 0u);
+  EXPECT_EQ(pool->Stats().used_bytes(), 0u);
   c.Reset();  // twice is fine
-  EXPECT_EQ(pool->Stats().allocations, 0u);
+  EXPECT_EQ(pool->Stats().allocations(), 0u);
 
   {
     Allocation scoped = pool->Allocate(kMiB).value();
-    EXPECT_EQ(pool->Stats().used_bytes, kMiB);
+    EXPECT_EQ(pool->Stats().used_bytes(), kMiB);
   }
-  EXPECT_EQ(pool->Stats().used_bytes, 0u);
-  EXPECT_EQ(pool->Stats().free_bytes, 8 * kMiB);
-  EXPECT_EQ(pool->Stats().largest_free_bytes, 8 * kMiB);
+  EXPECT_EQ(pool->Stats().used_bytes(), 0u);
+  EXPECT_EQ(pool->Stats().free_bytes(), 8 * kMiB);
+  EXPECT_EQ(pool->Stats().largest_free_bytes(), 8 * kMiB);
 }
 
 TEST(HostPoolTest, ConcurrentAllocateAndFree) {
@@ -336,20 +336,20 @@ TEST(HostPoolTest, ConcurrentAllocateAndFree) {
   }
   for (std::thread& thread : threads) thread.join();
   EXPECT_FALSE(failed.load());
-  EXPECT_EQ(pool->Stats().allocations, 0u);
-  EXPECT_EQ(pool->Stats().used_bytes, 0u);
+  EXPECT_EQ(pool->Stats().allocations(), 0u);
+  EXPECT_EQ(pool->Stats().used_bytes(), 0u);
 }
 
 TEST(HostPoolTest, MlockOnLocksTheWholePool) {
   auto pool = CreateHostPool(Options(4 * kMiB, kMiB, Tristate::kOn));
   ASSERT_TRUE(pool.ok()) << pool.status();
   const PoolStats stats = (*pool)->Stats();
-  EXPECT_EQ(stats.total_bytes, 4 * kMiB);
-  EXPECT_EQ(stats.locked_bytes, stats.total_bytes);
+  EXPECT_EQ(stats.total_bytes(), 4 * kMiB);
+  EXPECT_EQ(stats.locked_bytes(), stats.total_bytes());
 
   auto automatic = CreateHostPool(Options(4 * kMiB, kMiB, Tristate::kAuto));
   ASSERT_TRUE(automatic.ok()) << automatic.status();
-  EXPECT_EQ((*automatic)->Stats().locked_bytes, 4 * kMiB);
+  EXPECT_EQ((*automatic)->Stats().locked_bytes(), 4 * kMiB);
 }
 
 // Exit codes of the child in the RLIMIT_MEMLOCK test.
@@ -376,7 +376,7 @@ int MemlockChild() {
   {
     auto pool = CreateHostPool(Options(8 * kMiB, kMiB, Tristate::kAuto));
     if (!pool.ok()) return kChildAutoFailed;
-    if ((*pool)->Stats().locked_bytes != 0) return kChildAutoLocked;
+    if ((*pool)->Stats().locked_bytes() != 0) return kChildAutoLocked;
     auto a = (*pool)->Allocate(3 * kMiB);
     if (!a.ok()) return kChildAutoNotUsable;
     std::memset(a->data(), 0x42, a->size());

@@ -161,7 +161,7 @@ TEST(SessionTest, ReservationKeepsSessionAliveAfterManagerAndCloseAreGone) {
   EXPECT_TRUE(weak.expired());
 }
 
-TEST(SessionTest, SnapshotReflectsIdentityAndCounters) {
+TEST(SessionTest, StatsReflectIdentityCountersAndTheClientsReport) {
   SessionManager manager(Options(1000, 5000));
   const int64_t before = NowUnixMs();
   std::shared_ptr<Session> s = *manager.Open("rank-3", 2000, 4242);
@@ -171,19 +171,27 @@ TEST(SessionTest, SnapshotReflectsIdentityAndCounters) {
   s->RecordStore(100);
   s->RecordStore(50);
   s->RecordFetch(70);
+  v1::ClientUsage usage;
+  usage.set_objects(7);
+  usage.set_restores_ahead(3);
+  s->RecordClientUsage(usage);
 
-  const SessionSnapshot snap = s->Snapshot();
-  EXPECT_EQ(snap.id, s->id());
-  EXPECT_EQ(snap.name, "rank-3");
-  EXPECT_EQ(snap.pid, 4242u);
-  EXPECT_EQ(snap.quota_bytes, 2000u);
-  EXPECT_EQ(snap.used_bytes, 123u);
-  EXPECT_EQ(snap.bytes_stored, 150u);
-  EXPECT_EQ(snap.puts, 2u);
-  EXPECT_EQ(snap.bytes_fetched, 70u);
-  EXPECT_EQ(snap.gets, 1u);
-  EXPECT_GE(snap.opened_unix_ms, before);
-  EXPECT_LE(snap.opened_unix_ms, after);
+  v1::SessionStats stats;
+  s->FillStats(&stats);
+  EXPECT_EQ(stats.session_id(), s->id());
+  EXPECT_EQ(stats.client_name(), "rank-3");
+  EXPECT_EQ(stats.client_pid(), 4242u);
+  EXPECT_EQ(stats.quota_bytes(), 2000u);
+  EXPECT_EQ(stats.used_bytes(), 123u);
+  EXPECT_EQ(stats.bytes_stored(), 150u);
+  EXPECT_EQ(stats.puts(), 2u);
+  EXPECT_EQ(stats.bytes_fetched(), 70u);
+  EXPECT_EQ(stats.gets(), 1u);
+  EXPECT_GE(stats.opened_unix_ms(), before);
+  EXPECT_LE(stats.opened_unix_ms(), after);
+  EXPECT_EQ(stats.client().objects(), 7u) << "the report is kept as sent";
+  EXPECT_EQ(stats.client().restores_ahead(), 3u);
+  EXPECT_FALSE(stats.has_spill()) << "the spill tier's part is not the session's";
 }
 
 // 8 threads reserve and release random amounts against one session. The sum
@@ -289,7 +297,9 @@ TEST(SessionManagerTest, KeepsNameAndPid) {
   SessionManager manager(Options(100, 1000));
   std::shared_ptr<Session> s = *manager.Open("rank-7", 0, 31337);
   EXPECT_EQ(s->name(), "rank-7");
-  EXPECT_EQ(s->Snapshot().pid, 31337u);
+  v1::SessionStats stats;
+  s->FillStats(&stats);
+  EXPECT_EQ(stats.client_pid(), 31337u);
   EXPECT_FALSE(s->closed());
 }
 

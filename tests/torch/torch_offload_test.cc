@@ -81,7 +81,8 @@ Result Train(Mlp& mlp, bool checkpoint, const std::shared_ptr<Offloader>& offloa
     offloader->Synchronize();
     auto stats = offloader->client().Stats();
     EXPECT_TRUE(stats.ok()) << stats.status();
-    if (stats.ok()) result.daemon_objects = stats->self.local_objects + stats->self.objects;
+    if (stats.ok())
+      result.daemon_objects = stats->self().client().objects() + stats->self().objects();
   }
   for (at::Tensor& loss : losses) {
     loss.backward();
@@ -151,8 +152,8 @@ class TorchOffloadTest : public ::testing::Test {
     EXPECT_EQ(offloader.stats().live_bytes, 0u);
     auto stats = offloader.client().Stats();
     ASSERT_TRUE(stats.ok()) << stats.status();
-    EXPECT_EQ(stats->self.local_objects, 0u);
-    EXPECT_EQ(stats->self.objects, 0u);
+    EXPECT_EQ(stats->self().client().objects(), 0u);
+    EXPECT_EQ(stats->self().objects(), 0u);
   }
 
   static DaemonProcess* daemon_;
@@ -252,8 +253,8 @@ TEST_F(TorchOffloadTest, InlinePathGradientsBitwiseEqualAndDaemonHoldsTensors) {
   auto stats = client->Stats();
   ASSERT_TRUE(stats.ok()) << stats.status();
   EXPECT_EQ(offloader->stats().store_failures, 0u);
-  EXPECT_EQ(stats->self.objects, offloader->stats().live_tensors);
-  EXPECT_GT(stats->self.used_bytes, 0u);
+  EXPECT_EQ(stats->self().objects(), offloader->stats().live_tensors);
+  EXPECT_GT(stats->self().used_bytes(), 0u);
   loss.backward();
   ExpectAllReleased(*offloader);
   ExpectBitwiseEqual(plain, Train(mlp_, true, offloader));

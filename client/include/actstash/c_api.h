@@ -28,7 +28,8 @@
 extern "C" {
 #endif
 
-#define ACTSTASH_C_API_VERSION 1
+/* 2: the stats and zero_copy dictionaries are the proto messages'. */
+#define ACTSTASH_C_API_VERSION 2
 
 #if defined(__GNUC__)
 #define ACTSTASH_API __attribute__((visibility("default")))
@@ -53,11 +54,13 @@ ACTSTASH_API int actstash_client_connect(const char* address, uint64_t quota, co
 ACTSTASH_API int actstash_client_close(actstash_client* client);
 ACTSTASH_API void actstash_client_free(actstash_client* client);
 /* JSON object: session_id, quota, address, attached, attach_error, pin_error,
- * device_pools [{device, total_bytes, segment_bytes}], zero_copy {leases,
- * leased_bytes, pinned_bytes, unpinned_leases, objects, bytes}. No RPC. */
+ * device_pools [{device, total_bytes, segment_bytes}], zero_copy (the
+ * ClientUsage message of actstash/v1/stash.proto, every field). No RPC. */
 ACTSTASH_API char* actstash_client_info_json(actstash_client* client);
-/* The daemon's stats as JSON (*out, the caller's): pool_* and node counters,
- * "self" and, with all_sessions, "all_sessions" (session objects). */
+/* The daemon's stats as JSON (*out, the caller's): the StatsReply message of
+ * actstash/v1/stash.proto with every field under its proto name, 64-bit
+ * integers as numbers, unset messages as null; all_sessions fills
+ * "all_sessions". */
 ACTSTASH_API int actstash_client_stats_json(actstash_client* client, int all_sessions, char** out);
 
 /* Flags of actstash_engine_pack. */

@@ -24,6 +24,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "actstash/pinned.h"
+#include "actstash/v1/stash.pb.h"
 
 namespace actstash {
 
@@ -117,24 +118,6 @@ struct StoredBytes {
   bool on_device = false;
 };
 
-// This client's zero-copy side, as the client sees it (no RPC).
-struct ZeroCopyUsage {
-  uint64_t leases = 0;
-  uint64_t leased_bytes = 0;
-  uint64_t pinned_bytes = 0;     // of leased_bytes, registered for CUDA
-  uint64_t unpinned_leases = 0;  // leases whose registration failed, cumulative
-  uint64_t objects = 0;
-  uint64_t bytes = 0;
-  // Spill tier, as this client sees it.
-  uint64_t spilled_leases = 0;  // on the daemon's disk now
-  uint64_t spilled_bytes = 0;
-  uint64_t spills = 0;           // leases written to disk (cumulative)
-  uint64_t restores = 0;         // leases read back (cumulative)
-  uint64_t restores_ahead = 0;   // of those, read back before a fetch needed them
-  uint64_t spill_wait_ns = 0;    // time stores waited for spills (cumulative)
-  uint64_t restore_wait_ns = 0;  // time fetches waited for restores (cumulative)
-};
-
 // A stored object, valid in the session that stored it. 0 is never a handle.
 struct Handle {
   uint64_t id = 0;
@@ -160,92 +143,6 @@ struct Object {
   std::vector<std::byte> data;
 };
 
-struct SessionStatsEntry {
-  bool attached = false;
-  uint32_t peer_uid = 0;
-  uint32_t peer_pid = 0;
-  uint64_t leases = 0;
-  uint64_t leased_bytes = 0;
-  uint64_t local_objects = 0;  // reported by the client (zero-copy path)
-  uint64_t local_bytes = 0;
-  uint64_t session_id = 0;
-  std::string client_name;
-  uint32_t client_pid = 0;
-  uint64_t quota_bytes = 0;
-  uint64_t used_bytes = 0;
-  uint64_t objects = 0;
-  uint64_t bytes_stored = 0;
-  uint64_t bytes_fetched = 0;
-  uint64_t puts = 0;
-  uint64_t gets = 0;
-  // Spill tier (the daemon's counts; waits as the client reported them).
-  uint64_t spill_on_disk_bytes = 0;
-  uint64_t spilled_bytes = 0;   // cumulative
-  uint64_t restored_bytes = 0;  // cumulative
-  uint64_t spills = 0;
-  uint64_t restores = 0;
-  uint64_t spill_wait_ns = 0;
-  uint64_t restore_wait_ns = 0;
-};
-
-// The daemon's spill tier (actstashd --spill-dir).
-struct SpillSnapshot {
-  std::string dir;
-  uint64_t capacity_bytes = 0;  // 0: bounded by the free space
-  uint64_t on_disk_bytes = 0;
-  uint64_t files = 0;
-  uint64_t writing_bytes = 0;  // in flight now
-  uint64_t reading_bytes = 0;
-  uint64_t bytes_written = 0;  // cumulative
-  uint64_t bytes_read = 0;
-  uint64_t spills = 0;
-  uint64_t restores = 0;
-  double write_seconds = 0;  // summed time of the writes: bytes_written / this = MB/s
-  double read_seconds = 0;
-  uint64_t failures = 0;
-  uint64_t checksum_failures = 0;
-  std::string io_mode;  // "io_uring" or "pwrite"
-};
-
-// A device pool of the daemon (--device-pool GPU:SIZE).
-struct DevicePoolSnapshot {
-  uint32_t device = 0;
-  uint64_t total_bytes = 0;
-  uint64_t used_bytes = 0;  // leased to sessions
-  uint64_t free_bytes = 0;
-  uint64_t scrubbing_bytes = 0;  // returned, being zeroed before reuse
-  uint64_t segment_bytes = 0;
-  uint64_t segments = 0;
-  uint64_t leases = 0;
-};
-
-struct StatsSnapshot {
-  uint64_t pool_total_bytes = 0;
-  uint64_t pool_used_bytes = 0;
-  uint64_t pool_free_bytes = 0;
-  uint64_t pool_largest_free_bytes = 0;
-  uint64_t pool_locked_bytes = 0;
-  uint64_t pool_leased_bytes = 0;
-  uint64_t pool_renewing_bytes = 0;     // returned lease memory being renewed
-  uint64_t pool_cuda_pinned_bytes = 0;  // registered with CUDA by the daemon
-  uint64_t pool_leases = 0;
-  uint64_t leases_granted = 0;
-  uint64_t sessions_reclaimed = 0;
-  uint64_t segment_bytes = 0;
-  uint64_t segments = 0;
-  uint64_t sessions = 0;
-  uint64_t objects = 0;
-  uint64_t bytes_stored = 0;
-  uint64_t bytes_fetched = 0;
-  SessionStatsEntry self;
-  std::vector<SessionStatsEntry> all_sessions;  // filled when asked for
-  std::vector<DevicePoolSnapshot> device_pools;
-  std::optional<SpillSnapshot> spill;  // set when the daemon has a spill tier
-  std::string daemon_version;
-  uint64_t uptime_seconds = 0;
-  uint32_t daemon_pid = 0;
-};
-
 class Client {
  public:
   // Opens a session. UNAVAILABLE (naming the address and how to start the
@@ -269,7 +166,11 @@ class Client {
   // Deletes objects, all or none (NOT_FOUND names an unknown handle).
   absl::Status Delete(absl::Span<const Handle> handles);
   absl::Status Delete(Handle handle) { return Delete(absl::MakeConstSpan(&handle, 1)); }
-  absl::StatusOr<StatsSnapshot> Stats(bool all_sessions = false);
+  // The daemon's numbers, as the wire message (actstash/v1/stash.proto is
+  // their schema and documentation): the pools, totals, this session (self)
+  // and, when `all_sessions`, every open session. Reports this client's
+  // zero-copy usage first, so that `self.client` is current.
+  absl::StatusOr<v1::StatsReply> Stats(bool all_sessions = false);
 
   // Stores a copy of `nbytes` from `src`: placed in leased shared memory
   // when attached (one memcpy, no RPC except when a new segment must be
@@ -316,7 +217,10 @@ class Client {
   absl::Status attach_status() const;
   // OK, or why some leased memory is not pinned for CUDA (pin_leases kAuto).
   absl::Status pin_status() const;
-  ZeroCopyUsage zero_copy_usage() const;
+  // This client's zero-copy side, all tiers (no RPC): what it reports to
+  // the daemon (ClientUsage in actstash/v1/stash.proto). Zero when not
+  // attached.
+  v1::ClientUsage zero_copy_usage() const;
   // Closes the session now; later calls fail with FAILED_PRECONDITION.
   absl::Status Close();
 

@@ -50,7 +50,10 @@ def _declare(lib, name, restype, *argtypes):
     return fn
 
 
-_declare(_c, "c_api_version", _int)
+_C_API_VERSION = 2  # the JSON shapes below (stats, zero_copy) are version 2's
+if _declare(_c, "c_api_version", _int)() != _C_API_VERSION:
+    raise ImportError(f"actstash: {_PATH} has C API version {_c.actstash_c_api_version()}, "
+                      f"this package needs {_C_API_VERSION} (mixed installs?)")
 _last_error = _declare(_py, "last_error", ctypes.c_char_p)
 _free_string = _declare(_c, "free_string", None, _vp)
 cuda_available_fn = _declare(_c, "cuda_available", _int)
@@ -178,8 +181,10 @@ class Client:
         return self._info()["zero_copy"]
 
     def stats(self, all_sessions=False):
-        """The daemon's counters: pool_*, sessions, objects, "self" and, when asked,
-        "all_sessions"."""
+        """The daemon's counters as a dict of the StatsReply message (actstash/v1/stash.proto):
+        "pool", "sessions", "objects", "self" (this session; its "client" is what this client
+        reported, its "spill" the daemon's spill counts, None without a spill tier) and, when
+        asked, "all_sessions"."""
         if self._handle is None:
             raise StashError("the session is closed")
         out = _vp()

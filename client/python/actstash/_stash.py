@@ -324,8 +324,9 @@ class Stash:
                 out["leases"] = daemon["self"]["leases"]
                 out["attached"] = daemon["self"]["attached"]
                 # Spill tier (actstashd --spill-dir), cumulative, as the daemon counts.
-                out["bytes_spilled"] = daemon["self"]["spilled_bytes"]
-                out["bytes_restored"] = daemon["self"]["restored_bytes"]
+                spill = daemon["self"]["spill"] or {}
+                out["bytes_spilled"] = spill.get("spilled_bytes", 0)
+                out["bytes_restored"] = spill.get("restored_bytes", 0)
             except StashError:
                 pass
             usage = self._client.zero_copy_usage()

@@ -1,0 +1,61 @@
+#include "server/stats.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+
+#include "common/protocol.h"
+#include "server/spill_tier.h"
+
+namespace actstash::server {
+namespace {
+
+// A pool's own numbers plus what its lease manager knows: returned lease
+// memory being renewed (host) or zeroed (device) is neither used by a
+// session nor free yet.
+void FillPool(const MemoryPool& pool, const LeaseManager& leases, v1::PoolStats* out) {
+  *out = pool.Stats();
+  const uint64_t renewing = std::min(leases.renewing_bytes(), out->used_bytes());
+  out->set_renewing_bytes(renewing);
+  out->set_used_bytes(out->used_bytes() - renewing);
+  out->set_leased_bytes(leases.leased_bytes());
+  out->set_leases(leases.size());
+}
+
+void FillSession(const StashCore& core, const Session& session, v1::SessionStats* out) {
+  session.FillStats(out);
+  out->set_objects(core.catalog.SessionObjectCount(session.id()));
+  if (core.spill != nullptr) *out->mutable_spill() = core.spill->SessionStats(session.id());
+}
+
+}  // namespace
+
+void FillStats(const StashCore& core, const Session* self, bool all_sessions, v1::StatsReply* out) {
+  FillPool(core.pool, core.leases, out->mutable_pool());
+  out->set_sessions(core.sessions.size());
+  out->set_objects(core.catalog.size());
+  out->set_bytes_stored(core.bytes_stored.load(std::memory_order_relaxed));
+  out->set_bytes_fetched(core.bytes_fetched.load(std::memory_order_relaxed));
+  if (self != nullptr) FillSession(core, *self, out->mutable_self());
+  if (all_sessions) {
+    for (const std::shared_ptr<Session>& s : core.sessions.List()) {
+      FillSession(core, *s, out->add_all_sessions());
+    }
+  }
+  out->set_daemon_version(kVersion);
+  out->set_uptime_seconds(std::chrono::duration_cast<std::chrono::seconds>(
+                              std::chrono::steady_clock::now() - core.started)
+                              .count());
+  out->set_daemon_pid(static_cast<uint32_t>(getpid()));
+  out->set_leases_granted(core.leases.granted_total());
+  out->set_sessions_reclaimed(core.sessions_reclaimed.load(std::memory_order_relaxed));
+  for (const DeviceTier& tier : core.device_tiers) {
+    v1::DevicePoolStats* device = out->add_device_pools();
+    device->set_device(static_cast<uint32_t>(tier.pool->device()));
+    FillPool(*tier.pool, *tier.leases, device->mutable_pool());
+  }
+  if (core.spill != nullptr) *out->mutable_spill() = core.spill->Stats();
+}
+
+}  // namespace actstash::server
