@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/attach_wire.h"
+#include "common/check.h"
 #include "common/unique_fd.h"
 #include "server/socket_path.h"
 #include "spdlog/spdlog.h"
@@ -56,33 +57,26 @@ class AttachServer::Impl {
  public:
   class Connection;
 
-  Impl(const AttachServerOptions& options, SessionManager* sessions, MemoryPool* pool,
-       DisconnectCallback on_disconnect)
-      : options_(options),
-        sessions_(*sessions),
-        pool_(*pool),
-        on_disconnect_(std::move(on_disconnect)),
-        acceptor_(io_) {}
+  // Serves `socket` (see AttachServer's constructor): accepts on it and
+  // starts the I/O thread.
+  Impl(const AttachServerOptions& options, ino_t socket_inode, UniqueFd listener,
+       SessionManager* sessions, FdSegmentLeaser* pool, DisconnectCallback on_disconnect);
 
-  absl::Status Listen();
-  void Run() {
-    thread_ = std::thread([this] { io_.run(); });
-  }
   void Stop();
   void SendLeases(uint64_t session_id, std::vector<std::shared_ptr<Lease>> leases,
                   SendCallback done);
   void Disconnect(uint64_t session_id);
 
   const AttachServerOptions options_;
+  const ino_t socket_inode_;
   SessionManager& sessions_;
-  MemoryPool& pool_;
+  FdSegmentLeaser& pool_;
   const DisconnectCallback on_disconnect_;
   asio::io_context io_;
   asio::local::stream_protocol::acceptor acceptor_;
   asio::steady_timer accept_backoff_{io_};
   std::chrono::steady_clock::time_point last_accept_warning_{};
   std::thread thread_;
-  ino_t socket_inode_ = 0;
   // Posting to io_ after Stop would lose the work (and its callback).
   absl::Mutex stop_mu_;
   bool stopped_ ABSL_GUARDED_BY(stop_mu_) = false;
@@ -292,23 +286,48 @@ class AttachServer::Impl::Connection : public std::enable_shared_from_this<Conne
   bool closed_ = false;
 };
 
-absl::Status AttachServer::Impl::Listen() {
-  if (absl::Status s = MakeParentDirectory(options_.socket_path); !s.ok()) return s;
-  if (absl::Status s = ClaimSocketPath(options_.socket_path); !s.ok()) return s;
+absl::StatusOr<AttachSocket> AttachServer::Listen(const AttachServerOptions& options) {
+  if (absl::Status s = MakeParentDirectory(options.socket_path); !s.ok()) return s;
+  if (absl::Status s = ClaimSocketPath(options.socket_path); !s.ok()) return s;
+  asio::io_context io;
+  asio::local::stream_protocol::acceptor acceptor(io);
   boost::system::error_code error;
-  const asio::local::stream_protocol::endpoint endpoint(options_.socket_path);
-  acceptor_.open(endpoint.protocol(), error);
-  if (!error) acceptor_.bind(endpoint, error);
-  if (!error) acceptor_.listen(asio::socket_base::max_listen_connections, error);
+  const asio::local::stream_protocol::endpoint endpoint(options.socket_path);
+  acceptor.open(endpoint.protocol(), error);
+  if (!error) acceptor.bind(endpoint, error);
+  if (!error) acceptor.listen(asio::socket_base::max_listen_connections, error);
   if (error) {
     return absl::FailedPreconditionError(absl::StrCat("cannot listen on attach socket ",
-                                                      options_.socket_path, ": ", error.message()));
+                                                      options.socket_path, ": ", error.message()));
   }
-  absl::StatusOr<ino_t> inode = SetSocketMode(options_.socket_path, options_.socket_mode);
+  UniqueFd fd(acceptor.release(error));
+  if (error) {
+    return absl::InternalError(
+        absl::StrCat("attach socket ", options.socket_path, ": ", error.message()));
+  }
+  absl::StatusOr<ino_t> inode = SetSocketMode(options.socket_path, options.socket_mode);
   if (!inode.ok()) return inode.status();
-  socket_inode_ = *inode;
+  return AttachSocket(options, std::move(fd), *inode);
+}
+
+AttachSocket::~AttachSocket() {
+  if (fd_.valid()) RemoveSocketIfOurs(options_.socket_path, inode_);
+}
+
+AttachServer::Impl::Impl(const AttachServerOptions& options, ino_t socket_inode, UniqueFd listener,
+                         SessionManager* sessions, FdSegmentLeaser* pool,
+                         DisconnectCallback on_disconnect)
+    : options_(options),
+      socket_inode_(socket_inode),
+      sessions_(*sessions),
+      pool_(*pool),
+      on_disconnect_(std::move(on_disconnect)),
+      acceptor_(io_) {
+  boost::system::error_code error;
+  acceptor_.assign(asio::local::stream_protocol(), listener.Release(), error);
+  ACTSTASH_CHECK(!error, "serving the attach socket failed");
   Accept();
-  return absl::OkStatus();
+  thread_ = std::thread([this] { io_.run(); });
 }
 
 void AttachServer::Impl::Accept() {
@@ -457,16 +476,11 @@ void AttachServer::Impl::Stop() {
   RemoveSocketIfOurs(options_.socket_path, socket_inode_);
 }
 
-absl::StatusOr<std::unique_ptr<AttachServer>> AttachServer::Start(
-    const AttachServerOptions& options, SessionManager* sessions, MemoryPool* pool,
-    DisconnectCallback on_disconnect) {
-  auto impl = std::make_unique<Impl>(options, sessions, pool, std::move(on_disconnect));
-  if (absl::Status s = impl->Listen(); !s.ok()) return s;
-  impl->Run();
-  return std::unique_ptr<AttachServer>(new AttachServer(std::move(impl)));
-}
+AttachServer::AttachServer(AttachSocket socket, SessionManager* sessions, FdSegmentLeaser* segments,
+                           DisconnectCallback on_disconnect)
+    : impl_(std::make_unique<Impl>(socket.options_, socket.inode_, std::move(socket.fd_), sessions,
+                                   segments, std::move(on_disconnect))) {}
 
-AttachServer::AttachServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 AttachServer::~AttachServer() { Stop(); }
 void AttachServer::Stop() { impl_->Stop(); }
 void AttachServer::Disconnect(uint64_t session_id) { impl_->Disconnect(session_id); }

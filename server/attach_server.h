@@ -3,9 +3,11 @@
 // peer's credentials (SO_PEERCRED) and binds the connection to the session.
 // Segment memfds of the session's leases then travel over it (SCM_RIGHTS),
 // and only over it. Its end is the session's end: when it closes (client
-// exit, crash, SIGKILL) the disconnect callback reclaims the session.
+// exit, crash, SIGKILL) the owner's disconnect callback reclaims the session.
 #ifndef ACTSTASH_SERVER_ATTACH_SERVER_H_
 #define ACTSTASH_SERVER_ATTACH_SERVER_H_
+
+#include <sys/types.h>
 
 #include <chrono>
 #include <cstdint>
@@ -15,8 +17,10 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/unique_fd.h"
+#include "server/attach_channel.h"
 #include "server/lease_manager.h"
-#include "server/memory_pool.h"
+#include "server/segment_leaser.h"
 #include "server/session_manager.h"
 
 namespace actstash::server {
@@ -32,46 +36,69 @@ struct AttachServerOptions {
   std::chrono::milliseconds hello_timeout{5000};
 };
 
-// Thread model: one I/O thread owns every connection. SendLeases may be
-// called from any thread; callbacks (disconnect, send completion) run on the
-// I/O thread and must not block.
-class AttachServer {
+// The attach socket, bound and listening (AttachServer::Listen) but not
+// served yet: its path is claimed, and connections wait in the backlog.
+// Move-only. An AttachServer takes it over; dropped unserved, it closes
+// and removes its socket file.
+class AttachSocket {
+ public:
+  AttachSocket(AttachSocket&&) = default;
+  AttachSocket& operator=(AttachSocket&&) = delete;
+  ~AttachSocket();
+
+  const std::string& path() const { return options_.socket_path; }
+
+ private:
+  friend class AttachServer;
+  AttachSocket(AttachServerOptions options, UniqueFd fd, ino_t inode)
+      : options_(std::move(options)), fd_(std::move(fd)), inode_(inode) {}
+
+  AttachServerOptions options_;
+  UniqueFd fd_;  // the listener; empty once served or moved from
+  ino_t inode_ = 0;
+};
+
+// Thread model: one I/O thread owns every connection. SendLeases and
+// Disconnect may be called from any thread; callbacks (disconnect, send
+// completion) run on the I/O thread and must not block.
+class AttachServer final : public AttachChannel {
  public:
   using DisconnectCallback = std::function<void(uint64_t session_id)>;
-  using SendCallback = std::function<void(absl::Status)>;
 
-  // Claims the socket path and starts listening. `sessions` and `pool` must
-  // outlive the server.
-  static absl::StatusOr<std::unique_ptr<AttachServer>> Start(const AttachServerOptions& options,
-                                                             SessionManager* sessions,
-                                                             MemoryPool* pool,
-                                                             DisconnectCallback on_disconnect);
+  // Claims the socket path (a live listener there refuses, a stale socket
+  // file is removed), binds and listens, with the options' mode.
+  // FAILED_PRECONDITION (or the claim's error) when it cannot.
+  static absl::StatusOr<AttachSocket> Listen(const AttachServerOptions& options);
+  // Serves `socket` on a new I/O thread. `sessions` and `segments` (the
+  // host pool's) are not owned and must outlive the server. `on_disconnect`
+  // runs on the I/O thread when the attach connection of a session ends
+  // while the server runs (client exit, crash, SIGKILL): the owner reclaims
+  // the session. Connections bind to sessions only, so it never runs before
+  // a session exists.
+  AttachServer(AttachSocket socket, SessionManager* sessions, FdSegmentLeaser* segments,
+               DisconnectCallback on_disconnect);
   // Stops (see Stop).
-  ~AttachServer();
+  ~AttachServer() override;
   AttachServer(const AttachServer&) = delete;
   AttachServer& operator=(const AttachServer&) = delete;
 
-  // Queues the memfds of `leases` (duplicates) for the attach connection of
-  // `session_id`, one message per lease (or per 128 segments), then calls
-  // `done`: OK once queued (the client reads them after its Lease reply),
-  // FAILED_PRECONDITION without a connection, UNAVAILABLE when the
-  // connection is closed or the server stopped (then at once, on the
-  // calling thread).
+  // AttachChannel. SendLeases answers UNAVAILABLE at once, on the calling
+  // thread, once the server stopped.
   void SendLeases(uint64_t session_id, std::vector<std::shared_ptr<Lease>> leases,
-                  SendCallback done);
+                  SendCallback done) override;
   // Closes the session's attach connection (after CloseSession), without
   // the disconnect callback's reclaim mattering: the session is gone.
-  void Disconnect(uint64_t session_id);
+  void Disconnect(uint64_t session_id) override;
 
   // Closes the listener and every connection, without disconnect callbacks,
-  // joins the I/O thread and removes the socket file. Idempotent.
+  // joins the I/O thread and removes the socket file. Idempotent; call it
+  // from one thread (the owner's).
   void Stop();
 
   const std::string& socket_path() const;
 
  private:
   class Impl;
-  explicit AttachServer(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
 

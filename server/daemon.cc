@@ -67,29 +67,54 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> TcpCredentials(
   return grpc::SslServerCredentials(options);
 }
 
-}  // namespace
-
-Daemon::Daemon(const DaemonConfig& config, Memory memory)
-    : config_(config),
-      registrar_(std::move(memory.registrar)),
-      pool_(std::move(memory.pool)),
-      device_memory_(std::move(memory.device_memory)),
-      device_pools_(std::move(memory.device_pools)),
-      sessions_(SessionManagerOptions{config.default_session_quota, config.max_session_quota,
-                                      config.max_sessions}),
-      leases_(pool_.get()),
-      core_(pool_.get(), &sessions_, &catalog_, &leases_),
-      service_(&core_) {
-  for (size_t i = 0; i < device_pools_.size(); ++i) {
-    device_leases_.push_back(
-        std::make_unique<LeaseManager>(device_pools_[i].get(), static_cast<uint32_t>(i + 1)));
-    core_.device_tiers.push_back({device_pools_[i].get(), device_leases_.back().get()});
+std::vector<std::unique_ptr<LeaseManager>> DeviceLeaseManagers(
+    const std::vector<std::unique_ptr<DevicePool>>& pools, WorkQueue* work) {
+  std::vector<std::unique_ptr<LeaseManager>> managers;
+  for (size_t i = 0; i < pools.size(); ++i) {
+    managers.push_back(
+        std::make_unique<LeaseManager>(pools[i].get(), work, static_cast<uint32_t>(i + 1)));
   }
+  return managers;
 }
 
-absl::StatusOr<Daemon::Memory> Daemon::CreateMemory(const DaemonConfig& config,
-                                                    std::unique_ptr<DeviceMemory> device_memory) {
-  Memory memory;
+std::vector<DeviceTier> DeviceTiers(const std::vector<std::unique_ptr<DevicePool>>& pools,
+                                    const std::vector<std::unique_ptr<LeaseManager>>& managers) {
+  std::vector<DeviceTier> tiers;
+  for (size_t i = 0; i < pools.size(); ++i) tiers.push_back({pools[i].get(), managers[i].get()});
+  return tiers;
+}
+
+AttachServerOptions AttachOptions(const DaemonConfig& config) {
+  AttachServerOptions options;
+  options.socket_path = attach::AttachSocketPath(config.socket_path);
+  options.socket_mode = config.socket_mode;
+  options.allow_uids = config.allow_uids;
+  options.allow_gids = config.allow_gids;
+  return options;
+}
+
+}  // namespace
+
+Daemon::Daemon(const DaemonConfig& config, Parts parts)
+    : config_(config),
+      registrar_(std::move(parts.registrar)),
+      pool_(std::move(parts.pool)),
+      device_memory_(std::move(parts.device_memory)),
+      device_pools_(std::move(parts.device_pools)),
+      sessions_(SessionManagerOptions{config.default_session_quota, config.max_session_quota,
+                                      config.max_sessions}),
+      leases_(pool_.get(), &work_),
+      device_leases_(DeviceLeaseManagers(device_pools_, &work_)),
+      spill_(std::move(parts.spill)),
+      attach_(*std::move(parts.attach_socket), &sessions_, pool_.get(),
+              [this](uint64_t session_id) { ReclaimDisconnected(session_id); }),
+      core_(StashParts{pool_.get(), pool_.get(), &sessions_, &catalog_, &leases_,
+                       DeviceTiers(device_pools_, device_leases_), &work_, spill_.get(), &attach_,
+                       attach_.socket_path().substr(attach_.socket_path().find_last_of('/') + 1)}),
+      service_(&core_) {}
+
+absl::Status Daemon::CreateMemory(const DaemonConfig& config,
+                                  std::unique_ptr<DeviceMemory> device_memory, Parts* parts) {
   std::string why_not;
   // auto registers only when the daemon holds CUDA contexts anyway (device
   // pools): clients register their own mappings, which is what their copies
@@ -107,32 +132,32 @@ absl::StatusOr<Daemon::Memory> Daemon::CreateMemory(const DaemonConfig& config,
     return absl::Status(registrar.status().code(),
                         absl::StrCat("cuda_pin is on: ", registrar.status().message()));
   }
-  memory.registrar = *std::move(registrar);
+  parts->registrar = *std::move(registrar);
 
   const auto pool_start = std::chrono::steady_clock::now();
   HostPoolOptions pool_options;
   pool_options.pool_bytes = config.pool_bytes;
   pool_options.segment_bytes = config.segment_bytes;
   pool_options.mlock = config.mlock;
-  pool_options.cuda_registrar = memory.registrar.get();
+  pool_options.cuda_registrar = parts->registrar.get();
   pool_options.require_cuda_pinned = config.cuda_pin == Tristate::kOn;
-  absl::StatusOr<std::unique_ptr<MemoryPool>> pool;
+  absl::StatusOr<std::unique_ptr<HostPool>> pool;
   {
 #ifdef ACTSTASH_HAVE_CUDA
     // Registration runs in the context of the current device: that of the
     // first device pool, so that no context is made on GPU 0 for it.
     std::optional<ScopedCudaDevice> device;
-    if (memory.registrar != nullptr && !config.device_pools.empty()) {
+    if (parts->registrar != nullptr && !config.device_pools.empty()) {
       device.emplace(config.device_pools.front().device);
     }
 #endif
     pool = CreateHostPool(pool_options);
   }
   if (!pool.ok()) return pool.status();
-  memory.pool = *std::move(pool);
-  const PoolStats stats = memory.pool->Stats();
+  parts->pool = *std::move(pool);
+  const PoolStats stats = parts->pool->Stats();
   const std::string cuda =
-      memory.registrar == nullptr ? absl::StrCat("not CUDA-registered: ", why_not)
+      parts->registrar == nullptr ? absl::StrCat("not CUDA-registered: ", why_not)
       : stats.cuda_pinned_bytes() == stats.total_bytes()
           ? std::string("CUDA-registered")
           : absl::StrCat("CUDA-registered: only ", FormatBytes(stats.cuda_pinned_bytes()),
@@ -145,7 +170,7 @@ absl::StatusOr<Daemon::Memory> Daemon::CreateMemory(const DaemonConfig& config,
                    std::chrono::steady_clock::now() - pool_start)
                    .count());
 
-  if (config.device_pools.empty()) return memory;
+  if (config.device_pools.empty()) return absl::OkStatus();
   if (device_memory == nullptr) {
     absl::StatusOr<std::unique_ptr<DeviceMemory>> cuda_memory = CreateCudaDeviceMemory();
     if (!cuda_memory.ok()) {
@@ -154,14 +179,14 @@ absl::StatusOr<Daemon::Memory> Daemon::CreateMemory(const DaemonConfig& config,
     }
     device_memory = *std::move(cuda_memory);
   }
-  memory.device_memory = std::move(device_memory);
+  parts->device_memory = std::move(device_memory);
   for (const DevicePoolConfig& entry : config.device_pools) {
     DevicePoolOptions options;
     options.device = entry.device;
     options.pool_bytes = entry.bytes;
     options.segment_bytes = config.segment_bytes;
     absl::StatusOr<std::unique_ptr<DevicePool>> device_pool =
-        DevicePool::Create(memory.device_memory.get(), options);
+        DevicePool::Create(parts->device_memory.get(), options);
     if (!device_pool.ok()) {
       return absl::Status(device_pool.status().code(),
                           absl::StrCat("device_pool: ", device_pool.status().message()));
@@ -170,17 +195,21 @@ absl::StatusOr<Daemon::Memory> Daemon::CreateMemory(const DaemonConfig& config,
         "device pool: {} on GPU {} ({}) in {} segments, exported as one CUDA IPC handle; "
         "clients that open it can reach the whole pool: for trusted, same-uid trainers only",
         FormatBytes((*device_pool)->region_bytes()), entry.device,
-        memory.device_memory->Describe(entry.device), (*device_pool)->Stats().segments());
-    memory.device_pools.push_back(*std::move(device_pool));
+        parts->device_memory->Describe(entry.device), (*device_pool)->Stats().segments());
+    parts->device_pools.push_back(*std::move(device_pool));
   }
-  return memory;
+  return absl::OkStatus();
 }
 
 Daemon::~Daemon() {
   Shutdown(std::chrono::milliseconds(0));
-  // Spilled objects drop their files through the spill tier, which goes
-  // before the catalog.
+  // Spilled objects drop their files through the spill tier: the catalog
+  // empties first.
   catalog_.RemoveAll();
+  // The spill tier goes before the rest: its destructor finishes the
+  // operations in flight, whose callbacks use the core, the catalog, the
+  // lease managers and the pools.
+  spill_.reset();
 }
 
 absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config,
@@ -189,105 +218,94 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config
   if (absl::Status s = MakeParentDirectory(config.socket_path); !s.ok()) return s;
   if (absl::Status s = ClaimSocketPath(config.socket_path); !s.ok()) return s;
 
-  absl::StatusOr<Memory> memory = CreateMemory(config, std::move(device_memory));
-  if (!memory.ok()) return memory.status();
-  const PoolStats stats = memory->pool->Stats();
-  std::unique_ptr<Daemon> daemon(new Daemon(config, *std::move(memory)));
-  daemon->work_ = std::make_unique<WorkQueue>();
+  Parts parts;
+  if (absl::Status s = CreateMemory(config, std::move(device_memory), &parts); !s.ok()) return s;
   if (!config.spill_dir.empty()) {
     SpillOptions spill_options;
     spill_options.dir = config.spill_dir;
     spill_options.size_bytes = config.spill_bytes;
     absl::StatusOr<std::unique_ptr<SpillTier>> spill = SpillTier::Open(spill_options);
     if (!spill.ok()) return spill.status();
-    daemon->spill_ = *std::move(spill);
-    daemon->core_.spill = daemon->spill_.get();
+    parts.spill = *std::move(spill);
     spdlog::info("spill tier in {} ({}), {}", config.spill_dir,
                  config.spill_bytes > 0 ? absl::StrCat("at most ", FormatBytes(config.spill_bytes))
                                         : std::string("bounded by the free space"),
-                 daemon->spill_->Stats().io_mode());
+                 parts.spill->Stats().io_mode());
   }
-  AttachServerOptions attach_options;
-  attach_options.socket_path = attach::AttachSocketPath(config.socket_path);
-  attach_options.socket_mode = config.socket_mode;
-  attach_options.allow_uids = config.allow_uids;
-  attach_options.allow_gids = config.allow_gids;
-  StashCore* core = &daemon->core_;
-  absl::StatusOr<std::unique_ptr<AttachServer>> attach_server = AttachServer::Start(
-      attach_options, &daemon->sessions_, daemon->pool_.get(), [core](uint64_t session_id) {
-        if (std::optional<SessionTotals> freed = CloseSessionAndFree(*core, session_id)) {
-          core->sessions_reclaimed.fetch_add(1, std::memory_order_relaxed);
-          spdlog::info(
-              "session {} reclaimed: {} objects ({} bytes), {} leases ({} bytes), "
-              "{} spill files ({} bytes)",
-              session_id, freed->objects.objects, freed->objects.bytes, freed->leases.objects,
-              freed->leases.bytes, freed->spilled.objects, freed->spilled.bytes);
-        }
-      });
-  if (!attach_server.ok()) return attach_server.status();
-  daemon->attach_ = *std::move(attach_server);
-  daemon->core_.attach = daemon->attach_.get();
-  daemon->core_.work = daemon->work_.get();
-  daemon->core_.pool_segments = stats.segments();
-  daemon->leases_.SetWorkQueue(daemon->work_.get());
-  for (auto& device_leases : daemon->device_leases_)
-    device_leases->SetWorkQueue(daemon->work_.get());
-  daemon->core_.attach_socket_name =
-      attach_options.socket_path.substr(attach_options.socket_path.find_last_of('/') + 1);
+  absl::StatusOr<AttachSocket> attach_socket = AttachServer::Listen(AttachOptions(config));
+  if (!attach_socket.ok()) return attach_socket.status();
+  parts.attach_socket.emplace(*std::move(attach_socket));
+  std::unique_ptr<Daemon> daemon(new Daemon(config, std::move(parts)));
+  if (absl::Status s = daemon->Serve(); !s.ok()) return s;
+  Daemon* raw = daemon.get();
+  daemon->reaper_ = std::thread([raw] { raw->ReapIdleSessions(); });
+  return daemon;
+}
+
+absl::Status Daemon::Serve() {
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
-  const std::string target = absl::StrCat("unix://", config.socket_path);
+  const std::string target = absl::StrCat("unix://", config_.socket_path);
   builder.AddListeningPort(target, grpc::InsecureServerCredentials());
   int tcp_port = 0;
-  if (!config.listen_tcp.empty()) {
-    absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials = TcpCredentials(config);
+  if (!config_.listen_tcp.empty()) {
+    absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials = TcpCredentials(config_);
     if (!credentials.ok()) return credentials.status();
-    builder.AddListeningPort(config.listen_tcp, *credentials, &tcp_port);
+    builder.AddListeningPort(config_.listen_tcp, *credentials, &tcp_port);
   }
-  if (!config.metrics_address.empty()) {
+  if (!config_.metrics_address.empty()) {
     absl::StatusOr<std::unique_ptr<Metrics>> metrics =
-        Metrics::Start(config.metrics_address, &daemon->core_);
+        Metrics::Start(config_.metrics_address, &core_);
     if (!metrics.ok()) return metrics.status();
-    daemon->metrics_ = *std::move(metrics);
+    metrics_ = *std::move(metrics);
     std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> creators;
-    creators.push_back(daemon->metrics_->InterceptorFactory());
+    creators.push_back(metrics_->InterceptorFactory());
     builder.experimental().SetInterceptorCreators(std::move(creators));
   }
   builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
   builder.SetMaxSendMessageSize(kMaxMessageBytes);
-  builder.RegisterService(&daemon->service_);
-  daemon->server_ = builder.BuildAndStart();
-  if (daemon->server_ == nullptr) {
+  builder.RegisterService(&service_);
+  server_ = builder.BuildAndStart();
+  if (server_ == nullptr) {
     return absl::FailedPreconditionError(
         absl::StrCat("gRPC could not listen on ", target, " (see the gRPC log above)"));
   }
-  if (!config.listen_tcp.empty() && tcp_port == 0) {
+  if (!config_.listen_tcp.empty() && tcp_port == 0) {
     return absl::FailedPreconditionError(
-        absl::StrCat("gRPC could not listen on TCP ", config.listen_tcp));
+        absl::StrCat("gRPC could not listen on TCP ", config_.listen_tcp));
   }
-  daemon->server_->GetHealthCheckService()->SetServingStatus(kStashServiceName, true);
+  server_->GetHealthCheckService()->SetServingStatus(kStashServiceName, true);
   if (tcp_port != 0) {
-    spdlog::info("also listening on TCP {} (port {}), {}", config.listen_tcp, tcp_port,
-                 config.tls_cert.empty()        ? "plaintext"
-                 : config.tls_client_ca.empty() ? "TLS"
-                                                : "mutual TLS (client certificates required)");
+    spdlog::info("also listening on TCP {} (port {}), {}", config_.listen_tcp, tcp_port,
+                 config_.tls_cert.empty()        ? "plaintext"
+                 : config_.tls_client_ca.empty() ? "TLS"
+                                                 : "mutual TLS (client certificates required)");
   }
-  if (daemon->metrics_ != nullptr) {
-    spdlog::info("metrics on http://{}/metrics (port {})", config.metrics_address,
-                 daemon->metrics_->port());
+  if (metrics_ != nullptr) {
+    spdlog::info("metrics on http://{}/metrics (port {})", config_.metrics_address,
+                 metrics_->port());
   }
-  absl::StatusOr<ino_t> inode = SetSocketMode(config.socket_path, config.socket_mode);
+  absl::StatusOr<ino_t> inode = SetSocketMode(config_.socket_path, config_.socket_mode);
   if (!inode.ok()) return inode.status();
-  daemon->socket_inode_ = *inode;
+  socket_inode_ = *inode;
   spdlog::info("listening on {} (mode {:04o}); session quota default {}, max {}; max sessions {}",
-               target, config.socket_mode, FormatBytes(config.default_session_quota),
-               FormatBytes(config.max_session_quota), config.max_sessions);
+               target, config_.socket_mode, FormatBytes(config_.default_session_quota),
+               FormatBytes(config_.max_session_quota), config_.max_sessions);
   spdlog::info("attach socket {}; idle sessions without one close after {} s",
-               daemon->attach_->socket_path(), config.session_idle_ttl_seconds);
-  Daemon* raw = daemon.get();
-  daemon->reaper_ = std::thread([raw] { raw->ReapIdleSessions(); });
-  return daemon;
+               attach_.socket_path(), config_.session_idle_ttl_seconds);
+  return absl::OkStatus();
+}
+
+void Daemon::ReclaimDisconnected(uint64_t session_id) {
+  if (std::optional<SessionTotals> freed = CloseSessionAndFree(core_, session_id)) {
+    core_.sessions_reclaimed.fetch_add(1, std::memory_order_relaxed);
+    spdlog::info(
+        "session {} reclaimed: {} objects ({} bytes), {} leases ({} bytes), "
+        "{} spill files ({} bytes)",
+        session_id, freed->objects.objects, freed->objects.bytes, freed->leases.objects,
+        freed->leases.bytes, freed->spilled.objects, freed->spilled.bytes);
+  }
 }
 
 void Daemon::ReapIdleSessions() {
@@ -339,15 +357,20 @@ void Daemon::Shutdown(std::chrono::milliseconds grace) {
     // The attach server goes first: it fails the sends of pending Lease
     // calls (and refuses new ones), so that those calls finish and Wait
     // returns even when a client stopped reading its attach socket.
-    if (attach_ != nullptr) attach_->Stop();
+    attach_.Stop();
     server_->Shutdown(std::chrono::system_clock::now());
     server_->Wait();
   }
+  // Without a server (a failed start) too: no disconnect callback runs from
+  // now on.
+  attach_.Stop();
   // Released leases are freed as they are from now on: renewing memory the
-  // daemon is about to give back to the kernel is wasted work.
+  // daemon is about to give back to the kernel is wasted work. Then the
+  // work queue runs what it holds (renewals, Lease continuations) while
+  // everything those use is alive, and stops.
   leases_.StopRenewing();
   for (auto& device_leases : device_leases_) device_leases->StopRenewing();
-  work_.reset();
+  work_.Stop();
   // Remove the socket only if it is still ours (a new daemon may own the path).
   RemoveSocketIfOurs(config_.socket_path, socket_inode_);
   const RemovedTotals leftover{catalog_.size(), pool_->Stats().used_bytes()};

@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -18,8 +19,8 @@
 #include "server/config.h"
 #include "server/device_memory.h"
 #include "server/device_pool.h"
+#include "server/host_pool.h"
 #include "server/lease_manager.h"
-#include "server/memory_pool.h"
 #include "server/metrics.h"
 #include "server/session_manager.h"
 #include "server/spill_tier.h"
@@ -33,10 +34,10 @@ namespace actstash::server {
 // serves from its own threads in between.
 class Daemon {
  public:
-  // Creates the pool, claims the socket path (refusing when another daemon
-  // answers there; removing a stale socket file otherwise) and starts
-  // serving. FAILED_PRECONDITION / RESOURCE_EXHAUSTED / INTERNAL with the
-  // reason otherwise. The device pools (config.device_pools) use
+  // Creates the pools, claims the socket paths (refusing when another
+  // daemon answers there; removing a stale socket file otherwise) and
+  // starts serving. FAILED_PRECONDITION / RESOURCE_EXHAUSTED / INTERNAL
+  // with the reason otherwise. The device pools (config.device_pools) use
   // `device_memory` when given (tests: a fake), else the CUDA runtime.
   static absl::StatusOr<std::unique_ptr<Daemon>> Start(
       const DaemonConfig& config, std::unique_ptr<DeviceMemory> device_memory = nullptr);
@@ -49,38 +50,52 @@ class Daemon {
   void Shutdown(std::chrono::milliseconds grace);
 
  private:
-  // Memory made before the Daemon object (and owned by it afterwards).
-  struct Memory {
+  // What can fail, made before the Daemon object (and owned by it afterwards).
+  struct Parts {
     std::unique_ptr<PinnedRegistrar> registrar;  // null: segments not CUDA-registered
-    std::unique_ptr<MemoryPool> pool;
+    std::unique_ptr<HostPool> pool;
     std::unique_ptr<DeviceMemory> device_memory;  // null without device pools
     std::vector<std::unique_ptr<DevicePool>> device_pools;
+    std::unique_ptr<SpillTier> spill;  // null without --spill-dir
+    std::optional<AttachSocket> attach_socket;
   };
-  static absl::StatusOr<Memory> CreateMemory(const DaemonConfig& config,
-                                             std::unique_ptr<DeviceMemory> device_memory);
-  Daemon(const DaemonConfig& config, Memory memory);
+  static absl::Status CreateMemory(const DaemonConfig& config,
+                                   std::unique_ptr<DeviceMemory> device_memory, Parts* parts);
+  // Wires the parts together; serves nothing yet (Serve does).
+  Daemon(const DaemonConfig& config, Parts parts);
+  // Starts the metrics endpoint (if configured) and the gRPC server.
+  absl::Status Serve();
+  // The attach connection of `session_id` ended (attach server's I/O thread).
+  void ReclaimDisconnected(uint64_t session_id);
   // Closes sessions without an attach connection that idled past the TTL.
   void ReapIdleSessions();
 
   const DaemonConfig config_;
-  // Declaration order is destruction order in reverse: the server goes
-  // first, then the objects (catalog) and leases, then the pools they point
-  // into, then what the pools use (registrar, device memory).
+  // Each part is given, in its constructor, the parts it uses: all declared
+  // before it. Destruction runs in reverse, after Shutdown (which ~Daemon
+  // calls first) has stopped every thread that calls into the parts: the
+  // reaper, the gRPC server, the attach server, then the work queue.
   std::unique_ptr<PinnedRegistrar> registrar_;
-  std::unique_ptr<MemoryPool> pool_;
+  std::unique_ptr<HostPool> pool_;
   std::unique_ptr<DeviceMemory> device_memory_;
   std::vector<std::unique_ptr<DevicePool>> device_pools_;
   SessionManager sessions_;
   Catalog catalog_;
+  // Runs lease renewals and Lease/Put retries. Outlives the lease managers
+  // (which post to it) as an object; Shutdown stops it while everything its
+  // tasks use is alive.
+  WorkQueue work_;
   LeaseManager leases_;
   std::vector<std::unique_ptr<LeaseManager>> device_leases_;  // one per device pool
+  // Reset first in ~Daemon (its last operations' callbacks use the core),
+  // and in any case before the lease managers: those operations release the
+  // leases they hold.
+  std::unique_ptr<SpillTier> spill_;  // null without --spill-dir
+  // Its disconnect callback is ReclaimDisconnected: the Daemon's, so that
+  // the attach server and the core do not hold each other.
+  AttachServer attach_;
   StashCore core_;
   StashService service_;
-  std::unique_ptr<WorkQueue> work_;
-  // Destroyed before work_ and the lease managers: its last operations
-  // release the leases they hold.
-  std::unique_ptr<SpillTier> spill_;  // null without --spill-dir
-  std::unique_ptr<AttachServer> attach_;
   std::unique_ptr<Metrics> metrics_;
   std::unique_ptr<grpc::Server> server_;
   ino_t socket_inode_ = 0;

@@ -77,10 +77,6 @@ DevicePool::~DevicePool() {
   }
 }
 
-absl::StatusOr<Allocation> DevicePool::Allocate(uint64_t) {
-  return absl::FailedPreconditionError("the device pool holds leases only");
-}
-
 absl::StatusOr<SegmentRun> DevicePool::AllocateSegments(uint32_t count) {
   if (count == 0 || count > segments_) {
     return absl::ResourceExhaustedError(absl::StrCat("requested ", count,
@@ -112,10 +108,6 @@ absl::StatusOr<SegmentRun> DevicePool::AllocateSegments(uint32_t count) {
 absl::Status DevicePool::RenewSegments(const SegmentRun& run) {
   return memory_.Zero(region_, uint64_t{run.first_segment} * segment_bytes_,
                       uint64_t{run.count} * segment_bytes_);
-}
-
-absl::StatusOr<UniqueFd> DevicePool::DupSegmentFd(uint32_t) const {
-  return absl::FailedPreconditionError("device segments have no fds (they go by IPC handle)");
 }
 
 PoolStats DevicePool::Stats() const {

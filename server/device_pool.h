@@ -1,6 +1,7 @@
 // DevicePool: the segments of one GPU memory region (--device-pool GPU:SIZE),
-// leased to sessions like host segments (LeaseManager over this MemoryPool)
-// and reached by clients through the region's CUDA IPC handle plus offsets.
+// leased to sessions like host segments (LeaseManager over this
+// SegmentLeaser) and reached by clients through the region's CUDA IPC
+// handle plus offsets.
 //
 // Trust: a process that opened the IPC handle keeps its mapping of the whole
 // region (CUDA cannot revoke it, nor map only part of it). Returned segments
@@ -22,6 +23,7 @@
 #include "server/device_memory.h"
 #include "server/memory_pool.h"
 #include "server/range_allocator.h"
+#include "server/segment_leaser.h"
 
 namespace actstash::server {
 
@@ -31,12 +33,13 @@ struct DevicePoolOptions {
   uint64_t segment_bytes = 64ull << 20;
 };
 
-// A MemoryPool for leases only. Thread-safe like every MemoryPool. The
-// region is allocated, zeroed and exported once at creation and freed only
-// in the destructor (which requires that no run is alive: leases hold
-// theirs). `RenewSegments` zeroes the run in place: the "fresh memory" of a
-// device segment. It has no fds and no inline allocations.
-class DevicePool final : public MemoryPool {
+// A SegmentLeaser only: no inline objects, and no fds (its segments reach
+// clients as the region's IPC handle plus offsets). Thread-safe. The region
+// is allocated, zeroed and exported once at creation and freed only in the
+// destructor (which requires that no run is alive: leases hold theirs).
+// `RenewSegments` zeroes the run in place: the "fresh memory" of a device
+// segment.
+class DevicePool final : public SegmentLeaser, private AllocationOwner {
  public:
   // FAILED_PRECONDITION when `options.device` is not one of memory's
   // devices, INVALID_ARGUMENT for sizes that make no pool, the device's
@@ -46,17 +49,14 @@ class DevicePool final : public MemoryPool {
                                                             const DevicePoolOptions& options);
   ~DevicePool() override;
 
-  // FAILED_PRECONDITION: the device pool holds leases only.
-  absl::StatusOr<Allocation> Allocate(uint64_t nbytes) override;
   // RESOURCE_EXHAUSTED with the numbers when there is no room. needs_scrub
   // is always false: segments are zeroed when they come back.
   absl::StatusOr<SegmentRun> AllocateSegments(uint32_t count) override;
   // Zeroes the run's segments (the caller holds the run).
   absl::Status RenewSegments(const SegmentRun& run) override;
-  // FAILED_PRECONDITION: device segments travel as an IPC handle.
-  absl::StatusOr<UniqueFd> DupSegmentFd(uint32_t index) const override;
   uint64_t segment_bytes() const override { return segment_bytes_; }
-  PoolStats Stats() const override;
+  uint32_t segment_count() const override { return static_cast<uint32_t>(segments_); }
+  PoolStats Stats() const;
 
   int device() const { return region_.device; }
   uint64_t region_bytes() const { return region_.bytes; }

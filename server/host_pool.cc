@@ -78,10 +78,10 @@ std::string UnregisteredWarning(uint64_t unregistered, uint64_t segments,
 // guarded by mu_; the address range is fixed between construction and
 // destruction (renewal remaps a segment in place, for a run held exclusively).
 // The registrar is called outside mu_, for segments the caller holds.
-class HostPool final : public MemoryPool {
+class MemfdHostPool final : public HostPool, private AllocationOwner {
  public:
-  HostPool(std::byte* base, std::vector<UniqueFd> fds, const HostPoolOptions& options,
-           uint64_t locked_bytes, std::vector<bool> cuda_registered)
+  MemfdHostPool(std::byte* base, std::vector<UniqueFd> fds, const HostPoolOptions& options,
+                uint64_t locked_bytes, std::vector<bool> cuda_registered)
       : base_(base),
         segment_count_(fds.size()),
         segment_bytes_(options.segment_bytes),
@@ -97,7 +97,7 @@ class HostPool final : public MemoryPool {
         cuda_warned_(std::find(cuda_registered_.begin(), cuda_registered_.end(), false) !=
                      cuda_registered_.end()) {}
 
-  ~HostPool() override {
+  ~MemfdHostPool() override {
     std::vector<bool> registered;
     {
       absl::MutexLock lock(&mu_);
@@ -214,6 +214,7 @@ class HostPool final : public MemoryPool {
   }
 
   uint64_t segment_bytes() const override { return segment_bytes_; }
+  uint32_t segment_count() const override { return static_cast<uint32_t>(segment_count_); }
 
   PoolStats Stats() const override {
     absl::MutexLock lock(&mu_);
@@ -299,7 +300,7 @@ std::string MemlockLimitText() {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<MemoryPool>> CreateHostPool(const HostPoolOptions& options) {
+absl::StatusOr<std::unique_ptr<HostPool>> CreateHostPool(const HostPoolOptions& options) {
   const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
   if (options.segment_bytes == 0 || options.segment_bytes % page != 0) {
     return absl::InvalidArgumentError(absl::StrCat("segment size ", options.segment_bytes,
@@ -384,8 +385,8 @@ absl::StatusOr<std::unique_ptr<MemoryPool>> CreateHostPool(const HostPoolOptions
     }
     if (failed > 0) spdlog::warn("{}", UnregisteredWarning(failed, segments, first_error));
   }
-  return std::unique_ptr<MemoryPool>(
-      new HostPool(base, std::move(fds), options, locked, std::move(registered)));
+  return std::unique_ptr<HostPool>(
+      new MemfdHostPool(base, std::move(fds), options, locked, std::move(registered)));
 }
 
 }  // namespace actstash::server

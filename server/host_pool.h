@@ -1,4 +1,5 @@
-// The host memory pool: pinned (mlock'ed) shared memory in memfd segments.
+// The host memory pool: pinned (mlock'ed) shared memory in memfd segments,
+// which holds both the stored objects and the host leases.
 #ifndef ACTSTASH_SERVER_HOST_POOL_H_
 #define ACTSTASH_SERVER_HOST_POOL_H_
 
@@ -9,6 +10,7 @@
 #include "common/pinned_registrar.h"
 #include "common/tristate.h"
 #include "server/memory_pool.h"
+#include "server/segment_leaser.h"
 
 namespace actstash::server {
 
@@ -29,6 +31,17 @@ struct HostPoolOptions {
   bool require_cuda_pinned = false;
 };
 
+// The host pool is both an ObjectAllocator (inline objects, by the byte)
+// and an FdSegmentLeaser (whole memfd segments for leases), over one range:
+// callers take the side they use. Thread-safe. A run's needs_scrub says
+// whether any of its segments held inline objects since it was last
+// renewed. RenewSegments gives the run's segments fresh, zeroed memfds
+// (mapped, populated and locked like the rest of the pool) and empties and
+// drops the old ones (their pages are punched out: a client that kept an
+// old fd or mapping sees zeros and can reach nothing the daemon or another
+// session uses, and whatever it writes there is its own memory).
+class HostPool : public ObjectAllocator, public FdSegmentLeaser {};
+
 // Creates the pool: one memfd per segment, mapped MAP_SHARED|MAP_POPULATE
 // back to back into one reserved address range (so one allocation may span
 // segments), then mlock()ed according to options.mlock. All memory is
@@ -39,7 +52,7 @@ struct HostPoolOptions {
 // inconsistent options, RESOURCE_EXHAUSTED / INTERNAL (with errno text) when
 // the kernel refuses, the registrar's error when require_cuda_pinned.
 // The pool must outlive every Allocation it hands out.
-absl::StatusOr<std::unique_ptr<MemoryPool>> CreateHostPool(const HostPoolOptions& options);
+absl::StatusOr<std::unique_ptr<HostPool>> CreateHostPool(const HostPoolOptions& options);
 
 }  // namespace actstash::server
 

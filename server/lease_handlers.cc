@@ -10,7 +10,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
-#include "server/attach_server.h"
+#include "server/attach_channel.h"
 #include "server/stash_service.h"
 #include "server/work_queue.h"
 #include "spdlog/spdlog.h"
@@ -109,7 +109,7 @@ struct LeaseCall : std::enable_shared_from_this<LeaseCall> {
         SegmentRun view;
         view.first_segment = lease->first_segment();
         view.count = lease->segments();
-        if (absl::Status renewed = self->core->pool.RenewSegments(view); !renewed.ok()) {
+        if (absl::Status renewed = self->core->segments.RenewSegments(view); !renewed.ok()) {
           return self->Finish(renewed, ids);
         }
       }
@@ -126,7 +126,7 @@ grpc::ServerUnaryReactor* StashService::Lease(grpc::CallbackServerContext* ctx,
   absl::StatusOr<std::shared_ptr<Session>> session = AuthenticateCall(*core_, *ctx);
   if (!session.ok()) return FinishUnary(ctx, session.status());
   const uint32_t per_lease = std::max<uint32_t>(1, request->segments_per_lease());
-  uint64_t segments = core_->pool_segments;
+  uint64_t segments = core_->segments.segment_count();
   const DeviceTier* device = nullptr;
   std::string pool_name = "the pool";
   if (request->tier() == v1::LEASE_TIER_DEVICE) {
@@ -134,7 +134,7 @@ grpc::ServerUnaryReactor* StashService::Lease(grpc::CallbackServerContext* ctx,
         *core_, request->has_device() ? std::optional<uint32_t>(request->device()) : std::nullopt);
     if (!tier.ok()) return FinishUnary(ctx, tier.status());
     device = *tier;
-    segments = device->pool->Stats().segments();
+    segments = device->pool->segment_count();
     pool_name = absl::StrCat("the device pool on GPU ", device->pool->device());
   } else if (request->tier() != v1::LEASE_TIER_HOST) {
     return FinishUnary(
@@ -158,7 +158,7 @@ grpc::ServerUnaryReactor* StashService::Lease(grpc::CallbackServerContext* ctx,
   if (device == nullptr) {
     // Fair share under pressure: while another session waits for pool memory,
     // one above its share does not grow (it spills its own instead).
-    const uint64_t want = uint64_t{request->count()} * per_lease * core_->pool.segment_bytes();
+    const uint64_t want = uint64_t{request->count()} * per_lease * core_->segments.segment_bytes();
     const uint64_t leased = (*session)->leased_bytes();
     if (BytesAboveFairShare(*core_, (*session)->id(), leased + want) > 0) {
       return FinishUnary(ctx, absl::ResourceExhaustedError(absl::StrCat(

@@ -47,8 +47,8 @@ void LeaseManager::Recycle(SegmentRun run) {
     }
     run->memory.Reset();  // free now, before `done` says so
   };
-  if (WorkQueue* work = work_.load()) {
-    work->Post(std::move(renew));
+  if (work_ != nullptr) {
+    work_->Post(std::move(renew));
   } else {
     renew();
   }

@@ -15,7 +15,7 @@
 #include "absl/types/span.h"
 #include "common/tiered_id.h"
 #include "server/catalog.h"
-#include "server/memory_pool.h"
+#include "server/segment_leaser.h"
 #include "server/session.h"
 
 namespace actstash::server {
@@ -60,13 +60,15 @@ class WorkQueue;
 // The pool may be a host pool or a device pool (whose renewal zeroes).
 class LeaseManager {
  public:
-  explicit LeaseManager(MemoryPool* pool, uint32_t tier = 0)
-      : pool_(*pool), next_id_(tiered_id::Make(tier, 1)) {}
-  // Where released leases are renewed (off the caller's thread). Without
-  // one (tests), renewal runs in the releasing thread; after
-  // StopRenewing(), released memory is freed as it is (daemon shutdown).
-  // Both are set before leases exist / after nothing leases any more.
-  void SetWorkQueue(WorkQueue* work) { work_.store(work); }
+  // Leases segments of `pool`. Released leases are renewed on `work`, off
+  // the releasing thread; null `work` (tests): in the releasing thread.
+  // Neither is owned. `pool` must outlive the manager and every Lease it
+  // granted; `work` must keep running tasks until StopRenewing() was called
+  // (and what it had queued has run).
+  LeaseManager(SegmentLeaser* pool, WorkQueue* work, uint32_t tier = 0)
+      : pool_(*pool), work_(work), next_id_(tiered_id::Make(tier, 1)) {}
+  // From now on, released memory is freed as it is, unrenewed (daemon
+  // shutdown, once nothing leases any more): nothing is posted to `work`.
   void StopRenewing() { renew_.store(false); }
   // A released lease's memory: renewed, then freed. Called by ~Lease.
   void Recycle(SegmentRun run);
@@ -112,8 +114,8 @@ class LeaseManager {
   absl::Status CheckReturnLocked(uint64_t session_id, absl::Span<const uint64_t> ids) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  MemoryPool& pool_;
-  std::atomic<WorkQueue*> work_{nullptr};
+  SegmentLeaser& pool_;
+  WorkQueue* const work_;
   std::atomic<bool> renew_{true};
   std::atomic<int64_t> renewals_pending_{0};
   std::atomic<uint64_t> renewing_bytes_{0};

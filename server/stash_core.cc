@@ -6,7 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/protocol.h"
 #include "common/tiered_id.h"
-#include "server/attach_server.h"
+#include "server/attach_channel.h"
 #include "server/spill_tier.h"
 
 namespace actstash::server {

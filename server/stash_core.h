@@ -10,6 +10,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -18,11 +19,12 @@
 #include "server/device_pool.h"
 #include "server/lease_manager.h"
 #include "server/memory_pool.h"
+#include "server/segment_leaser.h"
 #include "server/session_manager.h"
 
 namespace actstash::server {
 
-class AttachServer;
+class AttachChannel;
 class SpillTier;
 class WorkQueue;
 
@@ -33,24 +35,54 @@ struct DeviceTier {
   LeaseManager* leases = nullptr;
 };
 
-// Owned by the Daemon, which keeps it alive until the gRPC server has shut
-// down. The members are thread-safe themselves; handlers use them from
-// gRPC's callback threads.
-struct StashCore {
-  StashCore(MemoryPool* pool, SessionManager* sessions, Catalog* catalog, LeaseManager* leases)
-      : pool(*pool), sessions(*sessions), catalog(*catalog), leases(*leases) {}
+// What a StashCore is made of. None is owned: each must outlive the core
+// (the Daemon owns them all, and the core).
+struct StashParts {
+  ObjectAllocator* pool = nullptr;    // the host pool: inline objects
+  SegmentLeaser* segments = nullptr;  // the host pool again: its segments
+  SessionManager* sessions = nullptr;
+  Catalog* catalog = nullptr;
+  LeaseManager* leases = nullptr;  // the host pool's (tier 0)
+  std::vector<DeviceTier> device_tiers;
+  // Where Lease calls renew segments and Puts wait behind renewals. May be
+  // null only when `attach` is (tests: no Lease calls).
+  WorkQueue* work = nullptr;
+  SpillTier* spill = nullptr;       // null without --spill-dir
+  AttachChannel* attach = nullptr;  // null: Lease calls are refused (tests)
+  std::string attach_socket_name;
+};
 
-  MemoryPool& pool;
+// The state every Stash handler works on; made whole in its constructor and
+// owned by the Daemon, which keeps it alive until the gRPC server has shut
+// down. The parts it names are fixed for its life and thread-safe
+// themselves; the counters are atomics. Handlers use it from gRPC's
+// callback threads, the attach server's disconnect callback and the idle
+// reaper from theirs.
+struct StashCore {
+  explicit StashCore(StashParts parts)
+      : pool(*parts.pool),
+        segments(*parts.segments),
+        sessions(*parts.sessions),
+        catalog(*parts.catalog),
+        leases(*parts.leases),
+        device_tiers(std::move(parts.device_tiers)),
+        work(parts.work),
+        spill(parts.spill),
+        attach(parts.attach),
+        attach_socket_name(std::move(parts.attach_socket_name)) {}
+  StashCore(const StashCore&) = delete;
+  StashCore& operator=(const StashCore&) = delete;
+
+  ObjectAllocator& pool;
+  SegmentLeaser& segments;
   SessionManager& sessions;
   Catalog& catalog;
   LeaseManager& leases;
-  // Set once at start-up, before the gRPC server serves.
-  AttachServer* attach = nullptr;
-  WorkQueue* work = nullptr;
-  SpillTier* spill = nullptr;  // null without --spill-dir
-  std::string attach_socket_name;
-  uint64_t pool_segments = 0;
-  std::vector<DeviceTier> device_tiers;
+  const std::vector<DeviceTier> device_tiers;
+  WorkQueue* const work;
+  SpillTier* const spill;
+  AttachChannel* const attach;
+  const std::string attach_socket_name;
   const std::chrono::steady_clock::time_point started = std::chrono::steady_clock::now();
   std::atomic<uint64_t> bytes_stored{0};   // cumulative, all sessions
   std::atomic<uint64_t> bytes_fetched{0};  // cumulative, all sessions

@@ -33,7 +33,7 @@ grpc::ServerUnaryReactor* StashService::OpenSession(grpc::CallbackServerContext*
   reply->set_max_chunk_bytes(kMaxChunkBytes);
   reply->set_daemon_version(kVersion);
   reply->set_attach_socket_name(core_->attach_socket_name);
-  reply->set_segment_bytes(core_->pool.segment_bytes());
+  reply->set_segment_bytes(core_->segments.segment_bytes());
   reply->set_spill_enabled(core_->spill != nullptr);
   for (const DeviceTier& tier : core_->device_tiers) {
     v1::DevicePoolInfo* info = reply->add_device_pools();

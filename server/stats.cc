@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <utility>
 
 #include "common/protocol.h"
 #include "server/spill_tier.h"
@@ -14,8 +15,8 @@ namespace {
 // A pool's own numbers plus what its lease manager knows: returned lease
 // memory being renewed (host) or zeroed (device) is neither used by a
 // session nor free yet.
-void FillPool(const MemoryPool& pool, const LeaseManager& leases, v1::PoolStats* out) {
-  *out = pool.Stats();
+void FillPool(v1::PoolStats own, const LeaseManager& leases, v1::PoolStats* out) {
+  *out = std::move(own);
   const uint64_t renewing = std::min(leases.renewing_bytes(), out->used_bytes());
   out->set_renewing_bytes(renewing);
   out->set_used_bytes(out->used_bytes() - renewing);
@@ -32,7 +33,7 @@ void FillSession(const StashCore& core, const Session& session, v1::SessionStats
 }  // namespace
 
 void FillStats(const StashCore& core, const Session* self, bool all_sessions, v1::StatsReply* out) {
-  FillPool(core.pool, core.leases, out->mutable_pool());
+  FillPool(core.pool.Stats(), core.leases, out->mutable_pool());
   out->set_sessions(core.sessions.size());
   out->set_objects(core.catalog.size());
   out->set_bytes_stored(core.bytes_stored.load(std::memory_order_relaxed));
@@ -53,7 +54,7 @@ void FillStats(const StashCore& core, const Session* self, bool all_sessions, v1
   for (const DeviceTier& tier : core.device_tiers) {
     v1::DevicePoolStats* device = out->add_device_pools();
     device->set_device(static_cast<uint32_t>(tier.pool->device()));
-    FillPool(*tier.pool, *tier.leases, device->mutable_pool());
+    FillPool(tier.pool->Stats(), *tier.leases, device->mutable_pool());
   }
   if (core.spill != nullptr) *out->mutable_spill() = core.spill->Stats();
 }

@@ -4,17 +4,25 @@ namespace actstash::server {
 
 WorkQueue::WorkQueue() : thread_([this] { Run(); }) {}
 
-WorkQueue::~WorkQueue() {
+WorkQueue::~WorkQueue() { Stop(); }
+
+void WorkQueue::Stop() {
   {
     absl::MutexLock lock(&mu_);
     stopping_ = true;
   }
-  thread_.join();
+  if (thread_.joinable()) thread_.join();
 }
 
 void WorkQueue::Post(std::function<void()> task) {
-  absl::MutexLock lock(&mu_);
-  tasks_.push_back(std::move(task));
+  {
+    absl::MutexLock lock(&mu_);
+    if (!stopping_) {
+      tasks_.push_back(std::move(task));
+      return;
+    }
+  }
+  task();
 }
 
 void WorkQueue::Run() {

@@ -12,17 +12,22 @@
 
 namespace actstash::server {
 
-// Post() may be called from any thread. The destructor runs the tasks still
-// queued, then joins the thread; tasks posted after destruction began are
-// undefined behaviour.
+// Post() may be called from any thread; Stop() and the destructor from one
+// (the owner's). A task posted once Stop() has begun runs on the posting
+// thread instead; one posted after destruction began is undefined
+// behaviour. So the owner stops the queue while everything its tasks use is
+// alive, and the queue object itself may outlive those users.
 class WorkQueue {
  public:
   WorkQueue();
+  // Stops (see Stop).
   ~WorkQueue();
   WorkQueue(const WorkQueue&) = delete;
   WorkQueue& operator=(const WorkQueue&) = delete;
 
   void Post(std::function<void()> task) ABSL_LOCKS_EXCLUDED(mu_);
+  // Runs the tasks still queued, then joins the thread. Idempotent.
+  void Stop() ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   void Run();

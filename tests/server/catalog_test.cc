@@ -93,7 +93,7 @@ class CatalogTest : public ::testing::Test {
   }
 
   // Declared first so that it is destroyed last.
-  std::unique_ptr<MemoryPool> pool_;
+  std::unique_ptr<ObjectAllocator> pool_;
   std::unique_ptr<SessionManager> sessions_;
   std::unique_ptr<Catalog> catalog_ = std::make_unique<Catalog>();
 };

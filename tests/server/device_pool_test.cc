@@ -9,6 +9,8 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -119,11 +121,14 @@ TEST_F(DevicePoolTest, CreationErrors) {
   EXPECT_EQ(state_->LiveRegions(), 0u);  // freed again
 }
 
-TEST_F(DevicePoolTest, LeasesOnlyNoInlineObjectsNoFds) {
+// Leases only: no inline objects and no fds, by type.
+static_assert(!std::is_base_of_v<ObjectAllocator, DevicePool>);
+static_assert(!std::is_base_of_v<FdSegmentLeaser, DevicePool>);
+
+TEST_F(DevicePoolTest, SegmentCounts) {
   auto pool = MakePool();
   ASSERT_NE(pool, nullptr);
-  EXPECT_EQ(pool->Allocate(100).status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_EQ(pool->DupSegmentFd(0).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(pool->segment_count(), 4u);
   EXPECT_EQ(pool->AllocateSegments(0).status().code(), absl::StatusCode::kResourceExhausted);
   absl::Status too_many = pool->AllocateSegments(5).status();
   EXPECT_EQ(too_many.code(), absl::StatusCode::kResourceExhausted);
@@ -167,11 +172,21 @@ class DeviceTierTest : public DevicePoolTest {
     host_pool_ = CreateHostPool(host).value();
     device_pool_ = MakePool();
     ASSERT_NE(device_pool_, nullptr);
-    host_leases_ = std::make_unique<LeaseManager>(host_pool_.get());
-    device_leases_ = std::make_unique<LeaseManager>(device_pool_.get(), 1);
-    core_ =
-        std::make_unique<StashCore>(host_pool_.get(), &sessions_, &catalog_, host_leases_.get());
-    core_->device_tiers.push_back({device_pool_.get(), device_leases_.get()});
+    host_leases_ = std::make_unique<LeaseManager>(host_pool_.get(), nullptr);
+    device_leases_ = std::make_unique<LeaseManager>(device_pool_.get(), nullptr, 1);
+    core_ = MakeCore({{device_pool_.get(), device_leases_.get()}});
+  }
+  // A core over this fixture's pools and managers, with `tiers` as its
+  // device tiers; no work queue, spill tier or attach channel.
+  std::unique_ptr<StashCore> MakeCore(std::vector<DeviceTier> tiers) {
+    StashParts parts;
+    parts.pool = host_pool_.get();
+    parts.segments = host_pool_.get();
+    parts.sessions = &sessions_;
+    parts.catalog = &catalog_;
+    parts.leases = host_leases_.get();
+    parts.device_tiers = std::move(tiers);
+    return std::make_unique<StashCore>(std::move(parts));
   }
   void TearDown() override {
     for (const auto& session : sessions_.List()) CloseSessionAndFree(*core_, session->id());
@@ -185,7 +200,7 @@ class DeviceTierTest : public DevicePoolTest {
 
   SessionManager sessions_{SessionManagerOptions{8 * kMiB, 8 * kMiB, 16}};
   Catalog catalog_;
-  std::unique_ptr<MemoryPool> host_pool_;
+  std::unique_ptr<HostPool> host_pool_;
   std::unique_ptr<DevicePool> device_pool_;
   std::unique_ptr<LeaseManager> host_leases_;
   std::unique_ptr<LeaseManager> device_leases_;
@@ -360,14 +375,12 @@ TEST_F(DeviceTierTest, FindDeviceTier) {
   EXPECT_EQ(wrong.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_TRUE(Contains(wrong, "no device pool on GPU 0; device pools are on GPU 1")) << wrong;
 
-  core_->device_tiers.push_back(core_->device_tiers[0]);
-  absl::Status ambiguous = FindDeviceTier(*core_, std::nullopt).status();
+  const DeviceTier tier{device_pool_.get(), device_leases_.get()};
+  absl::Status ambiguous = FindDeviceTier(*MakeCore({tier, tier}), std::nullopt).status();
   EXPECT_EQ(ambiguous.code(), absl::StatusCode::kInvalidArgument);
-  core_->device_tiers.clear();
-  absl::Status none = FindDeviceTier(*core_, std::nullopt).status();
+  absl::Status none = FindDeviceTier(*MakeCore({}), std::nullopt).status();
   EXPECT_EQ(none.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_TRUE(Contains(none, "--device-pool")) << none;
-  core_->device_tiers.push_back({device_pool_.get(), device_leases_.get()});
 }
 
 }  // namespace

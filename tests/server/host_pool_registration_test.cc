@@ -92,8 +92,8 @@ HostPoolOptions Options(FakeRegistrar* registrar, bool require, uint64_t segment
 }
 
 // The pool's base address: all segments as one run (the pool is empty).
-std::byte* PoolBase(MemoryPool& pool) {
-  absl::StatusOr<SegmentRun> all = pool.AllocateSegments(pool.Stats().segments());
+std::byte* PoolBase(SegmentLeaser& pool) {
+  absl::StatusOr<SegmentRun> all = pool.AllocateSegments(pool.segment_count());
   EXPECT_TRUE(all.ok()) << all.status();
   return all.ok() ? all->memory.data() : nullptr;
 }

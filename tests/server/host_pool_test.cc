@@ -41,8 +41,7 @@ HostPoolOptions Options(uint64_t pool_bytes, uint64_t segment_bytes = kMiB,
   return options;
 }
 
-std::unique_ptr<MemoryPool> MakePool(uint64_t pool_bytes = 8 * kMiB,
-                                     uint64_t segment_bytes = kMiB) {
+std::unique_ptr<HostPool> MakePool(uint64_t pool_bytes = 8 * kMiB, uint64_t segment_bytes = kMiB) {
   auto pool = CreateHostPool(Options(pool_bytes, segment_bytes));
   EXPECT_TRUE(pool.ok()) << pool.status();
   return pool.ok() ? *std::move(pool) : nullptr;
