@@ -17,17 +17,19 @@ import subprocess
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BUILD = os.environ.get("ACTSTASH_BUILD_DIR", os.path.join(ROOT, "build"))
-sys.path.insert(0, os.path.join(BUILD, "python"))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "testing", "python"))
+from actstash_testing.paths import BUILD, BUILD_PYTHON  # noqa: E402
+
+sys.path.insert(0, BUILD_PYTHON)
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import actstash  # noqa: E402
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from hook_bench import PrivateDaemon  # noqa: E402
+sys.path.insert(0, HERE)
+from hook_bench import start_daemon  # noqa: E402
 
 
 def python_front_end(args, socket):
@@ -92,7 +94,7 @@ def main():
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    daemon = PrivateDaemon()
+    daemon = start_daemon()
     socket = daemon.socket
     try:
         py = python_front_end(args, socket)

@@ -40,51 +40,19 @@ import copy
 import json
 import os
 import sys
-import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "testing", "python"))
+from actstash_testing.memory import PeakMeter, reexec_with_mmap_threshold  # noqa: E402
+from actstash_testing.paths import EXAMPLES  # noqa: E402
+from actstash_testing.training import bitwise_equal, cloned_grads  # noqa: E402
 from hook_bench import daemon_address, import_actstash, median  # noqa: E402
 from model_bench import checkpoint_layers, encoder_spec, gpt_spec  # noqa: E402
 
 UNIFORM = ["plain", "offload", "checkpoint", "checkpoint+offload", "torch_checkpoint"]
-PAGE = os.sysconf("SC_PAGE_SIZE")
 MIB = 1 << 20
-
-
-def rss_anon():
-    with open("/proc/self/statm") as f:
-        fields = f.read().split()
-    return (int(fields[1]) - int(fields[2])) * PAGE
-
-
-class PeakMeter:
-    """Peak RssAnon above the first block's forward while armed."""
-
-    def __init__(self, torch, first_block):
-        self.torch, self.armed, self.running, self.peak = torch, False, False, 0
-        first_block.register_forward_pre_hook(self._begin)
-
-    def _begin(self, module, args):
-        if not self.armed or self.running:
-            return
-        self.baseline, self.peak, self.running = rss_anon(), 0, True
-        self.thread = threading.Thread(target=self._sample, daemon=True)
-        self.thread.start()
-
-    def _sample(self):
-        while self.running:
-            self.peak = max(self.peak, rss_anon() - self.baseline)
-            time.sleep(0.0002)
-
-    def stop(self):
-        self.armed = False
-        if self.running:
-            self.running = False
-            self.thread.join()
-            self.peak = max(self.peak, rss_anon() - self.baseline)
-        return self.peak
 
 
 class Variant:
@@ -94,7 +62,7 @@ class Variant:
         self.model = copy.deepcopy(initial)
         self.model.train()
         blocks = spec.layers(self.model)
-        self.meter = PeakMeter(torch, blocks[0])
+        self.meter = PeakMeter(blocks[0], armed=False)
         if kind == "auto":
             actstash.wrap(self.model, stash, blocks=spec.layer_class, policy="auto", budget=budget,
                           min_bytes=min_bytes)
@@ -120,13 +88,9 @@ class Variant:
         elapsed = time.perf_counter() - start
         if measure_peak:
             self.peaks.append(self.meter.stop())
-        self.digests[k] = [p.grad.clone() for p in self.model.parameters()]
+        self.digests[k] = cloned_grads(self.model)
         self.step_index += 1
         return elapsed
-
-
-def bitwise(a, b):
-    return all(x.equal(y) for x, y in zip(a, b))
 
 
 def bench_model(torch, actstash, spec, address, args):
@@ -172,7 +136,7 @@ def bench_model(torch, actstash, spec, address, args):
         for k, grads in v.digests.items():
             while plain.step_index <= k:
                 plain.step(spec.make_batch)
-            if not bitwise(grads, plain.digests[k]):
+            if not bitwise_equal(grads, plain.digests[k]):
                 mismatches.append(f"{v.label} step {k}")
     rows = {v.label: {"kind": v.kind, "budget": v.budget, "time_s": median(v.times),
                       "round_s": v.times,
@@ -279,16 +243,14 @@ def main():
                           ("enc-seq", 128), ("enc-batch", 2)):
         parser.add_argument(f"--{name}", type=int, default=default)
     args = parser.parse_args()
-    if os.environ.get("MALLOC_MMAP_THRESHOLD_") != "131072":
-        os.environ["MALLOC_MMAP_THRESHOLD_"] = "131072"
-        os.execv(sys.executable, [sys.executable] + sys.argv)
+    reexec_with_mmap_threshold()
     if args.quick:
         args.rounds, args.steps, args.gpt_layers, args.gpt_dim, args.enc_dim = 1, 1, 4, 64, 64
         args.enc_ff = 256
     actstash = import_actstash()
     import torch
     torch.set_num_threads(1)
-    sys.path.insert(0, os.path.join(os.path.dirname(HERE), "examples"))
+    sys.path.insert(0, EXAMPLES)
     specs = {"gpt": gpt_spec, "encoder": encoder_spec}
     results = []
     with daemon_address(args) as (address, _):

@@ -65,16 +65,14 @@ import ctypes
 import gc
 import json
 import os
-import signal
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-BUILD = os.environ.get("ACTSTASH_BUILD_DIR", os.path.join(ROOT, "build"))
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "testing", "python"))
+from actstash_testing.daemon import DaemonError, DaemonProcess  # noqa: E402
+from actstash_testing.paths import BUILD_PYTHON, BUILT_DAEMON  # noqa: E402
 
 KIB, MIB = 1 << 10, 1 << 20
 
@@ -84,7 +82,7 @@ def import_actstash():
     try:
         import actstash
     except ImportError:
-        sys.path.insert(0, os.path.join(BUILD, "python"))
+        sys.path.insert(0, BUILD_PYTHON)
         import actstash
     return actstash
 
@@ -108,57 +106,19 @@ def fmt_size(n):
     return f"{n} B"
 
 
-class PrivateDaemon:
-    """An actstashd on a private socket in a temporary directory (as
-    tests/python/conftest.py and scripts/demo start it); stopped with SIGTERM."""
-
-    def __init__(self, binary=None, pool="2GiB", segment=None, extra=()):
-        binary = binary or os.path.join(BUILD, "server", "actstashd")
-        if not os.access(binary, os.X_OK):
-            raise SystemExit(f"no actstashd at {binary}: build the project (scripts/setup) "
-                             "or pass --actstashd / --address")
-        self.dir = tempfile.mkdtemp(prefix="actstash-bench-")
-        self.socket = os.path.join(self.dir, "actstash.sock")
-        self.log_path = os.path.join(self.dir, "actstashd.log")
-        self.log = open(self.log_path, "w+")
-        args = [binary, "--socket", self.socket, "--pool-size", pool, "--log-level", "info"]
-        if segment:
-            args += ["--segment-size", segment]
-        self.proc = subprocess.Popen(args + list(extra), stdout=self.log,
-                                     stderr=subprocess.STDOUT)
-        deadline = time.time() + 30
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                raise SystemExit("actstashd exited: " + self.text())
-            if os.path.exists(self.socket) and "] ready" in self.text():
-                return
-            time.sleep(0.02)
-        self.stop()
-        raise SystemExit("actstashd not ready after 30 s: " + self.text())
-
-    def text(self):
-        self.log.flush()
-        with open(self.log_path) as f:
-            return f.read()
-
-    def warnings(self):
-        """Log lines at level warn or above ("TIME LEVEL [PID] message")."""
-        return [line for line in self.text().splitlines()
-                if line.split()[1:2] and
-                line.split()[1] in ("warn", "warning", "error", "critical")]
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.log.close()
-        for name in os.listdir(self.dir):
-            os.unlink(os.path.join(self.dir, name))
-        os.rmdir(self.dir)
+def start_daemon(binary=None, pool="2GiB", segment=None, extra=()):
+    """A private actstashd for the run (actstash_testing's DaemonProcess, as the
+    tests start it, at log level info: finish() reports its warnings); binary:
+    default the build tree's. Exits with its log when it does not start."""
+    binary = binary or BUILT_DAEMON
+    if not os.access(binary, os.X_OK):
+        raise SystemExit(f"no actstashd at {binary}: build the project (scripts/setup) "
+                         "or pass --actstashd / --address")
+    try:
+        return DaemonProcess(binary, pool, segment=segment, extra=extra, log_level="info",
+                             prefix="actstash-bench-")
+    except DaemonError as error:
+        raise SystemExit(str(error)) from None
 
 
 @contextlib.contextmanager
@@ -167,7 +127,7 @@ def daemon_address(args):
     if args.address:
         yield args.address, None
         return
-    daemon = PrivateDaemon(args.actstashd, pool=args.pool_size)
+    daemon = start_daemon(args.actstashd, pool=args.pool_size)
     try:
         yield daemon.socket, daemon
     finally:

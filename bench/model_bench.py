@@ -55,10 +55,12 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from hook_bench import (ROOT, Checks, daemon_address, finish, import_actstash,  # noqa: E402
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "testing", "python"))
+from actstash_testing.paths import EXAMPLES  # noqa: E402
+from hook_bench import (Checks, daemon_address, finish, import_actstash,  # noqa: E402
                         median, parse_size, print_checks, scalar_stats)
 
-sys.path.insert(0, os.path.join(ROOT, "examples"))
+sys.path.insert(0, EXAMPLES)
 
 VARIANTS = ["plain", "actstash", "checkpoint", "save_on_cpu"]
 # Engine counters read around each timed actstash step (JSON: their sums).

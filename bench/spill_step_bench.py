@@ -9,7 +9,8 @@ step with a pool big enough for all of them, plain autograd and torch checkpoint
     bench/spill_step_bench.py --spill-dir D   # spill to D
 
 Model: examples/gpt.py's GPT, 6 blocks, width 256, 4 heads, vocabulary 256, batch
-8 x 256 tokens, fp32 on CPU, dropout 0, one torch thread. Every saved tensor of at
+8 x 256 tokens, fp32 on CPU, dropout 0, one torch thread (actstash_testing's
+spill_gpt and spill_batch, which tests/python/test_spill.py trains). Every saved tensor of at
 least 64 KiB goes through stash.offload(). A step is zero_grad, forward, backward;
 the median of --steps timed steps (after one untimed) per variant and round, and
 "x plain" is the median over rounds of the per-round ratio. Gradients of every
@@ -28,9 +29,13 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from hook_bench import ROOT, PrivateDaemon, import_actstash  # noqa: E402
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "testing", "python"))
+from actstash_testing.paths import EXAMPLES  # noqa: E402
+from actstash_testing.training import (bitwise_equal, cloned_grads, spill_batch,  # noqa: E402
+                                       spill_gpt)
+from hook_bench import import_actstash, start_daemon  # noqa: E402
 
-sys.path.insert(0, os.path.join(ROOT, "examples"))
+sys.path.insert(0, EXAMPLES)
 
 
 def main():
@@ -55,11 +60,7 @@ def main():
     layers = 2 if args.quick else 6
 
     def make():
-        torch.manual_seed(0)
-        return GPT(vocab=256, dim=256, heads=4, layers=layers, context=256, dropout=0.0)
-
-    def batch(step):
-        return torch.randint(0, 256, (8, 257), generator=torch.Generator().manual_seed(step))
+        return spill_gpt(GPT, layers)
 
     def checkpointed(model):
         for block in model.modules():
@@ -70,18 +71,18 @@ def main():
         return model
 
     # How much one step offloads, to size the small pool.
-    big = PrivateDaemon(args.actstashd, pool="2GiB", segment="4MiB")
+    big = start_daemon(args.actstashd, pool="2GiB", segment="4MiB")
     stash_big = actstash.connect(big.socket)
     model = make()
     with stash_big.offload():
-        loss = loss_fn(model, batch(0))
+        loss = loss_fn(model, spill_batch(0))
     loss.backward()
     per_step = stash_big.stats()["bytes_offloaded"]
     seg = 4 << 20
     pool = max(4 * seg, int(per_step / args.factor) // seg * seg)
     spill_dir = tempfile.mkdtemp(prefix="actstash-spill-bench-", dir=args.spill_dir)
-    small = PrivateDaemon(args.actstashd, pool=f"{pool >> 20}MiB", segment="4MiB",
-                          extra=("--spill-dir", spill_dir))
+    small = start_daemon(args.actstashd, pool=f"{pool >> 20}MiB", segment="4MiB",
+                         extra=("--spill-dir", spill_dir))
     stash_small = actstash.connect(small.socket)
 
     plain_grads = {}
@@ -93,16 +94,16 @@ def main():
         if variant in ("offload", "offload+spill"):
             stash = stash_big if variant == "offload" else stash_small
             with stash.offload():
-                loss = loss_fn(model, batch(k))
+                loss = loss_fn(model, spill_batch(k))
         else:
-            loss = loss_fn(model, batch(k))
+            loss = loss_fn(model, spill_batch(k))
         loss.backward()
         elapsed = time.perf_counter() - start
-        grads = [p.grad.clone() for p in model.parameters()]
+        grads = cloned_grads(model)
         if variant == "plain":
             plain_grads[k] = grads
         elif variant != "checkpoint" and k in plain_grads:
-            if not all(torch.equal(a, b) for a, b in zip(grads, plain_grads[k])):
+            if not bitwise_equal(grads, plain_grads[k]):
                 failures.append(f"{variant} step {k}: gradients differ from plain autograd")
         return elapsed
 

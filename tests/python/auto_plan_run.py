@@ -6,60 +6,25 @@ glibc told (MALLOC_MMAP_THRESHOLD_, set by the parent) to give large blocks back
 to the system when they are freed, so that RssAnon follows what the trainer
 holds. The peak of a step is measured here, independently of the planner: a
 sampling thread, from the first block's forward (a forward pre-hook) to the end
-of backward, above RssAnon at that first hook.
+of backward, above RssAnon at that first hook (actstash_testing.memory, as
+bench/auto_plan_bench.py measures it).
 
     auto_plan_run.py SOCKET MODEL STEPS [COPY_DELAY_US]
     auto_plan_run.py SOCKET quota STEPS
 """
 import copy
 import json
-import os
 import sys
-import threading
-import time
 
 import torch
 from torch import nn
 
 import actstash
 from actstash._planner import BudgetError
+from actstash_testing.memory import PeakMeter
+from actstash_testing.training import bitwise_equal, cloned_grads
 
 torch.set_num_threads(1)
-PAGE = os.sysconf("SC_PAGE_SIZE")
-
-
-def rss_anon():
-    with open("/proc/self/statm") as f:
-        fields = f.read().split()
-    return (int(fields[1]) - int(fields[2])) * PAGE
-
-
-class PeakMeter:
-    """Peak RssAnon above the first block's forward, until stop()."""
-
-    def __init__(self, first_block):
-        self.baseline = None
-        self.peak = 0
-        self.running = False
-        first_block.register_forward_pre_hook(self._begin)
-
-    def _begin(self, module, args):
-        if self.running or not torch.is_grad_enabled():
-            return
-        self.baseline, self.peak, self.running = rss_anon(), 0, True
-        self.thread = threading.Thread(target=self._sample, daemon=True)
-        self.thread.start()
-
-    def _sample(self):
-        while self.running:
-            self.peak = max(self.peak, rss_anon() - self.baseline)
-            time.sleep(0.0002)
-
-    def stop(self):
-        self.running = False
-        self.thread.join()
-        self.peak = max(self.peak, rss_anon() - self.baseline)
-        return self.peak
 
 
 def gpt():
@@ -84,13 +49,13 @@ def step(model, loss, seed):
     model.zero_grad(set_to_none=True)
     torch.manual_seed(seed)
     loss(model).backward()
-    return [p.grad.clone() for p in model.parameters()]
+    return cloned_grads(model)
 
 
 def run(stash, model, first, loss, reference, budget, steps, seed0):
     """Steps under wrap(policy="auto", budget): per step the plan, the bitwise check,
     the stash's counters and the peak."""
-    meter = PeakMeter(first)
+    meter = PeakMeter(first, only_with_grad=True)
     actstash.wrap(model, stash, policy="auto", budget=budget)
     out = []
     try:
@@ -99,7 +64,7 @@ def run(stash, model, first, loss, reference, budget, steps, seed0):
             try:
                 grads = step(model, loss, seed0 + k)
             except BudgetError as error:
-                meter.running = False
+                meter.cancel()
                 out.append({"error": str(error)})
                 break
             peak = meter.stop()
@@ -107,7 +72,7 @@ def run(stash, model, first, loss, reference, budget, steps, seed0):
             after = stash.stats()
             report = stash.plan()
             out.append({
-                "bitwise": all(torch.equal(a, b) for a, b in zip(grads, reference[k])),
+                "bitwise": bitwise_equal(grads, reference[k]),
                 "peak": peak,
                 "offloaded": after["bytes_offloaded"] - before["bytes_offloaded"],
                 "fetched": after["bytes_fetched"] - before["bytes_fetched"],

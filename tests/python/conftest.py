@@ -3,72 +3,46 @@
 The package under test is the build tree's (build/python, put first on sys.path;
 the daemon is build/server/actstashd) unless ACTSTASH_TEST_INSTALLED=1: then it is
 the one installed in this interpreter's environment (pip install ./client/python),
-and so is the daemon that ships inside it.
+and so is the daemon that ships inside it. The support shared with the benchmarks
+(actstash_testing) comes from the source tree's testing/python.
 """
 import os
-import shutil
-import signal
-import subprocess
 import sys
-import tempfile
-import time
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-BUILD = os.environ.get("ACTSTASH_BUILD_DIR", os.path.join(ROOT, "build"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__)))), "testing", "python"))
+from actstash_testing.daemon import DaemonProcess  # noqa: E402
+from actstash_testing.paths import (BUILD, BUILD_PYTHON, BUILT_DAEMON, EXAMPLES,  # noqa: E402,F401
+                                    ROOT, TESTING_PYTHON)
+
 INSTALLED = os.environ.get("ACTSTASH_TEST_INSTALLED") == "1"
 if not INSTALLED:
-    sys.path.insert(0, os.path.join(BUILD, "python"))
-sys.path.insert(0, os.path.join(ROOT, "examples"))
+    sys.path.insert(0, BUILD_PYTHON)
+sys.path.insert(0, EXAMPLES)
 # What a subprocess that imports actstash needs in its environment.
-PACKAGE_ENV = {} if INSTALLED else {"PYTHONPATH": os.path.join(BUILD, "python")}
+PACKAGE_ENV = {} if INSTALLED else {"PYTHONPATH": BUILD_PYTHON}
 
 
 def daemon_binary():
     if not INSTALLED:
-        return os.path.join(BUILD, "server", "actstashd")
+        return BUILT_DAEMON
     from actstash import _daemon
     path = _daemon.binary("actstashd")
     assert path and path.startswith(os.path.dirname(_daemon.__file__)), path
     return path
 
 
-class Daemon:
+class Daemon(DaemonProcess):
+    """The daemon under test (daemon_binary()) with the tests' defaults."""
+
     def __init__(self, pool="1GiB", extra=(), segment="16MiB"):
-        self.dir = tempfile.mkdtemp(prefix="actstash-py-")
-        self.socket = os.path.join(self.dir, "actstash.sock")
-        self.log = open(os.path.join(self.dir, "actstashd.log"), "w+")
-        self.args = [daemon_binary(), "--socket", self.socket,
-                     "--pool-size", pool, "--segment-size", segment, *extra]
-        self.proc = None
-        self.start()
-
-    def start(self):
-        self.proc = subprocess.Popen(self.args, stdout=self.log, stderr=subprocess.STDOUT)
-        deadline = time.time() + 30
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError("actstashd exited: " + self.text())
-            if os.path.exists(self.socket) and "] ready" in self.text():
-                return
-            time.sleep(0.02)
-        raise RuntimeError("actstashd not ready: " + self.text())
-
-    def text(self):
-        self.log.flush()
-        with open(self.log.name) as f:
-            return f.read()
-
-    def kill(self, sig=signal.SIGKILL):
-        if self.proc and self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            self.proc.wait(timeout=30)
+        super().__init__(daemon_binary(), pool, segment=segment, extra=extra,
+                         prefix="actstash-py-")
 
     def stop(self):
-        self.kill(signal.SIGTERM)
-        self.log.close()
-        shutil.rmtree(self.dir, ignore_errors=True)
+        assert super().stop(), "actstashd did not exit within 30 s of SIGTERM"
 
 
 @pytest.fixture(scope="module")

@@ -18,16 +18,17 @@ import torch
 from torch import nn
 
 import actstash
-from conftest import PACKAGE_ENV, ROOT
+from actstash_testing.memory import MMAP_THRESHOLD_ENV
+from conftest import EXAMPLES, PACKAGE_ENV, TESTING_PYTHON
 
 STEPS = 6
 STEADY = 2  # the last steps: after profiling, checking and up to two corrections
 
 
 def _run(daemon, model, delay_us=0):
-    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="131072", **PACKAGE_ENV)
+    env = dict(os.environ, **MMAP_THRESHOLD_ENV, **PACKAGE_ENV)
     env["PYTHONPATH"] = os.pathsep.join(
-        filter(None, [env.get("PYTHONPATH"), os.path.join(ROOT, "examples")]))
+        filter(None, [env.get("PYTHONPATH"), EXAMPLES, TESTING_PYTHON]))
     child = os.path.join(os.path.dirname(os.path.abspath(__file__)), "auto_plan_run.py")
     done = subprocess.run([sys.executable, child, daemon.socket, model, str(STEPS),
                            str(delay_us)], env=env, capture_output=True, text=True, timeout=600)

@@ -1,7 +1,8 @@
 """The spill tier from a trainer's side: a GPT whose activations are several times the
-daemon's pool trains with stash.offload() against a daemon with --spill-dir; gradients
-are bitwise those of plain autograd (with and without injected copy delays), and the
-bytes really went to disk and came back (the daemon's and the client's counters)."""
+daemon's pool (actstash_testing's spill_gpt, which bench/spill_step_bench.py times)
+trains with stash.offload() against a daemon with --spill-dir; gradients are bitwise
+those of plain autograd (with and without injected copy delays), and the bytes really
+went to disk and came back (the daemon's and the client's counters)."""
 import os
 import shutil
 import subprocess
@@ -12,6 +13,7 @@ import pytest
 import torch
 
 import actstash
+from actstash_testing.training import cloned_grads, spill_batch, spill_gpt
 from conftest import Daemon, PACKAGE_ENV, ROOT
 from gpt import GPT, loss_fn
 
@@ -29,22 +31,13 @@ def spill_daemon():
     shutil.rmtree(spill_dir)
 
 
-def _model():
-    torch.manual_seed(0)
-    return GPT(vocab=256, dim=256, heads=4, layers=6, context=256, dropout=0.0)
-
-
-def _batch(step):
-    return torch.randint(0, 256, (8, 257), generator=torch.Generator().manual_seed(step))
-
-
 def _plain_grads(steps):
-    model = _model()
+    model = spill_gpt(GPT)
     grads = []
     for step in range(steps):
         model.zero_grad()
-        loss_fn(model, _batch(step)).backward()
-        grads.append([p.grad.clone() for p in model.parameters()])
+        loss_fn(model, spill_batch(step)).backward()
+        grads.append(cloned_grads(model))
     return grads
 
 
@@ -53,13 +46,13 @@ def test_activations_three_times_the_pool_spill_and_train_bitwise(spill_daemon, 
     steps = 2
     expected = _plain_grads(steps)
     stash = actstash.connect(spill_daemon.socket, copy_delay_us=delay_us, seed=3)
-    model = _model()
+    model = spill_gpt(GPT)
     offloaded = 0
     for step in range(steps):
         model.zero_grad()
         before = stash.stats()["bytes_offloaded"]
         with stash.offload(min_bytes=0):
-            loss = loss_fn(model, _batch(step))
+            loss = loss_fn(model, spill_batch(step))
         offloaded = stash.stats()["bytes_offloaded"] - before
         loss.backward()
         for p, g in zip(model.parameters(), expected[step]):
@@ -144,9 +137,9 @@ def test_corrupt_spill_file_is_an_error_in_the_trainer_and_the_daemon_goes_on(tm
     d = Daemon(pool="128MiB", segment="4MiB", extra=("--spill-dir", spill_dir))
     try:
         stash = actstash.connect(d.socket, quota=64 << 20, seed=4)
-        model = _model()
+        model = spill_gpt(GPT)
         with stash.offload(min_bytes=0):
-            loss = loss_fn(model, _batch(0))
+            loss = loss_fn(model, spill_batch(0))
         fds = _spill_fds(d.proc.pid, spill_dir)
         assert fds, "forward at 3x the pool must have spilled"
         for path in fds:
@@ -164,9 +157,9 @@ def test_corrupt_spill_file_is_an_error_in_the_trainer_and_the_daemon_goes_on(tm
         # A fresh trainer on the same daemon trains, spilling included.
         expected = _plain_grads(1)[0]
         again = actstash.connect(d.socket, quota=64 << 20, seed=5)
-        model = _model()
+        model = spill_gpt(GPT)
         with again.offload(min_bytes=0):
-            loss = loss_fn(model, _batch(0))
+            loss = loss_fn(model, spill_batch(0))
         loss.backward()
         assert all(torch.equal(p.grad, g) for p, g in zip(model.parameters(), expected))
         assert again.stats()["bytes_spilled"] > 0

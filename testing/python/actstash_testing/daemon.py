@@ -1,0 +1,97 @@
+"""DaemonProcess: a real actstashd child process on a private socket, for the
+Python tests and benchmarks (testing/daemon_process.h is the C++ one)."""
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+
+READY_TIMEOUT_S = 30
+STOP_TIMEOUT_S = 30
+
+
+class DaemonError(RuntimeError):
+    """actstashd exited while starting, or did not get ready in time; the
+    message carries its log."""
+
+
+class DaemonProcess:
+    """actstashd on a socket in a fresh temporary directory (mkdtemp: mode
+    0700), its output in actstashd.log there; ready when the socket exists and
+    the log says "] ready". stop() ends it and removes the directory.
+
+        binary     the actstashd to run
+        pool       --pool-size
+        segment    --segment-size (None: the daemon's default)
+        extra      more actstashd flags, after those above
+        log_level  --log-level (None: the daemon's default)
+        prefix     of the temporary directory's name
+    """
+
+    def __init__(self, binary, pool, segment=None, extra=(), log_level=None,
+                 prefix="actstash-"):
+        self.dir = tempfile.mkdtemp(prefix=prefix)
+        self.socket = os.path.join(self.dir, "actstash.sock")
+        self.log_path = os.path.join(self.dir, "actstashd.log")
+        self.log = open(self.log_path, "w+")
+        self.args = [binary, "--socket", self.socket, "--pool-size", pool]
+        if log_level:
+            self.args += ["--log-level", log_level]
+        if segment:
+            self.args += ["--segment-size", segment]
+        self.args += list(extra)
+        self.proc = None
+        self.start()
+
+    def start(self):
+        """Starts the process and waits until it is ready; on failure the
+        directory is removed and DaemonError says why, with the log."""
+        self.proc = subprocess.Popen(self.args, stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.time() + READY_TIMEOUT_S
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                self._fail("actstashd exited: ")
+            if os.path.exists(self.socket) and "] ready" in self.text():
+                return
+            time.sleep(0.02)
+        self._fail(f"actstashd not ready after {READY_TIMEOUT_S} s: ")
+
+    def _fail(self, what):
+        text = self.text()
+        DaemonProcess.stop(self)
+        raise DaemonError(what + text)
+
+    def text(self):
+        """Everything the daemon wrote so far."""
+        self.log.flush()
+        with open(self.log_path) as f:
+            return f.read()
+
+    def warnings(self):
+        """Log lines at level warn or above ("TIME LEVEL [PID] message")."""
+        return [line for line in self.text().splitlines()
+                if line.split()[1:2] and
+                line.split()[1] in ("warn", "warning", "error", "critical")]
+
+    def kill(self, sig=signal.SIGKILL):
+        """Sends `sig` if the process runs and waits (up to 30 s) for its exit;
+        the directory stays (stop() removes it)."""
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            self.proc.wait(timeout=STOP_TIMEOUT_S)
+
+    def stop(self):
+        """SIGTERM, and SIGKILL if it has not exited 30 s later; then closes the
+        log and removes the directory. Returns False when it took the SIGKILL
+        (True when SIGTERM stopped it or it had exited already)."""
+        clean = True
+        try:
+            self.kill(signal.SIGTERM)
+        except subprocess.TimeoutExpired:
+            clean = False
+            self.proc.kill()
+            self.proc.wait()
+        self.log.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+        return clean
