@@ -92,7 +92,9 @@ class Daemon {
   // leases they hold.
   std::unique_ptr<SpillTier> spill_;  // null without --spill-dir
   // Its disconnect callback is ReclaimDisconnected: the Daemon's, so that
-  // the attach server and the core do not hold each other.
+  // the attach server and the core do not hold each other. It serves from
+  // its constructor, before core_ exists, but the callback runs only for an
+  // attached session, and sessions open only once Serve() starts gRPC.
   AttachServer attach_;
   StashCore core_;
   StashService service_;
