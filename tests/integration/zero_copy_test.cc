@@ -465,14 +465,21 @@ TEST_F(ZeroCopyTest, KilledClientHolding500MiBIsReclaimedWithinOneSecond) {
   const auto killed = std::chrono::steady_clock::now();
   Wait(child);
   uint64_t used = 1;
-  while (std::chrono::steady_clock::now() - killed < std::chrono::seconds(1)) {
+#if defined(__SANITIZE_THREAD__)
+  // Under ThreadSanitizer the daemon runs several times slower (its memset of
+  // the 500 MiB is checked too): the order is tested there, not the time.
+  const auto deadline = std::chrono::seconds(5);
+#else
+  const auto deadline = std::chrono::seconds(1);
+#endif
+  while (std::chrono::steady_clock::now() - killed < deadline) {
     absl::StatusOr<v1::StatsReply> stats = observer->Stats();
     ASSERT_TRUE(stats.ok());
     used = stats->pool().used_bytes();
     if (used == 0) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
-  EXPECT_EQ(used, 0u) << "not reclaimed within 1 s of SIGKILL";
+  EXPECT_EQ(used, 0u) << "not reclaimed within " << deadline.count() << " s of SIGKILL";
   // Then renewed in the background and free again.
   v1::StatsReply settled =
       SettledStats([](const v1::StatsReply& s) { return s.pool().renewing_bytes() == 0; });
