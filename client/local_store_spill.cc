@@ -275,7 +275,7 @@ absl::Status LocalStore::RestoreBlock(Block* block, bool may_spill) {
     block->state = Block::State::kResident;
     block->spill_id = 0;
     usage_.set_restores(usage_.restores() + 1);
-    usage_.set_restores_ahead(usage_.restores_ahead() + block->ahead ? 1 : 0);
+    usage_.set_restores_ahead(usage_.restores_ahead() + (block->ahead ? 1 : 0));
   } else {
     block->arena = nullptr;
     FreshBlock(target);
