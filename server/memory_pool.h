@@ -16,7 +16,7 @@ namespace actstash::server {
 
 // A pool's numbers are the wire message itself: a pool fills what it knows
 // (totals, free, segments, locked, pinned, allocations); the daemon's stats
-// (stash_core.h) add what the lease managers know (leases, leased and
+// (server/stats.h) add what the lease managers know (leases, leased and
 // renewing bytes). A new counter is a proto field plus the line that sets it.
 using PoolStats = v1::PoolStats;
 

@@ -29,10 +29,6 @@ class JsonWriter {
     Value(absl::StrCat(value));
   }
   void Field(std::string_view key, uint32_t value) { Field(key, uint64_t{value}); }
-  void Field(std::string_view key, double value) {
-    Key(key);
-    Value(absl::StrCat(value));
-  }
   void Field(std::string_view key, bool value) {
     Key(key);
     Value(value ? "true" : "false");

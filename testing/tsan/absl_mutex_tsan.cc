@@ -81,9 +81,7 @@ unsigned HeldMode(const std::atomic<intptr_t>& word) {
 // A wait that gives the mutex up and has it again on return (Await,
 // CondVar::Wait): a release and an acquire for TSan, the real wait between.
 template <typename Call>
-auto ReleaseAndRetake(void* mu, unsigned mode, Call call) {
-  __tsan_mutex_pre_unlock(mu, mode);
-  __tsan_mutex_post_unlock(mu, mode);
+auto Locking(void* mu, unsigned mode, Call call) {
   __tsan_mutex_pre_lock(mu, mode);
   auto result = call();
   __tsan_mutex_post_lock(mu, mode, 0);
@@ -91,11 +89,10 @@ auto ReleaseAndRetake(void* mu, unsigned mode, Call call) {
 }
 
 template <typename Call>
-auto Locking(void* mu, unsigned mode, Call call) {
-  __tsan_mutex_pre_lock(mu, mode);
-  auto result = call();
-  __tsan_mutex_post_lock(mu, mode, 0);
-  return result;
+auto ReleaseAndRetake(void* mu, unsigned mode, Call call) {
+  __tsan_mutex_pre_unlock(mu, mode);
+  __tsan_mutex_post_unlock(mu, mode);
+  return Locking(mu, mode, call);
 }
 
 template <typename Call>
