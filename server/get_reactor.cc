@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "common/grpc_status.h"
+#include "common/happens_before.h"
 #include "common/protocol.h"
 #include "server/object_spill.h"
 #include "server/stash_reactors.h"
@@ -12,7 +13,9 @@ namespace {
 
 // Holds a reference to the object, so a concurrent Delete or CloseSession
 // frees its memory only after the last chunk was written. One write is in
-// flight at a time; gRPC serializes the callbacks.
+// flight at a time; gRPC serializes the callbacks. Write and End are the only
+// ways on, and each callback starts with HappensAfter: that order, made by
+// gRPC, is marked for TSan (common/happens_before.h).
 class GetReactor final : public grpc::ServerWriteReactor<v1::GetChunk> {
  public:
   GetReactor(StashCore* core, grpc::CallbackServerContext* ctx, const v1::GetRequest& request)
@@ -20,14 +23,14 @@ class GetReactor final : public grpc::ServerWriteReactor<v1::GetChunk> {
     core_.streams_in_flight.fetch_add(1, std::memory_order_acq_rel);
     absl::StatusOr<std::shared_ptr<Session>> session = AuthenticateCall(core_, *ctx);
     if (!session.ok()) {
-      Finish(ToGrpcStatus(session.status()));
+      End(ToGrpcStatus(session.status()));
       return;
     }
     session_ = *std::move(session);
     absl::StatusOr<std::shared_ptr<const StoredObject>> object =
         core_.catalog.Lookup(session_->id(), request.handle());
     if (!object.ok()) {
-      Finish(ToGrpcStatus(object.status()));
+      End(ToGrpcStatus(object.status()));
       return;
     }
     object_ = *std::move(object);
@@ -35,14 +38,14 @@ class GetReactor final : public grpc::ServerWriteReactor<v1::GetChunk> {
     absl::StatusOr<StoredObject::ReadStart> start = object_->BeginRead([this](absl::Status ready) {
       if (!ready.ok()) {
         object_.reset();
-        return Finish(ToGrpcStatus(ready));
+        return End(ToGrpcStatus(ready));
       }
       reading_ = true;
       SendHeader();
     });
     if (!start.ok()) {
       object_.reset();
-      Finish(ToGrpcStatus(start.status()));
+      End(ToGrpcStatus(start.status()));
       return;
     }
     if (*start == StoredObject::ReadStart::kMustRestore) {
@@ -66,15 +69,16 @@ class GetReactor final : public grpc::ServerWriteReactor<v1::GetChunk> {
       header->mutable_checksum()->set_value(meta.checksum);
     }
     data_ = object_->data();
-    StartWrite(&chunk_);
+    Write();
   }
 
   void OnWriteDone(bool ok) override {
+    HappensAfter(this);
     // The object reference is dropped before Finish: once the client sees
     // the call end, a Delete it sent frees the memory at once.
     if (!ok) {  // the client went away or cancelled
       Drop();
-      Finish(grpc::Status(grpc::StatusCode::CANCELLED, "Get stream was cancelled"));
+      End(grpc::Status(grpc::StatusCode::CANCELLED, "Get stream was cancelled"));
       return;
     }
     const uint64_t nbytes = object_->meta().nbytes;
@@ -82,21 +86,34 @@ class GetReactor final : public grpc::ServerWriteReactor<v1::GetChunk> {
       session_->RecordFetch(nbytes);
       core_.bytes_fetched.fetch_add(nbytes, std::memory_order_relaxed);
       Drop();
-      Finish(grpc::Status::OK);
+      End(grpc::Status::OK);
       return;
     }
     const uint64_t n = std::min(kMaxChunkBytes, nbytes - sent_);
     chunk_.set_data(reinterpret_cast<const char*>(data_ + sent_), n);
     sent_ += n;
-    StartWrite(&chunk_);
+    Write();
   }
 
   void OnDone() override {
+    HappensAfter(this);
     core_.streams_in_flight.fetch_sub(1, std::memory_order_acq_rel);
     delete this;
   }
 
  private:
+  // Sends chunk_ (OnWriteDone follows).
+  void Write() {
+    HappensBefore(this);
+    StartWrite(&chunk_);
+  }
+
+  // Ends the call (OnDone follows).
+  void End(const grpc::Status& status) {
+    HappensBefore(this);
+    Finish(status);
+  }
+
   void Drop() {
     if (reading_) object_->EndRead();
     reading_ = false;

@@ -4,6 +4,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/checksum.h"
 #include "common/grpc_status.h"
+#include "common/happens_before.h"
 #include "common/protocol.h"
 #include "server/object_spill.h"
 #include "server/stash_reactors.h"
@@ -36,8 +37,13 @@ absl::Status ValidateHeader(const v1::ObjectHeader& header) {
 }
 
 // Reactor state machine: header expected → data until nbytes → stream end.
-// gRPC serializes the callbacks of one call, so no lock is needed; the
-// reactor is finished exactly once (finished_) and deleted in OnDone.
+// gRPC serializes the callbacks of one call, so no lock is needed: at most
+// one read is pending, and only the callback it brings (or the work queue or
+// spill worker this reactor handed itself to meanwhile) touches the state.
+// That order is marked for TSan (common/happens_before.h): Read and
+// FinishOnce are the only ways on, and each callback starts with
+// HappensAfter. The reactor is finished exactly once (finished_) and deleted
+// in OnDone.
 class PutReactor final : public grpc::ServerReadReactor<v1::PutChunk> {
  public:
   PutReactor(StashCore* core, grpc::CallbackServerContext* ctx, v1::PutReply* reply)
@@ -49,10 +55,11 @@ class PutReactor final : public grpc::ServerReadReactor<v1::PutChunk> {
       return;
     }
     session_ = *std::move(session);
-    StartRead(&chunk_);
+    Read();
   }
 
   void OnReadDone(bool ok) override {
+    HappensAfter(this);
     if (finished_) return;
     absl::Status status = ok ? Consume() : Complete();
     if (!status.ok()) {
@@ -68,19 +75,26 @@ class PutReactor final : public grpc::ServerReadReactor<v1::PutChunk> {
         absl::StatusOr<Allocation> memory = core_.pool.Allocate(meta_.nbytes);
         if (!memory.ok()) return FinishOnce(memory.status());
         memory_ = *std::move(memory);
-        StartRead(&chunk_);
+        Read();
       });
     } else if (ok) {
-      StartRead(&chunk_);
+      Read();
     }
   }
 
   void OnDone() override {
+    HappensAfter(this);
     core_.streams_in_flight.fetch_sub(1, std::memory_order_acq_rel);
     delete this;
   }
 
  private:
+  // Asks gRPC for the next chunk (OnReadDone).
+  void Read() {
+    HappensBefore(this);
+    StartRead(&chunk_);
+  }
+
   absl::Status Consume() {
     if (!have_header_) {
       if (chunk_.payload_case() != v1::PutChunk::kHeader) {
@@ -149,7 +163,7 @@ class PutReactor final : public grpc::ServerReadReactor<v1::PutChunk> {
     waiting_for_spill_ = false;
     SpillObjects(core_, session_, meta_.nbytes, nullptr, [this](uint64_t spilled) {
       absl::Status status = TakeMemory();
-      if (status.ok()) return StartRead(&chunk_);
+      if (status.ok()) return Read();
       if (status.code() == absl::StatusCode::kResourceExhausted && spilled > 0) {
         return SpillAndRetry();
       }
@@ -196,6 +210,7 @@ class PutReactor final : public grpc::ServerReadReactor<v1::PutChunk> {
       memory_.Reset();
       reservation_.Reset();
     }
+    HappensBefore(this);
     Finish(ToGrpcStatus(status));
   }
 

@@ -18,6 +18,7 @@
 #include "client/capi/json_writer.h"
 #include "client/capi/message_json.h"
 #include "common/choice.h"
+#include "common/tristate.h"
 
 struct actstash_client {
   std::shared_ptr<actstash::Client> client;
@@ -46,6 +47,19 @@ char* Dup(const std::string& s) {
   return out;
 }
 
+// The public PinPolicy has the three meanings of the setting's Tristate.
+actstash::PinPolicy PinPolicyOf(actstash::Tristate setting) {
+  switch (setting) {
+    case actstash::Tristate::kOn:
+      return actstash::PinPolicy::kOn;
+    case actstash::Tristate::kOff:
+      return actstash::PinPolicy::kOff;
+    case actstash::Tristate::kAuto:
+      break;
+  }
+  return actstash::PinPolicy::kAuto;
+}
+
 }  // namespace
 
 extern "C" {
@@ -72,19 +86,16 @@ int actstash_client_connect(const char* address, uint64_t quota, const char* nam
       {"auto", actstash::AttachMode::kAuto},
       {"required", actstash::AttachMode::kRequired},
       {"off", actstash::AttachMode::kOff}};
-  static constexpr actstash::Choice<actstash::PinPolicy> kPin[] = {
-      {"auto", actstash::PinPolicy::kAuto},
-      {"on", actstash::PinPolicy::kOn},
-      {"off", actstash::PinPolicy::kOff}};
   // Null means the default: the first name.
   absl::StatusOr<actstash::AttachMode> attach_mode =
       actstash::ParseChoice(attach != nullptr ? attach : "auto", "attach", kAttach);
   if (!attach_mode.ok()) return Fail(attach_mode.status());
   options.attach = *attach_mode;
-  absl::StatusOr<actstash::PinPolicy> pin_policy =
-      actstash::ParseChoice(pin != nullptr ? pin : "auto", "pin", kPin);
+  // The pin policy is spelled like every auto/on/off setting (common/tristate.h).
+  absl::StatusOr<actstash::Tristate> pin_policy =
+      actstash::ParseTristate(pin != nullptr ? pin : "auto", "pin");
   if (!pin_policy.ok()) return Fail(pin_policy.status());
-  options.pin_leases = *pin_policy;
+  options.pin_leases = PinPolicyOf(*pin_policy);
   absl::StatusOr<std::unique_ptr<actstash::Client>> client = actstash::Client::Connect(options);
   if (!client.ok()) return Fail(client.status());
   *out = new actstash_client{std::shared_ptr<actstash::Client>(std::move(*client))};

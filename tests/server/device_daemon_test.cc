@@ -193,6 +193,7 @@ TEST_F(DeviceDaemonTest, LeaseAndReturnDeviceSegments) {
 
   std::byte* bytes = Bytes(reply.leases(0));
   std::memset(bytes, 0x5a, kMiB);
+  state_->Handover();
   ASSERT_TRUE(Return({reply.leases(0).lease_id(), host_reply.leases(0).lease_id()}).ok());
   // Scrubbed on the daemon's work queue, then free.
   for (int i = 0; i < 500 && Stats().device_pools(0).pool().free_bytes() != 3 * kMiB; ++i) {
@@ -202,6 +203,7 @@ TEST_F(DeviceDaemonTest, LeaseAndReturnDeviceSegments) {
   EXPECT_EQ(stats.device_pools(0).pool().used_bytes(), kMiB);
   EXPECT_EQ(stats.device_pools(0).pool().renewing_bytes(), 0u);
   EXPECT_EQ(stats.device_pools(0).pool().free_bytes(), 3 * kMiB);
+  state_->Handover();
   for (uint64_t i = 0; i < kMiB; ++i) ASSERT_EQ(bytes[i], std::byte{0}) << i;
   ExpectCode(Return({reply.leases(0).lease_id()}), grpc::StatusCode::NOT_FOUND, "no lease");
 }
@@ -240,6 +242,7 @@ TEST_F(DeviceDaemonTest, HangingUpReclaimsAndScrubsDeviceLeases) {
   ASSERT_TRUE(Lease(DeviceRequest(1, 4), &reply).ok());
   std::byte* bytes = Bytes(reply.leases(0));
   std::memset(bytes, 0x33, 4 * kMiB);
+  state_->Handover();
   const std::string token = open_.token();
   attach_->Shutdown();  // the client "dies"
 
@@ -254,6 +257,7 @@ TEST_F(DeviceDaemonTest, HangingUpReclaimsAndScrubsDeviceLeases) {
   }
   EXPECT_EQ(used, 0u);
   EXPECT_EQ(Stats().sessions_reclaimed(), 1u);
+  state_->Handover();
   for (uint64_t i = 0; i < 4 * kMiB; i += 4096) ASSERT_EQ(bytes[i], std::byte{0}) << i;
   EXPECT_EQ(state_->Count("free"), 0u);  // the region lives as long as the daemon
 }
