@@ -64,8 +64,7 @@ absl::Status DaemonProcess::Launch() {
   }
   log_fd.Reset();
   pid_ = pid;
-  // Generous: a bare daemon populates a pool of 25% of RAM before it listens.
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  const auto deadline = std::chrono::steady_clock::now() + options_.ready_timeout;
   while (std::chrono::steady_clock::now() < deadline) {
     int status = 0;
     if (waitpid(pid_, &status, WNOHANG) == pid_) {
@@ -82,8 +81,9 @@ absl::Status DaemonProcess::Launch() {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   (void)Stop(SIGKILL);
-  return absl::DeadlineExceededError(
-      absl::StrCat("actstashd did not become ready in 30 s; its log:\n", log()));
+  return absl::DeadlineExceededError(absl::StrCat("actstashd did not become ready in ",
+                                                  options_.ready_timeout.count(), " s; its log:\n",
+                                                  log()));
 }
 
 absl::StatusOr<int> DaemonProcess::Stop(int signal, std::chrono::milliseconds timeout) {

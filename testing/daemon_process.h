@@ -23,6 +23,9 @@ struct DaemonProcessOptions {
   // Run actstashd with extra_args only (none of the flags above), to test its
   // defaults; socket_path must then name where it will listen.
   bool bare = false;
+  // How long Start waits for SERVING. A bare daemon commits (and pins) a
+  // pool of a quarter of RAM first, which takes far longer on a loaded host.
+  std::chrono::seconds ready_timeout{30};
 };
 
 // Not thread-safe: one thread starts, stops and restarts it. The child is
@@ -30,8 +33,8 @@ struct DaemonProcessOptions {
 // then.
 class DaemonProcess {
  public:
-  // Starts actstashd and waits (up to 30 s) until its health service says
-  // SERVING. Fails with the daemon's log when it exits or never gets ready.
+  // Starts actstashd and waits (up to options.ready_timeout) until its
+  // health service says SERVING. Fails with the daemon's log when it exits or never gets ready.
   static absl::StatusOr<std::unique_ptr<DaemonProcess>> Start(DaemonProcessOptions options = {});
   ~DaemonProcess();
   DaemonProcess(const DaemonProcess&) = delete;

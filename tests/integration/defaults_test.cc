@@ -23,6 +23,7 @@ TEST(DefaultsTest, NoArgumentsGivesAWorkingDaemonOnTheDefaultSocket) {
   DaemonProcessOptions options;
   options.bare = true;
   options.socket_path = socket;
+  options.ready_timeout = std::chrono::seconds(120);  // a quarter of RAM, pinned
   auto daemon = StartDaemonOrDie(options);
   ASSERT_NE(daemon, nullptr);
   ClientOptions client_options;  // default address, as a user would
