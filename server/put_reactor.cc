@@ -42,8 +42,9 @@ absl::Status ValidateHeader(const v1::ObjectHeader& header) {
 // spill worker this reactor handed itself to meanwhile) touches the state.
 // That order is marked for TSan (common/happens_before.h): Read and
 // FinishOnce are the only ways on, and each callback starts with
-// HappensAfter. The reactor is finished exactly once (finished_) and deleted
-// in OnDone.
+// HappensAfter (what gRPC does with the message and at the call's end stays
+// unchecked: scripts/sanitizers/tsan.supp). The reactor is finished exactly
+// once (finished_) and deleted in OnDone.
 class PutReactor final : public grpc::ServerReadReactor<v1::PutChunk> {
  public:
   PutReactor(StashCore* core, grpc::CallbackServerContext* ctx, v1::PutReply* reply)
@@ -61,12 +62,15 @@ class PutReactor final : public grpc::ServerReadReactor<v1::PutChunk> {
   void OnReadDone(bool ok) override {
     HappensAfter(this);
     if (finished_) return;
-    absl::Status status = ok ? Consume() : Complete();
-    if (!status.ok()) {
+    if (!ok) {  // the stream ended: Complete finishes the call when it succeeds
+      if (absl::Status status = Complete(); !status.ok()) FinishOnce(status);
+      return;
+    }
+    if (absl::Status status = Consume(); !status.ok()) {
       FinishOnce(status);
-    } else if (ok && waiting_for_spill_) {
+    } else if (waiting_for_spill_) {
       SpillAndRetry();
-    } else if (ok && waiting_for_memory_) {
+    } else if (waiting_for_memory_) {
       // The pool is short while returned leases are being renewed: retry
       // behind those renewals (the work queue runs in order). No read is
       // pending meanwhile, so nothing else touches this reactor.
@@ -77,7 +81,7 @@ class PutReactor final : public grpc::ServerReadReactor<v1::PutChunk> {
         memory_ = *std::move(memory);
         Read();
       });
-    } else if (ok) {
+    } else {
       Read();
     }
   }

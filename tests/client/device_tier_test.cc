@@ -111,6 +111,7 @@ TEST_F(DeviceTierTest, ReservationsLandInThePoolAndComeBackThroughLocate) {
     std::memset(r->data, i + 1, 256 << 10);  // "the D2D copy" (the fake is host memory)
     reserved.push_back(*r);
   }
+  state_->Handover();  // before the daemon scrubs these segments
   EXPECT_EQ(opens_, 1) << "the pool's handle is imported once";
   absl::StatusOr<v1::StatsReply> stats = client->Stats();
   ASSERT_TRUE(stats.ok());
