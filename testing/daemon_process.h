@@ -34,7 +34,8 @@ struct DaemonProcessOptions {
 class DaemonProcess {
  public:
   // Starts actstashd and waits (up to options.ready_timeout) until its
-  // health service says SERVING. Fails with the daemon's log when it exits or never gets ready.
+  // health service says SERVING. Fails with the daemon's log when it exits
+  // or never gets ready.
   static absl::StatusOr<std::unique_ptr<DaemonProcess>> Start(DaemonProcessOptions options = {});
   ~DaemonProcess();
   DaemonProcess(const DaemonProcess&) = delete;
