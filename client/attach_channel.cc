@@ -6,7 +6,9 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <utility>
 
@@ -108,6 +110,25 @@ absl::StatusOr<std::vector<UniqueFd>> AttachChannel::ReceiveLease(uint64_t lease
     }
   }
   return fds;
+}
+
+bool AttachChannel::ConfirmLost(std::chrono::milliseconds wait) {
+  if (lost()) return true;
+  // POLLIN is not asked for, as in Watch(): a lease message waiting to be
+  // read is not a hang-up.
+  pollfd fd = {fd_.get(), POLLRDHUP, 0};
+  const auto deadline = std::chrono::steady_clock::now() + wait;
+  while (true) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    const int ready = poll(&fd, 1, static_cast<int>(std::max<int64_t>(0, left.count())));
+    if (ready < 0 && errno == EINTR) continue;
+    if (ready < 0 || (fd.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) != 0) {
+      lost_.store(true, std::memory_order_release);
+      return true;
+    }
+    return false;
+  }
 }
 
 void AttachChannel::Shutdown() { shutdown(fd_.get(), SHUT_RDWR); }

@@ -45,8 +45,16 @@ class AttachChannel {
   // The object stays usable for lost() and destruction.
   void Shutdown();
 
-  // True once the daemon closed the connection (it exited or restarted).
+  // True once the watcher saw the daemon close the connection (it exited or
+  // restarted). Cheap (an atomic load), for hot paths; it may lag the
+  // daemon's exit by a scheduling delay.
   bool lost() const { return lost_.load(std::memory_order_acquire); }
+  // Looks at the connection itself, waiting up to `wait` for a hang-up: true
+  // if the daemon has closed it (lost() then stays true). For error paths: a
+  // failed RPC calls it to tell a daemon that went away (the kernel closed
+  // both of its sockets) from one that is slow or briefly unreachable, with
+  // no race against the watcher thread. Any thread.
+  bool ConfirmLost(std::chrono::milliseconds wait);
   uint64_t session_id() const { return session_id_; }
 
  private:

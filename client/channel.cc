@@ -21,6 +21,14 @@ std::shared_ptr<grpc::ChannelCredentials> Credentials(const ClientOptions& optio
   return grpc::SslCredentials(ssl);
 }
 
+// How to get a daemon at `target` running, for error messages.
+std::string HowToStart(const std::string& target) {
+  const std::string path = UnixSocketPath(target);
+  return path.empty() ? "Is it running and listening there?"
+                      : absl::StrCat("Is it running? Start it with `actstashd --socket ", path,
+                                     "`, or set ", kAddressEnv, " to its socket.");
+}
+
 }  // namespace
 
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target,
@@ -40,6 +48,16 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target,
   return grpc::CreateCustomChannel(target, Credentials(options), args);
 }
 
+absl::Status DaemonWentAway(const std::string& target, absl::string_view what,
+                            absl::string_view consequence) {
+  const std::string path = UnixSocketPath(target);
+  return absl::UnavailableError(absl::StrCat(
+      what, ": actstashd at ", target,
+      " went away (its attach connection closed: it exited, was killed or restarted): ",
+      consequence, ". Connect a new client once it runs again",
+      path.empty() ? "." : absl::StrCat(" (`actstashd --socket ", path, "`).")));
+}
+
 // Adds what a user needs to act on an error: where the daemon was expected
 // and how to start it, or which deadline passed.
 absl::Status AnnotateRpcError(const grpc::Status& status, const std::string& target,
@@ -48,14 +66,9 @@ absl::Status AnnotateRpcError(const grpc::Status& status, const std::string& tar
   switch (s.code()) {
     case absl::StatusCode::kOk:
       return s;
-    case absl::StatusCode::kUnavailable: {
-      const std::string path = UnixSocketPath(target);
-      return absl::UnavailableError(absl::StrCat(
-          what, ": actstashd is not reachable at ", target, " (", s.message(), "). ",
-          path.empty() ? "Is it running and listening there?"
-                       : absl::StrCat("Is it running? Start it with `actstashd --socket ", path,
-                                      "`, or set ", kAddressEnv, " to its socket.")));
-    }
+    case absl::StatusCode::kUnavailable:
+      return absl::UnavailableError(absl::StrCat(what, ": actstashd is not reachable at ", target,
+                                                 " (", s.message(), "). ", HowToStart(target)));
     case absl::StatusCode::kDeadlineExceeded:
       return absl::DeadlineExceededError(absl::StrCat(what, ": no answer from actstashd at ",
                                                       target, " within ", deadline.count(), " ms (",

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "actstash/client.h"
 
 namespace actstash::client_internal {
@@ -23,6 +24,14 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target, const Clie
 // deadline passed (DEADLINE_EXCEEDED).
 absl::Status AnnotateRpcError(const grpc::Status& status, const std::string& target,
                               const char* what, std::chrono::milliseconds deadline);
+
+// The one error an attached client gives once the daemon at `target` went
+// away (its attach connection closed: it exited, was killed or restarted),
+// however the client noticed (the watcher, or an RPC that failed first):
+// UNAVAILABLE, "<what>: actstashd at <target> went away ...: <consequence>",
+// and how to start it again.
+absl::Status DaemonWentAway(const std::string& target, absl::string_view what,
+                            absl::string_view consequence);
 
 }  // namespace actstash::client_internal
 

@@ -78,6 +78,9 @@ struct Client::Impl final : public client_internal::LeaseBackend {
       return impl->Return(lease_ids);
     }
     bool Lost() const override { return impl->Lost(); }
+    absl::Status GoneError(absl::string_view what, absl::string_view consequence) const override {
+      return impl->GoneError(what, consequence);
+    }
 
     Impl* const impl;
     const uint32_t device;
@@ -146,6 +149,9 @@ struct Client::Impl final : public client_internal::LeaseBackend {
   }
 
   bool Lost() const override { return attach != nullptr && attach->lost(); }
+  absl::Status GoneError(absl::string_view what, absl::string_view consequence) const override {
+    return client_internal::DaemonWentAway(target, what, consequence);
+  }
 
   // Spill tier: the daemon's Spill/Restore/DropSpilled.
   bool spill_enabled = false;  // the daemon has one (OpenSession)
@@ -266,7 +272,15 @@ struct Client::Impl final : public client_internal::LeaseBackend {
     ctx->set_deadline(std::chrono::system_clock::now() + options.rpc_timeout);
     ctx->AddMetadata(kTokenMetadataKey, token);
   }
+  // A failed RPC's error. An attached client whose RPC found the daemon
+  // unreachable looks at the attach connection (briefly: the kernel closes a
+  // dead daemon's sockets one after the other) so that a daemon that went
+  // away gives the one "went away" error, whichever the client noticed first.
   absl::Status Fail(const grpc::Status& status, const char* what) const {
+    if (status.error_code() == grpc::StatusCode::UNAVAILABLE && attach != nullptr &&
+        attach->ConfirmLost(std::chrono::milliseconds(200))) {
+      return GoneError(what, "this session, its leases and its spilled buffers are gone");
+    }
     return client_internal::AnnotateRpcError(status, target, what, options.rpc_timeout);
   }
 

@@ -22,13 +22,12 @@ absl::Status DeviceTierError(absl::string_view what) {
 
 // Host leases stay mapped (the daemon renews its pages, this mapping keeps
 // the old ones); device segments are zeroed and granted again in place.
-absl::Status Lost(bool device_tier) {
-  return absl::UnavailableError(absl::StrCat(
-      "actstashd went away (its attach connection closed): this session and its leases are "
-      "gone; ",
-      device_tier ? "buffers in its device pool are gone too (the daemon reclaims that memory)"
-                  : "buffers stored before can still be fetched",
-      ", new ones cannot be stored. Connect a new client."));
+absl::Status Lost(const LeaseBackend& backend, bool device_tier) {
+  return backend.GoneError(
+      "Store", device_tier ? "this session and its leases are gone, and so are its buffers in "
+                             "the daemon's device pool (the daemon reclaims that memory)"
+                           : "this session and its leases are gone; buffers stored before can "
+                             "still be fetched, new ones cannot be stored");
 }
 
 // Maps one lease's segment fds back to back; closes the fds either way
@@ -60,6 +59,11 @@ absl::StatusOr<std::byte*> MapLease(GrantedLease* lease, uint64_t segment_bytes)
 }
 
 }  // namespace
+
+absl::Status LeaseBackend::GoneError(absl::string_view what, absl::string_view consequence) const {
+  return absl::UnavailableError(
+      absl::StrCat(what, ": actstashd went away (its attach connection closed): ", consequence));
+}
 
 LocalStore::LocalStore(LeaseBackend* backend, uint64_t segment_bytes, uint32_t lease_batch,
                        PinnedRegistrar* registrar, bool require_pinned, uint32_t restore_ahead,
@@ -266,10 +270,9 @@ absl::StatusOr<Located> LocalStore::Locate(uint64_t ticket) {
     // Unlike host leases (renewal gives the daemon fresh pages; the old ones
     // stay with this mapping), device segments are zeroed and granted again
     // in place: the bytes are gone, and the range may be another session's.
-    return absl::UnavailableError(
-        absl::StrCat("ticket ", ticket,
-                     " was in the daemon's device pool, and this session is gone (its "
-                     "attach connection closed): the daemon has reclaimed that memory"));
+    return backend_.GoneError(
+        absl::StrCat("Locate ticket ", ticket),
+        "the ticket was in the daemon's device pool, which has reclaimed that memory");
   }
   absl::StatusOr<Placement> placement = PinForRead(ticket, /*locate=*/true);
   if (!placement.ok()) return placement.status();
@@ -279,7 +282,7 @@ absl::StatusOr<Located> LocalStore::Locate(uint64_t ticket) {
 }
 
 absl::StatusOr<Placed> LocalStore::Place(size_t nbytes, bool written) {
-  if (backend_.Lost()) return Lost(importer_ != nullptr);
+  if (backend_.Lost()) return Lost(backend_, importer_ != nullptr);
   Placement placement;
   placement.written = written;
   uint64_t ticket = 0;

@@ -49,6 +49,10 @@ class LeaseBackend {
   virtual absl::Status Return(absl::Span<const uint64_t> lease_ids) = 0;
   // True once the daemon is gone: nothing more can be leased or returned.
   virtual bool Lost() const = 0;
+  // The one error for "the daemon went away" (UNAVAILABLE): `what` failed,
+  // `consequence` says what is lost and what still works. The real backend
+  // names the daemon's address and how to start it again.
+  virtual absl::Status GoneError(absl::string_view what, absl::string_view consequence) const;
   // Spill tier (the daemon's disk). Without one (the default) nothing
   // spills. Spill writes whole leases and answers one spill id per lease,
   // all or nothing; the leases stay this client's. Restore reads a spill

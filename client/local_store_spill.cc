@@ -203,9 +203,8 @@ absl::Status LocalStore::RestoreBlock(Block* block, bool may_spill) {
   }
   if (empty) return give_up(absl::OkStatus());  // nothing to read back
   if (backend_.Lost()) {
-    return give_up(absl::UnavailableError(
-        "a buffer of this session was spilled to the daemon's disk, and the daemon went away "
-        "(its attach connection closed): that buffer is lost"));
+    return give_up(backend_.GoneError(
+        "Restore", "a buffer of this session was spilled to the daemon's disk, and it is lost"));
   }
   const uint32_t segments = static_cast<uint32_t>(block->bytes / segment_bytes_);
   Arena* target = nullptr;

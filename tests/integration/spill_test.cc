@@ -254,10 +254,16 @@ TEST_F(SpillTest, KilledDaemonLeavesNoFiles) {
   ASSERT_TRUE(code.ok()) << code.status();
   EXPECT_TRUE(Entries(spill_dir_).empty());
   // A spilled buffer is gone with the daemon: a clear error, not bad bytes.
+  // The same error whether the client's watcher saw the attach socket close
+  // first or the Restore RPC failed first: it says the daemon went away,
+  // where, and how to start it again.
   std::vector<std::byte> back(stored[0].data.size());
   const absl::Status status = client->Fetch(stored[0].ticket, back.data(), back.size());
   EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
-  EXPECT_THAT(std::string(status.message()), HasSubstr("went away"));
+  EXPECT_THAT(std::string(status.message()),
+              HasSubstr("actstashd at " + daemon_->address() + " went away"));
+  EXPECT_THAT(std::string(status.message()), HasSubstr("spilled"));
+  EXPECT_THAT(std::string(status.message()), HasSubstr("`actstashd --socket "));
 }
 
 TEST_F(SpillTest, KilledClientsSpillSpaceIsFreedWithinASecond) {
