@@ -91,6 +91,11 @@ class SavedTensorEngine::Impl {
         return 0;
       }
     }
+    // Only a store that will be in flight waits for room (inline CPU stores
+    // are done when Store returns).
+    const bool in_flight = info.device >= 0 || !client_->attached() ||
+                           (!info.sync && info.nbytes > options_.inline_store_bytes);
+    if (in_flight && WaitForRoom(info)) ReapNoError();  // the sources of what finished go now
     return Store(info, engine);
   }
 
@@ -269,6 +274,7 @@ class SavedTensorEngine::Impl {
         auto it = entries_.find(done[i].first);
         Entry& e = it->second;
         stats_.in_flight -= 1;
+        stats_.in_flight_bytes -= e.nbytes;
         if (statuses[i].ok()) {
           owners.push_back(e.owner);  // the daemon has the bytes
           e.owner = nullptr;
@@ -301,6 +307,11 @@ class SavedTensorEngine::Impl {
   absl::Status TakeError() {
     absl::MutexLock lock(&mu_);
     return std::exchange(pending_error_, absl::OkStatus());
+  }
+
+  absl::Status TakeNotice() {
+    absl::MutexLock lock(&mu_);
+    return std::exchange(notice_, absl::OkStatus());
   }
 
   void WaitForCopies() {
@@ -351,6 +362,56 @@ class SavedTensorEngine::Impl {
     return !in_flight_.empty();
   }
 
+  // The store events of the oldest stores in flight, oldest first, until
+  // what would remain (bytes and count) leaves room for `nbytes` more under
+  // `max_bytes` and `max_stores`. Every event when both are ~0.
+  std::vector<std::shared_ptr<CopyEvent>> StoreEvents(uint64_t max_bytes, uint64_t nbytes,
+                                                      uint64_t max_stores) {
+    absl::MutexLock lock(&mu_);
+    std::vector<std::shared_ptr<CopyEvent>> events;
+    uint64_t bytes = stats_.in_flight_bytes;
+    uint64_t stores = in_flight_.size();
+    for (uint64_t id : in_flight_) {
+      const bool everything = max_bytes == ~uint64_t{0} && max_stores == ~uint64_t{0};
+      if (!everything && bytes + nbytes <= max_bytes && stores < max_stores) break;
+      const Entry& e = entries_.at(id);
+      events.push_back(e.store);
+      bytes -= e.nbytes;
+      stores -= 1;
+    }
+    return events;
+  }
+
+  // Waits for `events` with the caller's locks let go (EngineOptions::
+  // unlock_caller); no engine lock held, no owner touched.
+  void WaitUnlocked(const std::vector<std::shared_ptr<CopyEvent>>& events) {
+    if (events.empty()) return;
+    void* token = options_.unlock_caller != nullptr ? options_.unlock_caller() : nullptr;
+    for (const std::shared_ptr<CopyEvent>& event : events) event->Wait().IgnoreError();
+    if (options_.relock_caller != nullptr) options_.relock_caller(token);
+  }
+
+  // The in-flight bound (EngineOptions::max_in_flight_bytes): waits for the
+  // oldest stores until `info` fits. True when it waited.
+  bool WaitForRoom(const SavedTensorInfo& info) {
+    const uint64_t max_bytes =
+        options_.max_in_flight_bytes == 0 ? ~uint64_t{0} - 1 : options_.max_in_flight_bytes;
+    const uint64_t max_stores =
+        options_.max_in_flight_stores == 0 ? ~uint64_t{0} - 1 : options_.max_in_flight_stores;
+    // A store larger than the bound goes alone: wait for all before it.
+    const uint64_t nbytes = std::min(info.nbytes, max_bytes);
+    std::vector<std::shared_ptr<CopyEvent>> oldest = StoreEvents(max_bytes, nbytes, max_stores);
+    if (oldest.empty()) return false;
+    const Clock::time_point start = Clock::now();
+    WaitUnlocked(oldest);
+    const auto waited =
+        std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count();
+    absl::MutexLock lock(&mu_);
+    stats_.in_flight_waits += 1;
+    stats_.in_flight_wait_ns += static_cast<uint64_t>(waited);
+    return true;
+  }
+
   void ReapNoError(bool wait = false) {
     absl::Status status = Reap(wait);
     if (!status.ok()) {
@@ -378,7 +439,9 @@ class SavedTensorEngine::Impl {
     }
     if (!options_.cuda || !client_->attached()) return KeepReason::kDevice;
     *engine = CudaEngineLocked(info.device);
-    return *engine == nullptr ? KeepReason::kDevice : KeepReason::kCount;
+    if (*engine != nullptr) return KeepReason::kCount;
+    return info.device < 64 && cuda_failed_[info.device] ? KeepReason::kNoCopyEngine
+                                                         : KeepReason::kDevice;
   }
 
   CopyEngine* CudaEngineLocked(int device) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -389,7 +452,22 @@ class SavedTensorEngine::Impl {
       CudaCopyEngineOptions cuda;
       cuda.device = device;
       absl::StatusOr<std::unique_ptr<CopyEngine>> created = CreateCudaCopyEngine(cuda);
-      if (created.ok()) cuda_engines_[device] = std::move(*created);
+      if (created.ok()) {
+        cuda_engines_[device] = std::move(*created);
+      } else {
+        // Not silent: every CUDA tensor of this GPU would stay on it.
+        cuda_failed_[device] = true;
+        const absl::Status why(
+            created.status().code(),
+            absl::StrCat("the CUDA copy engine for GPU ", device, " could not be created (",
+                         created.status().message(),
+                         "): CUDA tensors on that GPU stay there (stats: kept_no_copy_engine)"));
+        if (options_.on_failure == FailurePolicy::kRaise) {
+          if (pending_error_.ok()) pending_error_ = why;
+        } else if (notice_.ok()) {
+          notice_ = why;
+        }
+      }
     }
     return cuda_engines_[device].get();
   }
@@ -438,6 +516,8 @@ class SavedTensorEngine::Impl {
   const EngineOptions options_;  // host_engine always set
   std::vector<std::shared_ptr<CopyEngine>> cuda_engines_ ABSL_GUARDED_BY(mu_);  // by device
   bool cuda_tried_[64] ABSL_GUARDED_BY(mu_) = {};
+  bool cuda_failed_[64] ABSL_GUARDED_BY(mu_) = {};  // tried, and creation failed
+  absl::Status notice_ ABSL_GUARDED_BY(mu_);        // for TakeNotice
   absl::flat_hash_map<uint64_t, Entry> entries_ ABSL_GUARDED_BY(mu_);
   std::vector<uint64_t> in_flight_ ABSL_GUARDED_BY(mu_);  // ids of asynchronous stores
   // Destinations of fetches whose saved tensor is gone: held until the copy is done.
@@ -506,7 +586,8 @@ uint64_t SavedTensorEngine::Impl::Store(const SavedTensorInfo& info, CopyEngine*
         StoresInFlight()) {
       // A buffer whose copy still runs cannot be spilled to the daemon's
       // disk: wait for those copies (they become spillable), then try again.
-      ReapNoError(/*wait=*/true);
+      WaitUnlocked(StoreEvents(~uint64_t{0}, 0, ~uint64_t{0}));
+      ReapNoError();
       reserved = reserve();
     }
     if (reserved.ok() && info.device >= 0 && e.bf16 && !reserved->pinned && !reserved->on_device) {
@@ -584,6 +665,8 @@ uint64_t SavedTensorEngine::Impl::Store(const SavedTensorInfo& info, CopyEngine*
     e.owner = info.owner;  // read by the copy: held until it is done
     Acquire(e.owner);
     stats_.in_flight += 1;
+    stats_.in_flight_bytes += e.nbytes;
+    stats_.peak_in_flight_bytes = std::max(stats_.peak_in_flight_bytes, stats_.in_flight_bytes);
   }
   const uint64_t id = next_id_++;
   if (e.store != nullptr) in_flight_.push_back(id);
@@ -802,6 +885,7 @@ void SavedTensorEngine::ViewDone(uint64_t id) { impl_->ViewDone(id); }
 void SavedTensorEngine::Release(uint64_t id) { impl_->Release(id); }
 absl::Status SavedTensorEngine::Reap(bool wait) { return impl_->Reap(wait); }
 absl::Status SavedTensorEngine::TakeError() { return impl_->TakeError(); }
+absl::Status SavedTensorEngine::TakeNotice() { return impl_->TakeNotice(); }
 void SavedTensorEngine::Synchronize() { impl_->Synchronize(); }
 void SavedTensorEngine::WaitForCopies() { impl_->WaitForCopies(); }
 EngineStats SavedTensorEngine::stats() const { return impl_->stats(); }
@@ -809,12 +893,16 @@ bool SavedTensorEngine::available() const { return impl_->available(); }
 
 const std::vector<std::string>& EngineStatNames() {
   static const std::vector<std::string> names = {
-      "tensors_offloaded",    "bytes_offloaded", "tensors_kept",     "bytes_kept",
-      "kept_small",           "kept_parameter",  "kept_keep_listed", "kept_layout",
-      "kept_device",          "kept_failed",     "kept_unavailable", "tensors_fetched",
-      "bytes_fetched",        "views",           "prefetch_issued",  "prefetch_hits",
-      "unpacked_from_source", "store_failures",  "live_tensors",     "live_bytes",
-      "peak_live_bytes",      "in_flight",       "inline_stores",    "wait_ns"};
+      "tensors_offloaded", "bytes_offloaded",  "tensors_kept",
+      "bytes_kept",        "kept_small",       "kept_parameter",
+      "kept_keep_listed",  "kept_layout",      "kept_device",
+      "kept_failed",       "kept_unavailable", "kept_no_copy_engine",
+      "tensors_fetched",   "bytes_fetched",    "views",
+      "prefetch_issued",   "prefetch_hits",    "unpacked_from_source",
+      "store_failures",    "live_tensors",     "live_bytes",
+      "peak_live_bytes",   "in_flight",        "inline_stores",
+      "wait_ns",           "in_flight_bytes",  "peak_in_flight_bytes",
+      "in_flight_waits",   "in_flight_wait_ns"};
   return names;
 }
 
@@ -825,7 +913,8 @@ std::vector<uint64_t> EngineStatValues(const EngineStats& s) {
   values.insert(values.end(),
                 {s.tensors_fetched, s.bytes_fetched, s.views, s.prefetch_issued, s.prefetch_hits,
                  s.unpacked_from_source, s.store_failures, s.live_tensors, s.live_bytes,
-                 s.peak_live_bytes, s.in_flight, s.inline_stores, s.wait_ns});
+                 s.peak_live_bytes, s.in_flight, s.inline_stores, s.wait_ns, s.in_flight_bytes,
+                 s.peak_in_flight_bytes, s.in_flight_waits, s.in_flight_wait_ns});
   return values;
 }
 

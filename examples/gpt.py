@@ -25,7 +25,7 @@ class Block(nn.Module):
         # (b, heads, t, d/heads): non-contiguous views, saved by the matmuls below.
         q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
         att = (q @ k.transpose(-2, -1)) / math.sqrt(d // self.heads)
-        mask = torch.ones(t, t, dtype=torch.bool).tril()
+        mask = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()
         att = self.drop(att.masked_fill(~mask, float("-inf")).softmax(dim=-1))
         y = (att @ v).transpose(1, 2).reshape(b, t, d)
         x = x + self.drop(self.proj(y))
@@ -44,7 +44,7 @@ class GPT(nn.Module):
 
     def forward(self, idx):
         t = idx.shape[1]
-        x = self.drop(self.tok(idx) + self.pos(torch.arange(t)))
+        x = self.drop(self.tok(idx) + self.pos(torch.arange(t, device=idx.device)))
         for block in self.blocks:
             x = block(x)
         return self.head(self.ln(x))

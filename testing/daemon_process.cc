@@ -16,13 +16,12 @@
 #include "absl/strings/str_cat.h"
 #include "actstash/client.h"
 #include "common/unique_fd.h"
+#include "testing/built_binary.h"
 
 namespace actstash::testing {
 
 std::string DaemonBinaryPath() {
-  const char* from_env = std::getenv("ACTSTASH_DAEMON_BINARY");
-  if (from_env != nullptr && from_env[0] != '\0') return from_env;
-  return ACTSTASH_DAEMON_BINARY;
+  return BuiltBinary("ACTSTASH_DAEMON_BINARY", ACTSTASH_DAEMON_RELPATH);
 }
 
 absl::StatusOr<std::unique_ptr<DaemonProcess>> DaemonProcess::Start(DaemonProcessOptions options) {

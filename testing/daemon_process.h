@@ -67,7 +67,7 @@ class DaemonProcess {
 };
 
 // Path of the actstashd binary: $ACTSTASH_DAEMON_BINARY, else the one built
-// with the tests.
+// with the tests, found from the running binary (testing/built_binary.h).
 std::string DaemonBinaryPath();
 
 }  // namespace actstash::testing

@@ -153,12 +153,18 @@ int actstash_engine_create(actstash_client* client, uint64_t inline_store_bytes,
                            uint64_t view_min_bytes, int prefetch, int cuda, int device_pool,
                            int pool_importer, int downcast_bf16, int on_failure,
                            int64_t copy_delay_us, uint64_t seed, void (*acquire)(void*),
-                           void (*release)(void*), actstash_engine** out) {
+                           void (*release)(void*), uint64_t max_in_flight_bytes,
+                           uint32_t max_in_flight_stores, void* (*unlock)(void),
+                           void (*relock)(void*), actstash_engine** out) {
   if (out == nullptr) return Fail(absl::InvalidArgumentError("out must not be null"));
   if (on_failure != 0 && on_failure != 1) {
     return Fail(absl::InvalidArgumentError("on_failure must be 0 (raise) or 1 (keep)"));
   }
   if (copy_delay_us < 0) return Fail(absl::InvalidArgumentError("copy_delay_us must be >= 0"));
+  if ((acquire == nullptr) != (release == nullptr) || (unlock == nullptr) != (relock == nullptr)) {
+    return Fail(absl::InvalidArgumentError(
+        "acquire/release and unlock/relock come in pairs: both or neither"));
+  }
   actstash::EngineOptions options;
   options.inline_store_bytes = inline_store_bytes;
   options.cpu_views = cpu_views != 0;
@@ -176,6 +182,10 @@ int actstash_engine_create(actstash_client* client, uint64_t inline_store_bytes,
   options.host_engine = actstash::CreateHostCopyEngine(host);
   options.acquire_owner = acquire;
   options.release_owner = release;
+  options.max_in_flight_bytes = max_in_flight_bytes;
+  options.max_in_flight_stores = max_in_flight_stores;
+  options.unlock_caller = unlock;
+  options.relock_caller = relock;
   absl::StatusOr<std::unique_ptr<actstash::SavedTensorEngine>> engine =
       actstash::SavedTensorEngine::Create(client != nullptr ? client->client : nullptr,
                                           std::move(options));
@@ -282,6 +292,9 @@ int actstash_engine_reap(actstash_engine* e, int wait) {
 }
 int actstash_engine_take_error(actstash_engine* e) {
   return e == nullptr ? NullHandle() : Code(e->engine->TakeError());
+}
+int actstash_engine_take_notice(actstash_engine* e) {
+  return e == nullptr ? NullHandle() : Code(e->engine->TakeNotice());
 }
 void actstash_engine_synchronize(actstash_engine* e) {
   if (e != nullptr) e->engine->Synchronize();

@@ -2,6 +2,7 @@
 // hands out OffloadHooks while an OffloadScope is active (see torch.h).
 #include <ATen/ATen.h>
 #include <ATen/SavedTensorHooks.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/saved_variable_hooks.h>
@@ -190,10 +191,10 @@ class OffloadHooks final : public SavedVariableHooks {
     if (r->kind == UnpackKind::kSource || r->kind == UnpackKind::kPrefetched) {
       handed = TakeTensor(r->owner);
     }
-    Prefetch(*r);
     const uintptr_t stream = StreamOf(device_);
     switch (r->kind) {
       case UnpackKind::kSource:
+        Prefetch(*r);
         return meta_->Restride(handed);
       case UnpackKind::kView: {
         // Reads the leased bytes in place; the engine frees them once the
@@ -204,11 +205,20 @@ class OffloadHooks final : public SavedVariableHooks {
         at::Tensor view =
             meta_->dense ? at::from_blob(data, meta_->sizes, meta_->strides, done, meta_->options)
                          : at::from_blob(data, meta_->sizes, done, meta_->options);
+        Prefetch(*r);
         return meta_->Restride(view);
       }
       case UnpackKind::kPrefetched: {
         at::Tensor out = std::move(handed);
         const absl::Status status = engine.Finish(id_, stream);
+        Prefetch(*r);
+        if (out.is_cuda()) {
+          // Allocated on the stream current when the prefetch was issued:
+          // the caching allocator must not reuse it before the stream that
+          // uses it now is done with it.
+          out.record_stream(
+              c10::impl::VirtualGuardImpl(c10::DeviceType::CUDA).getStream(out.device()));
+        }
         TORCH_CHECK(status.ok(), "actstash: fetching a saved tensor failed: ", status.ToString());
         return meta_->Restride(out);
       }
@@ -218,6 +228,9 @@ class OffloadHooks final : public SavedVariableHooks {
     at::Tensor out = meta_->Allocate();
     const absl::Status status =
         engine.FetchInto(id_, reinterpret_cast<uintptr_t>(out.data_ptr()), meta_->nbytes, stream);
+    // Prefetches only now: the fetch stream is first in, first out, and the
+    // copy needed now must not queue behind copies needed later.
+    Prefetch(*r);
     TORCH_CHECK(status.ok(), "actstash: fetching a saved tensor failed: ", status.ToString());
     return meta_->Restride(out);
   }

@@ -5,7 +5,9 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstring>
+#include <mutex>
 #include <numeric>
 #include <random>
 #include <thread>
@@ -95,6 +97,187 @@ class SavedTensorEngineTest : public ::testing::Test {
 testing::DaemonProcess* SavedTensorEngineTest::daemon_ = nullptr;
 
 constexpr KeepReason kNone = KeepReason::kCount;
+
+// A stand-in for Python's GIL: Pack is called with it held; the engine lets
+// it go (unlock_caller/relock_caller) while it waits for copies.
+// RelockCaller takes it back only once another thread has had it (within
+// 10 s): proof that it was free while the engine waited.
+std::mutex g_caller_lock;
+std::atomic<bool> g_caller_holds{false};
+std::atomic<int> g_unlocks{0};
+std::atomic<int> g_taken_by_other{0};
+std::atomic<int> g_expected_taken{0};
+void* UnlockCaller() {
+  g_unlocks += 1;
+  g_expected_taken = g_taken_by_other + 1;
+  g_caller_holds = false;
+  g_caller_lock.unlock();
+  return &g_caller_lock;
+}
+void RelockCaller(void* token) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (g_taken_by_other < g_expected_taken && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  static_cast<std::mutex*>(token)->lock();
+  g_caller_holds = true;
+}
+
+// Copies slower than the producer (a GPU ahead of PCIe): the sources held
+// for stores in flight stay within max_in_flight_bytes; Pack waits for the
+// oldest (counted), and every byte still arrives.
+TEST_F(SavedTensorEngineTest, SourcesInFlightStayWithinTheByteBound) {
+  auto client = Connect();
+  EngineOptions options = ViewsOfAnySize();
+  options.inline_store_bytes = 0;  // every store goes through the (slow) copy engine
+  HostCopyEngineOptions slow;
+  slow.max_injected_delay = std::chrono::milliseconds(4);
+  options.host_engine = CreateHostCopyEngine(slow);
+  constexpr uint64_t kTensorBytes = 256 << 10;
+  options.max_in_flight_bytes = 3 * kTensorBytes;
+  auto engine = Engine(client, options);
+  std::vector<std::vector<float>> tensors;
+  std::vector<Owner> owners(24);
+  std::vector<uint64_t> ids;
+  for (size_t i = 0; i < owners.size(); ++i) {
+    tensors.push_back(Iota(kTensorBytes / 4, static_cast<float>(i)));
+  }
+  for (size_t i = 0; i < owners.size(); ++i) {
+    ids.push_back(engine->Pack(Dense(tensors[i], &owners[i]), kNone, 0));
+    ASSERT_GT(ids.back(), 0u);
+    const EngineStats s = engine->stats();
+    EXPECT_LE(s.in_flight_bytes, options.max_in_flight_bytes) << "after pack " << i;
+    int held = 0;
+    for (const Owner& owner : owners) held += owner.refs;
+    EXPECT_LE(static_cast<uint64_t>(held) * kTensorBytes, options.max_in_flight_bytes)
+        << "sources held after pack " << i;
+  }
+  EngineStats s = engine->stats();
+  EXPECT_GT(s.in_flight_waits, 0u);
+  EXPECT_GT(s.in_flight_wait_ns, 0u);
+  EXPECT_LE(s.peak_in_flight_bytes, options.max_in_flight_bytes);
+  EXPECT_GE(s.peak_in_flight_bytes, 2 * kTensorBytes) << "copies did overlap the producer";
+  for (size_t i = 0; i < ids.size(); ++i) {
+    std::vector<float> back(tensors[i].size());
+    auto r = engine->UnpackBegin(ids[i], 0);
+    ASSERT_TRUE(r.ok()) << r.status();
+    if (r->kind == UnpackKind::kView) {
+      std::memcpy(back.data(), r->data, kTensorBytes);
+      engine->ViewDone(ids[i]);
+    } else {
+      ASSERT_EQ(r->kind, UnpackKind::kSource) << "store " << i;
+      ReleaseOwner(r->owner);
+      back = tensors[i];
+    }
+    EXPECT_EQ(back, tensors[i]) << "tensor " << i;
+    engine->Release(ids[i]);
+  }
+  engine->Synchronize();
+  for (const Owner& owner : owners) EXPECT_EQ(owner.refs, 0);
+}
+
+// With no bound, the same producer piles up every source: what the bound
+// prevents.
+TEST_F(SavedTensorEngineTest, WithoutTheBoundSourcesPileUp) {
+  auto client = Connect();
+  EngineOptions options = ViewsOfAnySize();
+  options.inline_store_bytes = 0;
+  HostCopyEngineOptions slow;
+  slow.max_injected_delay = std::chrono::milliseconds(4);
+  options.host_engine = CreateHostCopyEngine(slow);
+  options.max_in_flight_bytes = 0;
+  options.max_in_flight_stores = 0;
+  auto engine = Engine(client, options);
+  constexpr uint64_t kTensorBytes = 256 << 10;
+  std::vector<std::vector<float>> tensors(24, Iota(kTensorBytes / 4));
+  std::vector<Owner> owners(tensors.size());
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    ASSERT_GT(engine->Pack(Dense(tensors[i], &owners[i]), kNone, 0), 0u);
+  }
+  const EngineStats s = engine->stats();
+  EXPECT_EQ(s.in_flight_waits, 0u);
+  EXPECT_GT(s.peak_in_flight_bytes, 3 * kTensorBytes);
+  engine->Synchronize();
+}
+
+// The caller's lock (the GIL) is free while Pack waits for the bound: another
+// thread takes it in the meantime, and Pack gets it back before returning.
+TEST_F(SavedTensorEngineTest, PackWaitsWithTheCallersLockLetGo) {
+  auto client = Connect();
+  EngineOptions options = ViewsOfAnySize();
+  options.inline_store_bytes = 0;
+  HostCopyEngineOptions slow;
+  slow.max_injected_delay = std::chrono::milliseconds(20);
+  options.host_engine = CreateHostCopyEngine(slow);
+  options.max_in_flight_bytes = 1;  // every store waits for the one before it
+  options.unlock_caller = &UnlockCaller;
+  options.relock_caller = &RelockCaller;
+  auto engine = Engine(client, options);
+  std::vector<std::vector<float>> tensors(6, Iota(64 << 10));
+  std::vector<Owner> owners(tensors.size());
+  g_unlocks = 0;
+  g_taken_by_other = 0;
+  std::atomic<bool> packing{true};
+  g_caller_lock.lock();
+  g_caller_holds = true;
+  std::thread other([&] {
+    while (true) {
+      std::lock_guard<std::mutex> hold(g_caller_lock);  // free only while Pack waits
+      if (!packing) break;
+      g_taken_by_other += 1;
+    }
+  });
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    EXPECT_GT(engine->Pack(Dense(tensors[i], &owners[i]), kNone, 0), 0u);
+    EXPECT_TRUE(g_caller_holds) << "Pack returned without the caller's lock";
+  }
+  packing = false;
+  g_caller_holds = false;
+  g_caller_lock.unlock();
+  other.join();
+  const EngineStats s = engine->stats();
+  EXPECT_EQ(static_cast<uint64_t>(g_unlocks.load()), s.in_flight_waits);
+  EXPECT_GE(s.in_flight_waits, tensors.size() - 1);
+  EXPECT_GE(g_taken_by_other.load(), g_unlocks.load())
+      << "the caller's lock was not free during every wait";
+  engine->Synchronize();
+}
+
+// A CUDA tensor on a GPU whose copy engine cannot be created (here: no
+// device, or a build without CUDA) is kept with its own reason, and the
+// CUDA error reaches the front-end: an error under kRaise, a notice under
+// kKeep, where CPU offload goes on.
+TEST_F(SavedTensorEngineTest, FailedCudaEngineCreationIsReportedNotSilent) {
+  if (CudaDeviceAvailable()) GTEST_SKIP() << "a CUDA device is present: creation succeeds";
+  for (const FailurePolicy policy : {FailurePolicy::kRaise, FailurePolicy::kKeep}) {
+    auto client = Connect();
+    EngineOptions options = ViewsOfAnySize();
+    options.on_failure = policy;
+    auto engine = Engine(client, options);
+    const std::vector<float> v = Iota(4096);
+    SavedTensorInfo on_gpu = Dense(v);
+    on_gpu.device = 0;  // never read: no engine copies it
+    EXPECT_EQ(engine->Pack(on_gpu, kNone, 0), 0u);
+    EXPECT_EQ(engine->stats().kept_by_reason[static_cast<int>(KeepReason::kNoCopyEngine)], 1u);
+    EXPECT_EQ(engine->stats().kept_by_reason[static_cast<int>(KeepReason::kDevice)], 0u);
+    const absl::Status error = engine->TakeError();
+    const absl::Status notice = engine->TakeNotice();
+    const absl::Status& reported = policy == FailurePolicy::kRaise ? error : notice;
+    EXPECT_FALSE(reported.ok());
+    EXPECT_NE(reported.message().find("CUDA copy engine for GPU 0 could not be created"),
+              std::string::npos)
+        << reported;
+    EXPECT_TRUE((policy == FailurePolicy::kRaise ? notice : error).ok());
+    // Not tried again, reported once; the tensor is kept for the same reason.
+    EXPECT_EQ(engine->Pack(on_gpu, kNone, 0), 0u);
+    EXPECT_EQ(engine->stats().kept_by_reason[static_cast<int>(KeepReason::kNoCopyEngine)], 2u);
+    EXPECT_TRUE(engine->TakeError().ok());
+    EXPECT_TRUE(engine->TakeNotice().ok());
+    // CPU tensors are still offloaded.
+    EXPECT_GT(engine->Pack(Dense(v), kNone, 0), 0u);
+    EXPECT_TRUE(engine->available());
+  }
+}
 
 TEST_F(SavedTensorEngineTest, SmallCpuTensorIsStoredInlineAndReadAsAView) {
   auto client = Connect();

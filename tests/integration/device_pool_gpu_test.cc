@@ -37,7 +37,8 @@ uint8_t WorkerByte(uint64_t i) { return static_cast<uint8_t>(~TestByte(i)); }
 
 // Runs the worker; its exit code (its stdout goes to ours).
 int RunWorker(const std::vector<std::string>& args) {
-  std::vector<std::string> strings = {ACTSTASH_DEVICE_WORKER_BINARY};
+  std::vector<std::string> strings = {
+      testing::BuiltBinary("ACTSTASH_DEVICE_WORKER_BINARY", ACTSTASH_DEVICE_WORKER_RELPATH)};
   strings.insert(strings.end(), args.begin(), args.end());
   std::vector<char*> argv;
   for (std::string& s : strings) argv.push_back(s.data());

@@ -203,8 +203,8 @@ TEST(LifecycleTest, ConnectWaitsForASlowDaemonUntilItsDeadline) {
     kill(pid, SIGCONT);
   });
   const auto start = std::chrono::steady_clock::now();
-  CommandResult stats = RunCommand(std::string(ACTSTASH_CLI_BINARY) + " --timeout 10 --address " +
-                                   daemon->address() + " stats");
+  CommandResult stats =
+      RunCommand(Cli() + " --timeout 10 --address " + daemon->address() + " stats");
   const auto elapsed = std::chrono::steady_clock::now() - start;
   resume.join();
   EXPECT_EQ(stats.exit_code, 0) << stats.output;
@@ -326,7 +326,7 @@ TEST(LifecycleTest, CliPingAndStats) {
   ASSERT_NE(client, nullptr);
   const std::vector<std::byte> data = RandomBytes(3 << 20, 4);
   ASSERT_TRUE(client->Put(data.data(), data.size()).ok());
-  const std::string cli = std::string(ACTSTASH_CLI_BINARY) + " --address " + daemon->address();
+  const std::string cli = Cli() + " --address " + daemon->address();
 
   CommandResult ping = RunCommand(cli + " ping");
   EXPECT_EQ(ping.exit_code, 0) << ping.output;

@@ -96,7 +96,7 @@ TEST(OperationsTest, MetricsAreScrapedAndMove) {
 
 // The CLI's stdout (and stderr) for `args`.
 std::string RunCli(const std::vector<std::string>& args) {
-  std::string command = ACTSTASH_CLI_BINARY;
+  std::string command = Cli();
   for (const std::string& arg : args) command += " '" + arg + "'";
   FILE* pipe = popen((command + " 2>&1").c_str(), "r");
   std::string output;
@@ -252,9 +252,8 @@ TEST_F(TcpTest, MutualTlsRejectsWrongAndMissingClientCertificates) {
   auto anonymous = Connect("ca.pem", "", "");
   EXPECT_FALSE(anonymous.ok());
   // The CLI speaks TLS too.
-  const std::string cli = std::string(ACTSTASH_CLI_BINARY) +
-                          " --address 127.0.0.1:" + std::to_string(port_) + " --tls-ca " + certs_ +
-                          "/ca.pem";
+  const std::string cli =
+      Cli() + " --address 127.0.0.1:" + std::to_string(port_) + " --tls-ca " + certs_ + "/ca.pem";
   EXPECT_EQ(WEXITSTATUS(std::system((cli + " --tls-cert " + certs_ + "/client.pem --tls-key " +
                                      certs_ + "/client.key ping > /dev/null")
                                         .c_str())),
@@ -272,7 +271,7 @@ TEST(OperationsTest, CliSessionsAndBench) {
   const std::vector<std::byte> data = RandomBytes(1 << 20, 3);
   ASSERT_TRUE(holder->Store(data.data(), data.size()).ok());
   ASSERT_TRUE(holder->Stats().ok());  // reports its zero-copy usage now
-  const std::string cli = std::string(ACTSTASH_CLI_BINARY) + " --address " + daemon->address();
+  const std::string cli = Cli() + " --address " + daemon->address();
   auto run = [](const std::string& command, std::string* output) {
     FILE* pipe = popen((command + " 2>&1").c_str(), "r");
     char buffer[4096];

@@ -271,12 +271,14 @@ TEST_F(SpillTest, KilledClientsSpillSpaceIsFreedWithinASecond) {
   int pipe_fds[2];
   ASSERT_EQ(pipe(pipe_fds), 0);
   const std::string address = daemon_->address();
+  const std::string worker =
+      testing::BuiltBinary("ACTSTASH_WORKER_BINARY", ACTSTASH_WORKER_RELPATH);
   const pid_t child = fork();
   if (child == 0) {
     dup2(pipe_fds[1], STDOUT_FILENO);
     close(pipe_fds[0]);
-    execl(ACTSTASH_WORKER_BINARY, ACTSTASH_WORKER_BINARY, "--address", address.c_str(),
-          "--hold-bytes", "201326592", nullptr);
+    execl(worker.c_str(), worker.c_str(), "--address", address.c_str(), "--hold-bytes", "201326592",
+          nullptr);
     _exit(127);
   }
   close(pipe_fds[1]);

@@ -13,9 +13,15 @@
 #include <vector>
 
 #include "actstash/client.h"
+#include "testing/built_binary.h"
 #include "testing/daemon_process.h"
 
 namespace actstash::testing {
+
+#ifdef ACTSTASH_CLI_RELPATH
+// The actstash CLI built with the tests ($ACTSTASH_CLI_BINARY overrides).
+inline std::string Cli() { return BuiltBinary("ACTSTASH_CLI_BINARY", ACTSTASH_CLI_RELPATH); }
+#endif
 
 inline std::vector<std::byte> RandomBytes(size_t n, uint64_t seed) {
   std::vector<std::byte> bytes(n);

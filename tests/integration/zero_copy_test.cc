@@ -39,7 +39,8 @@ struct Child {
 Child SpawnWorker(const std::vector<std::string>& args) {
   int pipe_fds[2];
   EXPECT_EQ(pipe(pipe_fds), 0);
-  std::vector<std::string> argv_strings = {ACTSTASH_WORKER_BINARY};
+  std::vector<std::string> argv_strings = {
+      testing::BuiltBinary("ACTSTASH_WORKER_BINARY", ACTSTASH_WORKER_RELPATH)};
   argv_strings.insert(argv_strings.end(), args.begin(), args.end());
   std::vector<char*> argv;
   for (std::string& s : argv_strings) argv.push_back(s.data());

@@ -60,3 +60,28 @@ def test_checkpointed_function_may_change_its_input_in_place(stash):
     assert torch.equal(expected, actual)
     assert after["tensors_offloaded"] - before["tensors_offloaded"] == 1  # the input
     assert after["tensors_fetched"] - before["tensors_fetched"] == 1
+
+
+def test_the_fetch_needed_now_is_enqueued_before_prefetches(stash, monkeypatch):
+    """The fetch stream is first in, first out: an unpack that must copy its tensor
+    back enqueues that copy before the prefetches the engine offered with it, or
+    backward would wait for copies it needs only later. (The engine offers prefetches
+    for CUDA tensors only: the offer is staged here, the calls are the real order.)"""
+    from actstash import _lib, _stash
+    with stash.offload(min_bytes=0):
+        saved = stash._pack(torch.randn(64, 1024))
+        later = stash._pack(torch.randn(64, 1024))
+    calls = []
+
+    def unpack(engine, id_, version, out, out_len):
+        out[0], out[4] = _stash._DESTINATION, 1  # copy it back; one prefetch offered
+        return 0
+
+    monkeypatch.setattr(_lib, "engine_unpack", unpack)
+    monkeypatch.setattr(_stash, "_take_offers", lambda out: [(later.id, later)])
+    monkeypatch.setattr(_lib, "engine_fetch_into",
+                        lambda engine, id_, *a: calls.append(("fetch", id_)) or 0)
+    monkeypatch.setattr(_lib, "engine_prefetch",
+                        lambda engine, id_, *a: calls.append(("prefetch", id_)) or 0)
+    stash._unpack(saved, check_version=False)
+    assert calls == [("fetch", saved.id), ("prefetch", later.id)]

@@ -29,7 +29,7 @@ extern "C" {
 #endif
 
 /* 2: the stats and zero_copy dictionaries are the proto messages'. */
-#define ACTSTASH_C_API_VERSION 2
+#define ACTSTASH_C_API_VERSION 3
 
 #if defined(__GNUC__)
 #define ACTSTASH_API __attribute__((visibility("default")))
@@ -78,17 +78,23 @@ ACTSTASH_API int actstash_client_stats_json(actstash_client* client, int all_ses
 #define ACTSTASH_KEEP_LISTED 2
 #define ACTSTASH_KEEP_LAYOUT 3
 #define ACTSTASH_KEEP_DEVICE 4
+#define ACTSTASH_KEEP_NO_COPY_ENGINE 7
 
 /* client may be NULL (no daemon: everything is kept). on_failure: 0 raise, 1
  * keep. copy_delay_us > 0 injects random delays into the host engine's
  * copies (tests). acquire/release: owner reference functions (both or
- * neither). */
+ * neither). max_in_flight_bytes/max_in_flight_stores: the bound on stores in
+ * flight (EngineOptions; 0: none). unlock/relock: called around the waits
+ * inside actstash_engine_pack (both or neither; Python: PyEval_SaveThread and
+ * PyEval_RestoreThread, so the GIL is free while the device works). */
 ACTSTASH_API int actstash_engine_create(actstash_client* client, uint64_t inline_store_bytes,
                                         int cpu_views, uint64_t view_min_bytes, int prefetch,
                                         int cuda, int device_pool, int pool_importer,
                                         int downcast_bf16, int on_failure, int64_t copy_delay_us,
                                         uint64_t seed, void (*acquire)(void*),
-                                        void (*release)(void*), actstash_engine** out);
+                                        void (*release)(void*), uint64_t max_in_flight_bytes,
+                                        uint32_t max_in_flight_stores, void* (*unlock)(void),
+                                        void (*relock)(void*), actstash_engine** out);
 /* Waits for every copy, releases every owner it holds. */
 ACTSTASH_API void actstash_engine_free(actstash_engine* engine);
 /* The saved tensor's id (> 0), or 0 when kept. Never fails: errors are held
@@ -129,6 +135,8 @@ ACTSTASH_API void actstash_engine_view_done(actstash_engine* engine, uint64_t id
 ACTSTASH_API void actstash_engine_release(actstash_engine* engine, uint64_t id);
 ACTSTASH_API int actstash_engine_reap(actstash_engine* engine, int wait);
 ACTSTASH_API int actstash_engine_take_error(actstash_engine* engine);
+/* 0, or a notice to warn about once (its message: actstash_last_error). */
+ACTSTASH_API int actstash_engine_take_notice(actstash_engine* engine);
 /* Waits for all copies, then drops the sources they held (releases owners). */
 ACTSTASH_API void actstash_engine_synchronize(actstash_engine* engine);
 /* Waits for all copies and releases, releasing no owner: call it without the

@@ -47,7 +47,10 @@ enum class KeepReason : int {
   kDevice = 4,       // on a device the engine does not copy (CUDA off, other GPU, no attach)
   kFailed = 5,       // offload is off after a failure (policy keep) or an error is pending
   kUnavailable = 6,  // no daemon
-  kCount = 7,
+  // On a GPU whose CUDA copy engine could not be created: the CUDA error is
+  // held for TakeError (kRaise) or given once by TakeNotice (kKeep).
+  kNoCopyEngine = 7,
+  kCount = 8,
 };
 
 // What the front-end knows about a tensor to save. Pointers must stay valid
@@ -106,6 +109,26 @@ struct EngineOptions {
   // keeps sources alive itself until Synchronize).
   void (*acquire_owner)(void* owner) = nullptr;
   void (*release_owner)(void* owner) = nullptr;
+  // Stores in flight: a source stays alive (held through its owner) until
+  // its copy is seen complete, so a producer faster than the copies (a GPU
+  // ahead of PCIe) would pile up sources and the memory saving would vanish.
+  // Pack first waits for the oldest stores while the sources in flight plus
+  // the new one would exceed `max_in_flight_bytes`, or `max_in_flight_stores`
+  // stores are in flight (below the CUDA engine's own per-stream bound, so
+  // that a store never blocks inside the copy engine). A single store larger
+  // than the bound still goes, alone. Counted in EngineStats
+  // (in_flight_waits, in_flight_wait_ns). 0: no bound.
+  uint64_t max_in_flight_bytes = uint64_t{1} << 30;
+  uint32_t max_in_flight_stores = 48;
+  // Called around every wait for copies inside Pack (the in-flight bound, a
+  // full pool waiting for stores to become spillable): `unlock_caller`
+  // before the wait, returning a token, `relock_caller(token)` after. The
+  // engine holds none of its locks then, and acquires or releases no owner
+  // in between, so a front-end whose callers hold a lock (Python's GIL:
+  // PyEval_SaveThread / PyEval_RestoreThread) lets other threads run while
+  // the device works. Null: the caller's locks stay held while it waits.
+  void* (*unlock_caller)() = nullptr;
+  void (*relock_caller)(void* token) = nullptr;
 };
 
 // The counters behind stats(); one schema, named by kEngineStatNames.
@@ -125,9 +148,13 @@ struct EngineStats {
   uint64_t live_tensors = 0;  // stored and not yet released
   uint64_t live_bytes = 0;
   uint64_t peak_live_bytes = 0;
-  uint64_t in_flight = 0;      // stores whose source the engine still holds
-  uint64_t inline_stores = 0;  // stores done on the calling thread
-  uint64_t wait_ns = 0;        // time unpacks waited for copies
+  uint64_t in_flight = 0;             // stores whose source the engine still holds
+  uint64_t inline_stores = 0;         // stores done on the calling thread
+  uint64_t wait_ns = 0;               // time unpacks waited for copies
+  uint64_t in_flight_bytes = 0;       // source bytes of the stores in flight
+  uint64_t peak_in_flight_bytes = 0;  // the most in_flight_bytes reached
+  uint64_t in_flight_waits = 0;       // Packs that waited for the in-flight bound
+  uint64_t in_flight_wait_ns = 0;     // time they waited
 };
 
 // What UnpackBegin found.
@@ -197,6 +224,10 @@ class SavedTensorEngine {
   // The first failure held for the front-end (a failed store or
   // reservation with kRaise), cleared.
   absl::Status TakeError();
+  // Something the front-end should warn about once, without failing (the
+  // CUDA copy engine of a GPU could not be created under kKeep: its tensors
+  // stay on the GPU), cleared; OK when there is none.
+  absl::Status TakeNotice();
   // Waits for every copy and release in flight; drops held sources.
   void Synchronize();
   // Waits for every copy and release submitted so far, and releases no owner

@@ -50,7 +50,7 @@ def _declare(lib, name, restype, *argtypes):
     return fn
 
 
-_C_API_VERSION = 2  # the JSON shapes below (stats, zero_copy) are version 2's
+_C_API_VERSION = 3  # engine_create's arguments and the JSON shapes below (stats, zero_copy)
 if _declare(_c, "c_api_version", _int)() != _C_API_VERSION:
     raise ImportError(f"actstash: {_PATH} has C API version {_c.actstash_c_api_version()}, "
                       f"this package needs {_C_API_VERSION} (mixed installs?)")
@@ -66,7 +66,8 @@ client_info_json = _declare(_c, "client_info_json", _vp, _vp)
 client_stats_json = _declare(_c, "client_stats_json", _int, _vp, _int, ctypes.POINTER(_vp))
 
 engine_create = _declare(_c, "engine_create", _int, _vp, _u64, _int, _u64, _int, _int, _int, _int,
-                         _int, _int, _i64, _u64, _vp, _vp, ctypes.POINTER(_vp))
+                         _int, _int, _i64, _u64, _vp, _vp, _u64, ctypes.c_uint32, _vp, _vp,
+                         ctypes.POINTER(_vp))
 engine_free = _declare(_py, "engine_free", None, _vp)  # releases owners: the GIL is held
 engine_pack = _declare(_py, "engine_pack", _u64, _vp, _u64, _u64, _u64, _vp, _vp, _u64, _u64,
                        _obj, _obj, _u64)
@@ -82,6 +83,7 @@ engine_view_done = _declare(_py, "engine_view_done", None, _vp, _u64)
 engine_release = _declare(_py, "engine_release", None, _vp, _u64)
 engine_reap = _declare(_py, "engine_reap", _int, _vp, _int)
 engine_take_error = _declare(_py, "engine_take_error", _int, _vp)
+engine_take_notice = _declare(_py, "engine_take_notice", _int, _vp)
 engine_wait = _declare(_c, "engine_wait", None, _vp)  # GIL released; releases no owner
 engine_available = _declare(_py, "engine_available", _int, _vp)
 engine_stat_names = _declare(_py, "engine_stat_names", ctypes.c_char_p)
@@ -91,6 +93,10 @@ engine_stats = _declare(_py, "engine_stats", _int, _vp, _vp, _int)
 _pyapi = ctypes.pythonapi
 PY_INCREF = ctypes.cast(_pyapi.Py_IncRef, _vp).value
 PY_DECREF = ctypes.cast(_pyapi.Py_DecRef, _vp).value
+# The engine lets the GIL go while engine_pack waits for copies (the in-flight
+# bound): engine_pack is called with it held (PyDLL), so these are safe there.
+PY_SAVE_THREAD = ctypes.cast(_pyapi.PyEval_SaveThread, _vp).value
+PY_RESTORE_THREAD = ctypes.cast(_pyapi.PyEval_RestoreThread, _vp).value
 _decref = _pyapi.Py_DecRef
 _decref.argtypes = [_vp]
 _decref.restype = None
@@ -103,6 +109,11 @@ def take_object(address):
     obj = ctypes.cast(address, _obj).value  # a new reference
     _decref(address)                         # the one handed over
     return obj
+
+
+def last_error_text():
+    """The message of the last failed call on this thread."""
+    return _last_error().decode(errors="replace")
 
 
 def raise_for(code, context=""):

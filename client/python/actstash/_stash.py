@@ -35,12 +35,14 @@ _SOURCE, _VIEW, _DESTINATION, _PREFETCHED, _COPIED = 0, 1, 2, 3, 4
 _UNKNOWN_VERSION = (1 << 64) - 1
 _INLINE_STORE_BYTES = 1 << 20
 _VIEW_MIN_BYTES = 32 << 10  # smaller CPU tensors are copied back: cheaper than a view
+_MAX_IN_FLIGHT_STORES = 48  # below the CUDA copy engine's per-stream bound (64): a store never
+#                             blocks inside it with the GIL held
 
 
 def connect(address=None, quota=None, on_unavailable="raise", *, start="never", daemon_args=(),
             name=None, attach="auto", timeout=30.0, connect_timeout=5.0, prefetch=2,
             copy_delay_us=0, seed=0, pin="auto", cuda=True, device_pool=None, downcast=None,
-            cpu_views=True):
+            cpu_views=True, max_in_flight_bytes=1 << 30):
     """Opens a session with actstashd and returns a Stash.
 
     address: socket path, unix:///path or host:port; default ACTSTASH_ADDRESS, else the
@@ -71,6 +73,10 @@ def connect(address=None, quota=None, on_unavailable="raise", *, start="never", 
       daemon's shared memory (no copy back; smaller ones are copied back); False copies
       them all into fresh tensors.
     prefetch: how many CUDA tensors backward fetches ahead (in reverse save order).
+    max_in_flight_bytes: a saved tensor's memory is held until its copy to the daemon is
+      done; when the copies lag (a GPU faster than PCIe), forward waits (GIL released) for
+      the oldest ones once this many bytes are in flight, so that memory is really given
+      back. stats(): in_flight_bytes, peak_in_flight_bytes, in_flight_waits. 0: no bound.
     """
     if downcast not in (None, "bf16"):
         raise ValueError("downcast must be None or 'bf16'")
@@ -113,7 +119,7 @@ def connect(address=None, quota=None, on_unavailable="raise", *, start="never", 
                              f"{'' if pools else '--allow-uid UID'})")
     return Stash(client, on_unavailable=on_unavailable, prefetch=prefetch, cuda=cuda,
                  device_pool=device_pool, downcast=downcast, copy_delay_us=copy_delay_us,
-                 seed=seed, cpu_views=cpu_views)
+                 seed=seed, cpu_views=cpu_views, max_in_flight_bytes=max_in_flight_bytes)
 
 
 def _start_private(daemon_args):
@@ -223,7 +229,8 @@ class Stash:
     """
 
     def __init__(self, client, on_unavailable="raise", prefetch=2, cuda=True, device_pool=None,
-                 downcast=None, copy_delay_us=0, seed=0, cpu_views=True):
+                 downcast=None, copy_delay_us=0, seed=0, cpu_views=True,
+                 max_in_flight_bytes=1 << 30):
         if prefetch < 0:
             raise ValueError("prefetch must be >= 0")
         self._client = client
@@ -237,7 +244,10 @@ class Stash:
                                   -1 if device_pool is None else int(device_pool), pool_importer,
                                   int(downcast == "bf16"), 0 if on_unavailable == "raise" else 1,
                                   int(copy_delay_us), int(seed), _lib.PY_INCREF, _lib.PY_DECREF,
+                                  int(max_in_flight_bytes), _MAX_IN_FLIGHT_STORES,
+                                  _lib.PY_SAVE_THREAD, _lib.PY_RESTORE_THREAD,
                                   ctypes.byref(handle))
+        self.max_in_flight_bytes = int(max_in_flight_bytes)
         if code:
             _lib.raise_for(code)
         self._engine = _Engine(handle.value)
@@ -364,6 +374,8 @@ class Stash:
         code = _lib.engine_take_error(self._engine.ptr)
         if code:
             _lib.raise_for(code)
+        if _lib.engine_take_notice(self._engine.ptr):
+            warnings.warn("actstash: " + _lib.last_error_text(), RuntimeWarning, stacklevel=3)
         if not self._warned and not self.available:
             self._warned = True
             warnings.warn("actstash: offload disabled after a failure; keeping tensors "
@@ -490,16 +502,19 @@ class Stash:
                 _lib.raise_for(code)
         kind, address, nbytes = out[0], out[1], out[2]
         handed = _lib.take_object(address) if kind in (_SOURCE, _PREFETCHED) else None
-        if out[4]:
-            self._prefetch(_take_offers(out))
+        offers = _take_offers(out) if out[4] else None
         if kind == _VIEW:
             buf = (ctypes.c_char * nbytes).from_address(address)
             buf._actstash = _ViewDone(engine, saved.id)
             flat = torch.frombuffer(buf, dtype=saved.dtype)
+            if offers:
+                self._prefetch(offers)
             if saved.dense:
                 return flat.as_strided(saved.shape, saved.stride)
             return self._restride(saved, flat.view(saved.shape))
         if kind == _SOURCE:
+            if offers:
+                self._prefetch(offers)
             return self._restride(saved, handed)
         stream = _stream_of(saved.device)
         if kind == _PREFETCHED:
@@ -513,6 +528,10 @@ class Stash:
             dst = _materialize(saved)
             code = _lib.engine_fetch_into(engine.ptr, saved.id, dst.data_ptr(), saved.nbytes,
                                           stream)
+        # Prefetches only now: the fetch stream is first in, first out, and the copy
+        # backward needs now must not queue behind copies it needs later.
+        if offers:
+            self._prefetch(offers)
         if code:
             _lib.raise_for(code, "actstash: fetching a saved tensor failed")
         return self._restride(saved, dst)

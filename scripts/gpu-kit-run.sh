@@ -1,0 +1,162 @@
+#!/usr/bin/env bash
+# Runs the GPU kit made by scripts/gpu-kit (this file is the kit's run.sh) on
+# a CUDA machine where nothing is built: no compiler, no network, no root.
+#
+#   bash run.sh OUT [quick|full]
+#
+#   quick (default; about 5 minutes at most): the environment, the carried
+#         libraries, the gpu gtests, the registration probe, the CUDA pytest
+#         and a CPU pytest (the kit's package and daemon at work), the copy
+#         benchmark's quick mode
+#   full  (about 9 minutes at most): quick's phases, then the step benchmark
+#         (bench/gpu_step_bench.py), the full copy benchmark, and
+#         compute-sanitizer memcheck over the copy-engine test when the
+#         machine has compute-sanitizer
+#
+# Each phase logs to OUT/<phase>.log (gtests also OUT/<phase>.xml) and adds a
+# line to OUT/summary.txt: its status, exit code and seconds. Statuses: ok;
+# FAILED; TIMEOUT (the phase's limit passed; the next phase still runs);
+# skipped (no GPU) when the machine has none (the binary still ran and
+# reported the skip); skipped (no torch) when no Python can import torch.
+# Python: /opt/torch/.venv/bin/python3 when it imports torch, else python3 on
+# PATH ($ACTSTASH_KIT_PYTHON overrides). Exit status: 1 when a phase FAILED
+# or timed out, else 0.
+set -uo pipefail
+
+kit=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+out=${1:?usage: bash run.sh OUT [quick|full]}
+mode=${2:-quick}
+case "$mode" in quick|full) ;; *) echo "run.sh: mode is quick or full" >&2; exit 2 ;; esac
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+summary=$out/summary.txt
+: > "$summary"
+build=$kit/build
+export ACTSTASH_BUILD_DIR=$build
+export PYTHONDONTWRITEBYTECODE=1
+# The tests find the daemon and workers next to themselves; this is the same
+# binary, named for the tools that look in the environment first.
+export ACTSTASH_DAEMON_BINARY=$build/server/actstashd
+export ACTSTASH_DAEMON=$build/server/actstashd
+export ACTSTASH_CLI=$build/tools/actstash
+failed=0
+
+gpu=no
+if command -v nvidia-smi > /dev/null && nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then gpu=yes; fi
+python=""
+for candidate in "${ACTSTASH_KIT_PYTHON:-}" /opt/torch/.venv/bin/python3 python3; do
+  if [ -n "$candidate" ] && "$candidate" -c 'import torch, pytest' > /dev/null 2>&1; then
+    python=$candidate
+    break
+  fi
+done
+
+# phase NAME LIMIT_S KIND COMMAND...: KIND is gpu (skipped-no-GPU when there is
+# none and the command exits 0 or 77), torch (needs $python), or cpu.
+phase() {
+  local name=$1 limit=$2 kind=$3 start rc status
+  shift 3
+  start=$(date +%s)
+  if [ "$kind" = torch ] && [ -z "$python" ]; then
+    printf '%-22s %-22s rc=-   %4ss\n' "$name" "skipped (no torch)" 0 >> "$summary"
+    echo "no Python here imports torch and pytest" > "$out/$name.log"
+    return
+  fi
+  # Through bash -c: the phases are often this script's (exported) functions.
+  timeout --kill-after=10 "$limit" bash -c '"$@"' phase "$@" > "$out/$name.log" 2>&1
+  rc=$?
+  if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
+    status="TIMEOUT (${limit}s)"
+  elif [ "$gpu" = no ] && [ "$kind" = gpu ] && { [ $rc -eq 0 ] || [ $rc -eq 77 ]; }; then
+    status="skipped (no GPU)"
+  elif [ $rc -eq 77 ]; then
+    status="skipped"
+  elif [ $rc -eq 0 ]; then
+    status=ok
+  else
+    status=FAILED
+  fi
+  case "$status" in FAILED|TIMEOUT*) failed=1 ;; esac
+  printf '%-22s %-22s rc=%-3s %4ss\n' "$name" "$status" "$rc" "$(( $(date +%s) - start ))" >> "$summary"
+  echo "run.sh: $name: $status"
+}
+
+env_report() {
+  echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+  cat "$kit/MANIFEST"
+  echo
+  local cmd
+  for cmd in "uname -a" "getconf GNU_LIBC_VERSION" "nproc" "free -g" "ulimit -l" "ulimit -a" \
+             "nvidia-smi" \
+             "nvidia-smi --query-gpu=name,driver_version,compute_mode,compute_cap,memory.total,pcie.link.gen.current,pcie.link.width.current --format=csv" \
+             "nvidia-smi topo -m" "command -v compute-sanitizer"; do
+    echo "\$ $cmd"
+    timeout 20 bash -c "$cmd" 2>&1 || echo "(exit $?)"
+    echo
+  done
+  echo "python: ${python:-none that imports torch and pytest}"
+  if [ -n "$python" ]; then
+    "$python" - <<'PY' 2>&1
+import sys, torch
+print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda,
+      "available", torch.cuda.is_available())
+if torch.cuda.is_available():
+    print("device", torch.cuda.get_device_name(0), "capability", torch.cuda.get_device_capability(0))
+PY
+  fi
+}
+
+# Every carried native file resolves all of its libraries here.
+libraries() {
+  local missing=0 file
+  while IFS= read -r -d '' file; do
+    if ldd "$file" 2>&1 | grep -q 'not found'; then
+      echo "UNRESOLVED: $file"
+      ldd "$file" | grep 'not found'
+      missing=1
+    else
+      echo "ok: ${file#"$kit"/}"
+    fi
+  done < <(find "$build" -type f \( -perm -u+x -o -name '*.so*' \) ! -name '*.py' -print0)
+  return $missing
+}
+
+gtest() {  # name binary
+  "$build/$2" --gtest_output="xml:$out/$1.xml"
+}
+
+pytest_run() {  # pytest arguments
+  (cd "$kit" && "$python" -m pytest -q -p no:cacheprovider "$@")
+}
+
+export kit out build python
+export -f env_report libraries gtest pytest_run
+echo "run.sh: $mode, GPU: $gpu, Python: ${python:-none}; logs in $out"
+phase env 60 cpu env_report
+phase libraries 60 cpu libraries
+phase daemon_smoke 60 cpu bash -c '
+  dir=$(mktemp -d) && trap "kill \$pid 2>/dev/null; rm -rf \$dir" EXIT
+  "$ACTSTASH_DAEMON" --socket "$dir/s.sock" --pool-size 64MiB --segment-size 4MiB &
+  pid=$!
+  for _ in $(seq 100); do [ -S "$dir/s.sock" ] && break; sleep 0.1; done
+  "$ACTSTASH_CLI" --address "unix://$dir/s.sock" stats'
+phase gtest_copy_engine 90 gpu gtest gtest_copy_engine tests/client/cuda_copy_engine_gpu_test
+phase gtest_kernels 60 gpu gtest gtest_kernels tests/kernels/kernels_gpu_test
+phase gtest_device_pool 90 gpu gtest gtest_device_pool tests/integration/device_pool_gpu_test
+phase register_probe 60 gpu "$build/bench/register_probe" --gib 1 --reps 3
+phase pytest_cuda 150 torch pytest_run tests/python/test_cuda.py -rs
+phase pytest_cpu 150 torch pytest_run tests/python/test_offload.py tests/python/test_stats.py
+phase copy_bench_quick 90 gpu "$build/bench/gpu_copy_bench" --quick
+if [ "$mode" = full ]; then
+  phase step_bench 240 torch "$python" "$kit/bench/gpu_step_bench.py"
+  phase copy_bench_full 180 gpu "$build/bench/gpu_copy_bench"
+  if command -v compute-sanitizer > /dev/null; then
+    phase memcheck 120 gpu compute-sanitizer --tool memcheck --error-exitcode 1 \
+      "$build/tests/client/cuda_copy_engine_gpu_test"
+  else
+    printf '%-22s %-22s rc=-   %4ss\n' memcheck "skipped (no compute-sanitizer)" 0 >> "$summary"
+  fi
+fi
+echo
+cat "$summary"
+exit $failed
