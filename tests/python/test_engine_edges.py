@@ -1,6 +1,8 @@
 """Edge cases of the hooks over the native engine, found in review: tensors on devices
 no engine copies, in-place changes seen only through a view's base, and a checkpointed
 function that changes its (stored) input in place."""
+import os
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -85,3 +87,35 @@ def test_the_fetch_needed_now_is_enqueued_before_prefetches(stash, monkeypatch):
                         lambda engine, id_, *a: calls.append(("prefetch", id_)) or 0)
     stash._unpack(saved, check_version=False)
     assert calls == [("fetch", saved.id), ("prefetch", later.id)]
+
+
+def test_exit_with_copies_in_flight_is_clean(daemon):
+    """A trainer that exits with stores still in flight (slow copies, no backward, no
+    synchronize): the engine is freed by actstash's exit handler, while the
+    interpreter and the copy runtime still work (with CUDA, the statically linked
+    runtime is torn down by the C library's exit handlers, after Python's), and the
+    process exits 0 without a crash or a warning."""
+    import subprocess
+    import sys
+    from conftest import PACKAGE_ENV
+    code = f"""
+import atexit, torch
+report = {{}}
+# Registered before actstash's own handler: runs after it.
+atexit.register(lambda: print("freed at exit:", stash._engine.ptr is None,
+                              "in flight before:", report["in_flight"], flush=True))
+import actstash
+stash = actstash.connect({daemon.socket!r}, copy_delay_us=200000)
+x = torch.randn(256, 1024, requires_grad=True)
+with stash.offload(min_bytes=0):
+    y = (x.exp() * 2).sin()
+report["in_flight"] = stash.stats()["in_flight"]
+"""
+    env = dict(os.environ, **PACKAGE_ENV)
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "freed at exit: True" in done.stdout, (done.stdout, done.stderr)
+    in_flight = int(done.stdout.split("in flight before:")[1].split()[0])
+    assert in_flight > 0, done.stdout  # the exit really happened with copies in flight
+    assert "Traceback" not in done.stderr and "Warning" not in done.stderr, done.stderr

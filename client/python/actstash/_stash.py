@@ -7,6 +7,7 @@ torch needs, and hand the rest to the native saved-tensor engine
 hold in flight, prefetch, fetches, releases, the version check, the failure
 policy and the counters.
 """
+import atexit
 import contextlib
 import ctypes
 import os
@@ -171,20 +172,39 @@ def _is_dense(t):
 
 class _Engine:
     """Owns the native engine handle; freed when the last saved tensor and the Stash
-    that use it are gone."""
+    that use it are gone, or at interpreter exit, whichever comes first."""
 
-    __slots__ = ("ptr",)
+    __slots__ = ("ptr", "__weakref__")
 
     def __init__(self, ptr):
         self.ptr = ptr
+        _LIVE_ENGINES.add(self)
 
-    def __del__(self):
+    def free(self):
+        """Waits for the engine's copies, drops what it holds and frees it (once)."""
         ptr, self.ptr = self.ptr, None
         if ptr:
             try:
                 _lib.engine_free(ptr)
             except Exception:  # interpreter shutdown
                 pass
+
+    def __del__(self):
+        self.free()
+
+
+# Engines not yet freed. At exit they are freed by an atexit handler, while the
+# interpreter (owners are Python objects) and the CUDA runtime (statically linked:
+# torn down by the C library's exit handlers, after Python's) still work; left to
+# garbage collection during finalization, or never collected at all, their copy
+# threads could outlive both.
+_LIVE_ENGINES = weakref.WeakSet()
+
+
+@atexit.register
+def _free_engines_at_exit():
+    for engine in list(_LIVE_ENGINES):
+        engine.free()
 
 
 class _Saved:
