@@ -309,6 +309,20 @@ class SavedTensorEngine::Impl {
     return std::exchange(pending_error_, absl::OkStatus());
   }
 
+  void NoteUnpinnedDeviceStore() {
+    const absl::Status pin = client_->pin_status();  // why, when registering failed
+    absl::MutexLock lock(&mu_);
+    stats_.unpinned_device_stores += 1;
+    if (!unpinned_noted_ && notice_.ok()) {
+      unpinned_noted_ = true;
+      notice_ = absl::FailedPreconditionError(absl::StrCat(
+          "CUDA tensors are copied into leased memory that is not registered with CUDA: those "
+          "copies are synchronous (staged by the driver), so forward waits for each "
+          "(stats: unpinned_device_stores)",
+          pin.ok() ? "" : absl::StrCat("; ", pin.message())));
+    }
+  }
+
   absl::Status TakeNotice() {
     absl::MutexLock lock(&mu_);
     return std::exchange(notice_, absl::OkStatus());
@@ -516,8 +530,9 @@ class SavedTensorEngine::Impl {
   const EngineOptions options_;  // host_engine always set
   std::vector<std::shared_ptr<CopyEngine>> cuda_engines_ ABSL_GUARDED_BY(mu_);  // by device
   bool cuda_tried_[64] ABSL_GUARDED_BY(mu_) = {};
-  bool cuda_failed_[64] ABSL_GUARDED_BY(mu_) = {};  // tried, and creation failed
-  absl::Status notice_ ABSL_GUARDED_BY(mu_);        // for TakeNotice
+  bool cuda_failed_[64] ABSL_GUARDED_BY(mu_) = {};    // tried, and creation failed
+  absl::Status notice_ ABSL_GUARDED_BY(mu_);          // for TakeNotice
+  bool unpinned_noted_ ABSL_GUARDED_BY(mu_) = false;  // its notice was given
   absl::flat_hash_map<uint64_t, Entry> entries_ ABSL_GUARDED_BY(mu_);
   std::vector<uint64_t> in_flight_ ABSL_GUARDED_BY(mu_);  // ids of asynchronous stores
   // Destinations of fetches whose saved tensor is gone: held until the copy is done.
@@ -613,6 +628,10 @@ uint64_t SavedTensorEngine::Impl::Store(const SavedTensorInfo& info, CopyEngine*
         CountKept(info.nbytes, KeepReason::kLayout);
         return 0;
       } else {
+        if (info.device >= 0 && !reserved->pinned && !reserved->on_device) {
+          // Not silent: this copy is synchronous (driver-staged).
+          NoteUnpinnedDeviceStore();
+        }
         const StreamHandle after{info.stream};
         void* dst = reserved->data;
         const void* src = reinterpret_cast<const void*>(info.data);
@@ -893,16 +912,16 @@ bool SavedTensorEngine::available() const { return impl_->available(); }
 
 const std::vector<std::string>& EngineStatNames() {
   static const std::vector<std::string> names = {
-      "tensors_offloaded", "bytes_offloaded",  "tensors_kept",
-      "bytes_kept",        "kept_small",       "kept_parameter",
-      "kept_keep_listed",  "kept_layout",      "kept_device",
-      "kept_failed",       "kept_unavailable", "kept_no_copy_engine",
-      "tensors_fetched",   "bytes_fetched",    "views",
-      "prefetch_issued",   "prefetch_hits",    "unpacked_from_source",
-      "store_failures",    "live_tensors",     "live_bytes",
-      "peak_live_bytes",   "in_flight",        "inline_stores",
-      "wait_ns",           "in_flight_bytes",  "peak_in_flight_bytes",
-      "in_flight_waits",   "in_flight_wait_ns"};
+      "tensors_offloaded", "bytes_offloaded",   "tensors_kept",
+      "bytes_kept",        "kept_small",        "kept_parameter",
+      "kept_keep_listed",  "kept_layout",       "kept_device",
+      "kept_failed",       "kept_unavailable",  "kept_no_copy_engine",
+      "tensors_fetched",   "bytes_fetched",     "views",
+      "prefetch_issued",   "prefetch_hits",     "unpacked_from_source",
+      "store_failures",    "live_tensors",      "live_bytes",
+      "peak_live_bytes",   "in_flight",         "inline_stores",
+      "wait_ns",           "in_flight_bytes",   "peak_in_flight_bytes",
+      "in_flight_waits",   "in_flight_wait_ns", "unpinned_device_stores"};
   return names;
 }
 
@@ -910,11 +929,12 @@ std::vector<uint64_t> EngineStatValues(const EngineStats& s) {
   std::vector<uint64_t> values = {s.tensors_offloaded, s.bytes_offloaded, s.tensors_kept,
                                   s.bytes_kept};
   values.insert(values.end(), std::begin(s.kept_by_reason), std::end(s.kept_by_reason));
-  values.insert(values.end(),
-                {s.tensors_fetched, s.bytes_fetched, s.views, s.prefetch_issued, s.prefetch_hits,
-                 s.unpacked_from_source, s.store_failures, s.live_tensors, s.live_bytes,
-                 s.peak_live_bytes, s.in_flight, s.inline_stores, s.wait_ns, s.in_flight_bytes,
-                 s.peak_in_flight_bytes, s.in_flight_waits, s.in_flight_wait_ns});
+  values.insert(
+      values.end(),
+      {s.tensors_fetched, s.bytes_fetched, s.views, s.prefetch_issued, s.prefetch_hits,
+       s.unpacked_from_source, s.store_failures, s.live_tensors, s.live_bytes, s.peak_live_bytes,
+       s.in_flight, s.inline_stores, s.wait_ns, s.in_flight_bytes, s.peak_in_flight_bytes,
+       s.in_flight_waits, s.in_flight_wait_ns, s.unpinned_device_stores});
   return values;
 }
 

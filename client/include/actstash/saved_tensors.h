@@ -155,6 +155,10 @@ struct EngineStats {
   uint64_t peak_in_flight_bytes = 0;  // the most in_flight_bytes reached
   uint64_t in_flight_waits = 0;       // Packs that waited for the in-flight bound
   uint64_t in_flight_wait_ns = 0;     // time they waited
+  // Device tensors copied into leased host memory that is not registered
+  // with CUDA: such a copy is synchronous (the driver stages it), so the
+  // producer waits for it. Also given once as a notice (TakeNotice).
+  uint64_t unpinned_device_stores = 0;
 };
 
 // What UnpackBegin found.
