@@ -202,20 +202,41 @@ TEST_F(SavedTensorEngineTest, WithoutTheBoundSourcesPileUp) {
   engine->Synchronize();
 }
 
-// The caller's lock (the GIL) is free while Pack waits for the bound: another
-// thread takes it in the meantime, and Pack gets it back before returning.
+// The caller's lock (the GIL) is free while Pack waits for the bound, and
+// Pack gets it back before returning. Deterministic: the first store cannot
+// finish until a gate on the (simulated) producer's stream opens, and only
+// another thread holding the caller's lock opens it. So the second Pack must
+// wait, and that wait ends only if the lock was let go (else the gate times
+// out after 10 s and the test fails instead of hanging).
 TEST_F(SavedTensorEngineTest, PackWaitsWithTheCallersLockLetGo) {
+  using client_internal::testing::ShareRuntime;
+  using client_internal::testing::SimGpuRuntime;
+  auto device = std::make_shared<SimGpuRuntime>();
+  auto gpu = client_internal::CreateGpuCopyEngine(ShareRuntime(device), CudaCopyEngineOptions{});
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  const client_internal::GpuStream compute = *device->CreateStream();
   auto client = Connect();
   EngineOptions options = ViewsOfAnySize();
-  options.inline_store_bytes = 0;
-  HostCopyEngineOptions slow;
-  slow.max_injected_delay = std::chrono::milliseconds(20);
-  options.host_engine = CreateHostCopyEngine(slow);
+  options.cuda_engines = {std::shared_ptr<CopyEngine>(*std::move(gpu))};
   options.max_in_flight_bytes = 1;  // every store waits for the one before it
   options.unlock_caller = &UnlockCaller;
   options.relock_caller = &RelockCaller;
   auto engine = Engine(client, options);
-  std::vector<std::vector<float>> tensors(6, Iota(64 << 10));
+  std::atomic<bool> gate{false};
+  std::atomic<bool> gate_timed_out{false};
+  ASSERT_TRUE(device
+                  ->LaunchHostAsync(compute,
+                                    [&] {
+                                      const auto deadline = std::chrono::steady_clock::now() +
+                                                            std::chrono::seconds(10);
+                                      while (!gate && std::chrono::steady_clock::now() < deadline) {
+                                        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+                                      }
+                                      gate_timed_out = !gate;
+                                      return absl::OkStatus();
+                                    })
+                  .ok());
+  std::vector<std::vector<float>> tensors(4, Iota(16 << 10));
   std::vector<Owner> owners(tensors.size());
   g_unlocks = 0;
   g_taken_by_other = 0;
@@ -227,22 +248,29 @@ TEST_F(SavedTensorEngineTest, PackWaitsWithTheCallersLockLetGo) {
       std::lock_guard<std::mutex> hold(g_caller_lock);  // free only while Pack waits
       if (!packing) break;
       g_taken_by_other += 1;
+      gate = true;
     }
   });
   for (size_t i = 0; i < tensors.size(); ++i) {
-    EXPECT_GT(engine->Pack(Dense(tensors[i], &owners[i]), kNone, 0), 0u);
+    SavedTensorInfo info = Dense(tensors[i], &owners[i]);
+    info.device = 0;  // on the simulated device, produced on `compute`
+    info.stream = compute;
+    EXPECT_GT(engine->Pack(info, kNone, 0), 0u);
     EXPECT_TRUE(g_caller_holds) << "Pack returned without the caller's lock";
   }
   packing = false;
   g_caller_holds = false;
   g_caller_lock.unlock();
   other.join();
+  device->SynchronizeStream(compute);
+  EXPECT_FALSE(gate_timed_out) << "Pack waited with the caller's lock held";
   const EngineStats s = engine->stats();
+  EXPECT_GE(s.in_flight_waits, 1u) << "the second store had to wait for the gated first";
   EXPECT_EQ(static_cast<uint64_t>(g_unlocks.load()), s.in_flight_waits);
-  EXPECT_GE(s.in_flight_waits, tensors.size() - 1);
   EXPECT_GE(g_taken_by_other.load(), g_unlocks.load())
       << "the caller's lock was not free during every wait";
   engine->Synchronize();
+  for (const Owner& owner : owners) EXPECT_EQ(owner.refs, 0);
 }
 
 // A CUDA tensor on a GPU whose copy engine cannot be created (here: no
