@@ -378,7 +378,8 @@ class SavedTensorEngine::Impl {
 
   // The store events of the oldest stores in flight, oldest first, until
   // what would remain (bytes and count) leaves room for `nbytes` more under
-  // `max_bytes` and `max_stores`. Every event when both are ~0.
+  // `max_bytes` and fewer than `max_stores` stores. max_stores 0: every
+  // event; UINT64_MAX: no bound.
   std::vector<std::shared_ptr<CopyEvent>> StoreEvents(uint64_t max_bytes, uint64_t nbytes,
                                                       uint64_t max_stores) {
     absl::MutexLock lock(&mu_);
@@ -386,8 +387,7 @@ class SavedTensorEngine::Impl {
     uint64_t bytes = stats_.in_flight_bytes;
     uint64_t stores = in_flight_.size();
     for (uint64_t id : in_flight_) {
-      const bool everything = max_bytes == ~uint64_t{0} && max_stores == ~uint64_t{0};
-      if (!everything && bytes + nbytes <= max_bytes && stores < max_stores) break;
+      if (bytes + nbytes <= max_bytes && stores < max_stores) break;
       const Entry& e = entries_.at(id);
       events.push_back(e.store);
       bytes -= e.nbytes;
@@ -409,9 +409,9 @@ class SavedTensorEngine::Impl {
   // oldest stores until `info` fits. True when it waited.
   bool WaitForRoom(const SavedTensorInfo& info) {
     const uint64_t max_bytes =
-        options_.max_in_flight_bytes == 0 ? ~uint64_t{0} - 1 : options_.max_in_flight_bytes;
+        options_.max_in_flight_bytes == 0 ? ~uint64_t{0} : options_.max_in_flight_bytes;
     const uint64_t max_stores =
-        options_.max_in_flight_stores == 0 ? ~uint64_t{0} - 1 : options_.max_in_flight_stores;
+        options_.max_in_flight_stores == 0 ? ~uint64_t{0} : options_.max_in_flight_stores;
     // A store larger than the bound goes alone: wait for all before it.
     const uint64_t nbytes = std::min(info.nbytes, max_bytes);
     std::vector<std::shared_ptr<CopyEvent>> oldest = StoreEvents(max_bytes, nbytes, max_stores);
@@ -601,7 +601,7 @@ uint64_t SavedTensorEngine::Impl::Store(const SavedTensorInfo& info, CopyEngine*
         StoresInFlight()) {
       // A buffer whose copy still runs cannot be spilled to the daemon's
       // disk: wait for those copies (they become spillable), then try again.
-      WaitUnlocked(StoreEvents(~uint64_t{0}, 0, ~uint64_t{0}));
+      WaitUnlocked(StoreEvents(/*max_bytes=*/0, /*nbytes=*/0, /*max_stores=*/0));  // all
       ReapNoError();
       reserved = reserve();
     }
