@@ -166,8 +166,17 @@ def test_console_entry_points_run_the_native_binaries(name):
     assert out.returncode == 0, out.stderr
     assert ("0." in out.stdout) if name == "actstashd" else ("actstash" in out.stdout)
     if INSTALLED:
-        script = os.path.join(os.path.dirname(sys.executable), name)
-        assert os.path.exists(script), script
+        # Wherever the installer put the script (a venv's bin beside its Python, or
+        # /usr/local/bin for a system pip install): the one the distribution records.
+        from importlib import metadata
+        files = metadata.distribution("actstash").files or []
+        scripts = [f.locate() for f in files  # not the package's own actstash/bin
+                   if f.name == name and f.parent.name == "bin" and f.parts[0] == ".."]
+        assert len(scripts) == 1, [str(f) for f in files]
+        ran = subprocess.run([str(scripts[0]), "--version" if name == "actstashd" else "--help"],
+                             capture_output=True, text=True, env=env, timeout=60)
+        assert ran.returncode == 0, ran.stderr
+        assert ("0." in ran.stdout) if name == "actstashd" else ("actstash" in ran.stdout)
 
 
 def _other_interpreters():

@@ -148,9 +148,12 @@ def test_corrupt_spill_file_is_an_error_in_the_trainer_and_the_daemon_goes_on(tm
                 f.write(b"bit rot" * 100)
                 f.flush()
                 os.fsync(f.fileno())
-        # torch re-raises an unpack hook's StashError as a RuntimeError with its text.
-        with pytest.raises(RuntimeError, match="StashError.*session .* failed its checksum"):
+        # torch 2.x lets an unpack hook's StashError through as it is; 1.13 re-raises
+        # it as a RuntimeError whose text starts with the type's name.
+        with pytest.raises(RuntimeError, match="session .* failed its checksum") as raised:
             loss.backward()
+        assert (isinstance(raised.value, actstash.StashError) or
+                str(raised.value).startswith("StashError")), repr(raised.value)
         del loss
         stash.close()
         assert d.proc.poll() is None, "the daemon must keep serving"

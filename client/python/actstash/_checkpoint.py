@@ -5,6 +5,14 @@ Deliberate difference: none in results. The inputs live in actstashd between
 forward and recomputation (torch keeps them in the trainer); inputs that are
 parameters, smaller than min_bytes, or not tensors are kept as torch keeps
 them. RNG state and autocast state are captured and replayed as torch does.
+
+Selective checkpointing (context_fn from torch's
+create_selective_checkpoint_contexts): what the policy saves is cached by torch
+outside the autograd graph. With a stash, those tensors go to the stash too
+(respect_saved_tensors_hooks defaults to True then); without one, torch's rule
+applies (the hooks around the checkpoint, if asked). The hooks this function
+pushes are marked as checkpoint-internal the way torch marks its own, so SAC
+never routes a cached tensor into them.
 """
 import contextlib
 import weakref
@@ -29,8 +37,49 @@ def _autocast_kwargs(device_type):
     return {"enabled": enabled, "dtype": dtype, "cache_enabled": torch.is_autocast_cache_enabled()}
 
 
+class _StopRecomputation(Exception):
+    """Raised by the recomputation's pack hook once every saved tensor is back
+    (early_stop): the rest of the function need not run."""
+
+
+def _early_stop(requested):
+    """torch's set_checkpoint_early_stop context overrides the keyword, as in torch."""
+    forced = getattr(torch.utils.checkpoint, "_enable_checkpoint_early_stop", None)
+    return requested if forced is None else forced
+
+
+def _user_hooks_outside():
+    """The (pack, unpack) saved-tensor hooks a SavedVariable made now would use, skipping
+    checkpoint-internal ones (torch >= 2.14's rule), or None."""
+    find = getattr(torch.utils.checkpoint, "_current_user_saved_tensors_hooks", None)
+    return find() if find is not None else None
+
+
+@contextlib.contextmanager
+def _internal_hooks(pack, unpack, user_hooks):
+    """saved_tensors_hooks(pack, unpack) marked as checkpoint-internal: torch's selective
+    checkpointing looks past them to `user_hooks` (the hooks that see what SAC caches).
+    The mark is held only while the hooks are pushed, as torch does: the graph keeps
+    pack alive, and a lasting reference to the user's hooks could leak them."""
+    pack._checkpoint_internal = True
+    pack._user_hooks = user_hooks
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+            yield
+    finally:
+        del pack._user_hooks
+
+
+def _set_respect_hooks(forward_context, respect):
+    """Tells torch's SAC caching mode (context_fn's first context) whether what it
+    caches goes through the user's hooks (torch >= 2.14; ignored where absent)."""
+    if hasattr(forward_context, "respect_saved_tensors_hooks"):
+        forward_context.respect_saved_tensors_hooks = respect
+
+
 def checkpoint(function, *args, use_reentrant=None, context_fn=None,
-               determinism_check="default", debug=False, preserve_rng_state=True, stash=None,
+               determinism_check="default", debug=False, preserve_rng_state=True,
+               early_stop=True, respect_saved_tensors_hooks=None, stash=None,
                min_bytes=0, _observe=None, **kwargs):
     """Runs function(*args, **kwargs) without saving its interior for backward; the
     interior is recomputed when backward needs it. With `stash`, the tensor inputs
@@ -41,7 +90,11 @@ def checkpoint(function, *args, use_reentrant=None, context_fn=None,
     returning two context managers: the forward runs in the first, the recomputation in
     the second), determinism_check ("default": the recomputation must save tensors of the
     forward's shapes, dtypes and devices, else RuntimeError; "none"), debug (accepted,
-    no effect). Other keyword arguments go to `function`, as in torch."""
+    no effect), early_stop (the recomputation stops once every saved tensor is back;
+    torch's set_checkpoint_early_stop overrides it), respect_saved_tensors_hooks
+    (selective checkpointing: whether what the policy saves goes through saved-tensor
+    hooks; None means True with `stash` (the cached tensors go to the stash) and
+    torch's default without). Other keyword arguments go to `function`, as in torch."""
     if use_reentrant:
         raise ValueError("actstash.checkpoint has the semantics of torch.utils.checkpoint("
                          "use_reentrant=False); use_reentrant=True is not supported")
@@ -52,6 +105,10 @@ def checkpoint(function, *args, use_reentrant=None, context_fn=None,
         forward_context, recompute_context = contextlib.nullcontext(), contextlib.nullcontext()
     else:
         forward_context, recompute_context = context_fn()
+    if respect_saved_tensors_hooks is None and stash is not None:
+        respect_saved_tensors_hooks = True
+    _set_respect_hooks(forward_context, respect_saved_tensors_hooks)
+    stop_early = _early_stop(early_stop)
     gpu_autocast, cpu_autocast = _autocast_kwargs("cuda"), _autocast_kwargs("cpu")
     if preserve_rng_state:
         fwd_cpu_state = torch.get_rng_state()
@@ -111,9 +168,11 @@ def checkpoint(function, *args, use_reentrant=None, context_fn=None,
                         f"{(tuple(inner.shape), inner.dtype, inner.device)}, forward "
                         f"{_describe(forward_meta, counter - 1)}); pass "
                         "determinism_check='none' to skip this check")
-                if weak_holders[counter - 1]() is None:
-                    return
-                storage[weak_holders[counter - 1]()] = inner.detach()
+                if weak_holders[counter - 1]() is not None:
+                    storage[weak_holders[counter - 1]()] = inner.detach()
+                if stop_early and counter == len(weak_holders):
+                    stopped[0] = True
+                    raise _StopRecomputation()
 
             def inner_unpack(packed):
                 raise RuntimeError("actstash.checkpoint: backward through a tensor that was "
@@ -126,18 +185,31 @@ def checkpoint(function, *args, use_reentrant=None, context_fn=None,
                     if had_cuda_in_fwd:
                         set_device_states(fwd_gpu_devices, fwd_gpu_states)
                 recompute_args, recompute_kwargs = inputs()
-                with torch.enable_grad(), recompute_context, \
-                        torch.autocast("cuda", **gpu_autocast), \
-                        torch.autocast("cpu", **cpu_autocast), \
-                        torch.autograd.graph.saved_tensors_hooks(inner_pack, inner_unpack):
-                    function(*recompute_args, **recompute_kwargs)
+                stopped = [False]
+                try:
+                    with torch.enable_grad(), recompute_context, \
+                            torch.autocast("cuda", **gpu_autocast), \
+                            torch.autocast("cpu", **cpu_autocast), \
+                            _internal_hooks(inner_pack, inner_unpack, None):
+                        function(*recompute_args, **recompute_kwargs)
+                except Exception:
+                    # torch 1.13 re-raises a hook's exception as a RuntimeError: the
+                    # flag, not the type, says it was the early stop.
+                    if not stopped[0]:
+                        raise
         if holder not in storage:
             raise RuntimeError(
                 "actstash.checkpoint: a saved tensor was read twice without recomputation in "
                 "between (as torch.utils.checkpoint, this is not supported)")
         return storage[holder]
 
-    with torch.autograd.graph.saved_tensors_hooks(pack, unpack), forward_context:
+    # What SAC caches goes where a saved tensor here would go without this
+    # checkpoint: to the stash when there is one, else to the hooks around it.
+    if stash is not None:
+        user_hooks = (lambda x: stash._pack(x, min_bytes), stash._unpack)
+    else:
+        user_hooks = _user_hooks_outside()
+    with _internal_hooks(pack, unpack, user_hooks), forward_context:
         output = function(*args, **kwargs)
         if torch.cuda._initialized and preserve_rng_state and not had_cuda_in_fwd:
             raise RuntimeError("CUDA was initialized inside a checkpointed forward; "

@@ -386,8 +386,9 @@ class Stash:
                 yield self
         finally:
             self._min_bytes = previous
-        # Raised here, not in the pack hook: torch turns exceptions raised in
-        # hooks into plain RuntimeErrors.
+        # Raised here, not in the pack hook: store failures are deferred (copies run
+        # asynchronously), and torch 1.13 turns exceptions raised in hooks into plain
+        # RuntimeErrors (2.x lets them through with their own type).
         self._raise_pending()
 
     def _raise_pending(self):

@@ -1,0 +1,188 @@
+"""actstash.checkpoint with torch 2.x's checkpoint keywords: selective activation
+checkpointing (SAC) whose saved tensors go to the stash, early_stop, and
+respect_saved_tensors_hooks. Gradients are compared bitwise with plain autograd and
+torch.utils.checkpoint on the same seed; stats show what the SAC policy saved went to
+the daemon and came back. SAC needs torch >= 2.3 and the routing of what it caches
+through hooks torch >= 2.14 (respect_saved_tensors_hooks): skipped where absent."""
+import functools
+import inspect
+import warnings
+
+import pytest
+import torch
+from torch import nn
+from torch.utils import checkpoint as torch_cp
+
+import actstash
+
+torch.set_num_threads(1)
+
+HAS_SAC = hasattr(torch_cp, "create_selective_checkpoint_contexts")
+SAC_ROUTES = HAS_SAC and "respect_saved_tensors_hooks" in inspect.signature(
+    torch_cp.checkpoint).parameters
+needs_sac_routing = pytest.mark.skipif(
+    not SAC_ROUTES, reason=f"torch {torch.__version__} has no respect_saved_tensors_hooks "
+    "(SAC's cached tensors cannot reach saved-tensor hooks)")
+DIM, ROWS = 256, 64
+LINEAR_OUT = ROWS * DIM * 4  # bytes of one fp32 Linear output
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.ln = nn.LayerNorm(DIM)
+        self.fc1 = nn.Linear(DIM, DIM)
+        self.fc2 = nn.Linear(DIM, DIM)
+
+    def forward(self, x):
+        # Both Linear outputs are read by backward (gelu saves its input): what SAC
+        # caches of them is consumed by the recomputation, none left unread.
+        gelu = nn.functional.gelu
+        return x + gelu(self.fc2(gelu(self.fc1(self.ln(x)))))
+
+
+def save_linear_outputs(decisions):
+    """A SAC policy: Linear outputs (addmm/mm) are saved, the rest recomputed;
+    `decisions` counts the forward's saves."""
+    aten = torch.ops.aten
+
+    def policy(ctx, op, *args, **kwargs):
+        if op in (aten.addmm.default, aten.mm.default):
+            if not ctx.is_recompute:
+                decisions.append(op)
+            return torch_cp.CheckpointPolicy.MUST_SAVE
+        return torch_cp.CheckpointPolicy.PREFER_RECOMPUTE
+
+    return functools.partial(torch_cp.create_selective_checkpoint_contexts, policy)
+
+
+def run(call, stash=None):
+    """Block and input from seed 0; call(block, x) then backward. Returns the
+    gradients and the stats deltas of forward and backward."""
+    torch.manual_seed(0)
+    block = Block()
+    x0 = torch.randn(ROWS, DIM, requires_grad=True)
+    x = x0 * 2  # not a leaf: the boundary is offloadable
+    before = stash.stats() if stash else None
+    out = call(block, x)
+    middle = stash.stats() if stash else None
+    if stash:
+        stash.synchronize()
+    out.square().sum().backward()
+    after = stash.stats() if stash else None
+    grads = [p.grad.clone() for p in block.parameters()] + [x0.grad.clone()]
+
+    def delta(a, b):
+        return {k: b[k] - a[k] for k in ("bytes_offloaded", "bytes_fetched", "live_bytes")}
+
+    return grads, (delta(before, middle) if stash else None), (delta(middle, after)
+                                                               if stash else None)
+
+
+def assert_bitwise(expected, actual):
+    assert len(expected) == len(actual)
+    for i, (a, b) in enumerate(zip(expected, actual)):
+        assert torch.equal(a, b), f"gradient {i} differs (max |diff| {(a - b).abs().max()})"
+
+
+@pytest.fixture
+def stash(daemon):
+    s = actstash.connect(daemon.socket)
+    yield s
+    s.close()
+
+
+@needs_sac_routing
+def test_what_sac_saves_goes_to_the_stash(stash):
+    plain, _, _ = run(lambda b, x: b(x))
+    decisions = []
+    sac = save_linear_outputs(decisions)
+    torch_sac, _, _ = run(lambda b, x: torch_cp.checkpoint(b, x, use_reentrant=False,
+                                                           context_fn=sac))
+    assert_bitwise(plain, torch_sac)
+
+    decisions.clear()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)  # nothing to choose: it goes to the stash
+        routed, fwd, bwd = run(lambda b, x: actstash.checkpoint(b, x, stash=stash, context_fn=sac),
+                               stash)
+    assert_bitwise(plain, routed)
+    saved = len(decisions) * LINEAR_OUT
+    assert len(decisions) == 2
+    # The boundary input and both Linear outputs went to the daemon and came back.
+    assert fwd["bytes_offloaded"] == ROWS * DIM * 4 + saved, fwd
+    assert bwd["bytes_fetched"] == fwd["bytes_offloaded"], bwd
+    assert fwd["live_bytes"] + bwd["live_bytes"] == 0
+
+    # Opting out keeps what SAC saves in the trainer, as torch does by default.
+    decisions.clear()
+    kept, fwd_kept, _ = run(lambda b, x: actstash.checkpoint(
+        b, x, stash=stash, context_fn=sac, respect_saved_tensors_hooks=False), stash)
+    assert_bitwise(plain, kept)
+    assert fwd_kept["bytes_offloaded"] == ROWS * DIM * 4, fwd_kept
+
+
+@needs_sac_routing
+def test_sac_inside_an_offload_scope_follows_torchs_rule(stash):
+    """No stash= given: the hooks around the checkpoint (stash.offload's) see what SAC
+    saves only when asked, as with torch.utils.checkpoint; actstash's own hooks are
+    internal, so without a scope around there is nothing to warn about."""
+    plain, _, _ = run(lambda b, x: b(x))
+    sac = save_linear_outputs([])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        alone, _, _ = run(lambda b, x: actstash.checkpoint(b, x, context_fn=sac))
+    assert_bitwise(plain, alone)
+
+    def scoped(respect):
+        def call(b, x):
+            with stash.offload(min_bytes=0):
+                return actstash.checkpoint(b, x, context_fn=sac,
+                                           respect_saved_tensors_hooks=respect)
+        return run(call, stash)
+
+    grads, fwd, bwd = scoped(True)
+    assert_bitwise(plain, grads)
+    # The two Linear outputs through the scope's hooks (the input stays: no stash=,
+    # nothing of the checkpoint's own is stored) and back.
+    assert fwd["bytes_offloaded"] == 2 * LINEAR_OUT, fwd
+    assert bwd["bytes_fetched"] == fwd["bytes_offloaded"]
+    grads, fwd, _ = scoped(False)
+    assert_bitwise(plain, grads)
+    assert fwd["bytes_offloaded"] == 0, fwd
+    with pytest.warns(FutureWarning, match="respect_saved_tensors_hooks"):
+        scoped(None)  # torch's default: it asks the user to choose
+
+
+def test_early_stop_skips_the_rest_of_the_recomputation(stash):
+    """The recomputation stops once every saved tensor is back (torch's default);
+    early_stop=False, or torch's set_checkpoint_early_stop(False), runs it to the end.
+    The keywords are checkpoint's own: the function never sees them."""
+    calls = []
+
+    def fn(x, **kwargs):
+        assert not kwargs, kwargs
+        calls.append("start")
+        y = x.exp()  # saves its output
+        calls.append("end")
+        return y + 1  # saves nothing
+
+    def once(**kw):
+        calls.clear()
+        torch.manual_seed(0)
+        x = torch.randn(ROWS, DIM, requires_grad=True)
+        actstash.checkpoint(fn, x * 1, stash=stash, **kw).sum().backward()
+        return list(calls), x.grad
+
+    (stopped, g1), (full, g2) = once(), once(early_stop=False)
+    assert stopped == ["start", "end", "start"]
+    assert full == ["start", "end", "start", "end"]
+    _, g3 = once(respect_saved_tensors_hooks=False, use_reentrant=False)
+    assert torch.equal(g1, g2) and torch.equal(g1, g3)
+    if hasattr(torch_cp, "set_checkpoint_early_stop"):
+        with torch_cp.set_checkpoint_early_stop(False):
+            assert once()[0] == full
+        calls.clear()
+        x = torch.randn(ROWS, DIM, requires_grad=True)
+        torch_cp.checkpoint(fn, x * 1, use_reentrant=False).sum().backward()
+        assert calls == stopped  # as torch does
