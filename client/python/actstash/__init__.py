@@ -8,6 +8,7 @@
     y = actstash.checkpoint(block, x, stash=stash)   # recompute inside, offload the input
     actstash.wrap(model, stash, blocks=Block, mode="checkpoint+offload")
     actstash.wrap(model, stash, policy="auto", budget="6GiB")   # a plan per block
+    actstash.use_for_gradient_checkpointing(hf_model, stash)  # transformers' own route
     print(stash.plan())
 
 The native library (libactstash.so, loaded through ctypes) links neither
@@ -21,7 +22,8 @@ import importlib
 from actstash._lib import StashError, StashFull, StashNotFound, StashUnavailable
 
 _LAZY = {"BudgetError": "_planner", "Stash": "_stash", "connect": "_stash",
-         "checkpoint": "_checkpoint", "unwrap": "_wrap", "wrap": "_wrap"}
+         "checkpoint": "_checkpoint", "unwrap": "_wrap", "use_for_gradient_checkpointing": "_wrap",
+         "wrap": "_wrap"}
 
 
 def __getattr__(name):
@@ -40,5 +42,5 @@ def __dir__():
 __all__ = [
     "BudgetError", "Stash", "StashError", "StashFull", "StashNotFound", "StashUnavailable",
     "checkpoint",
-    "connect", "unwrap", "wrap",
+    "connect", "unwrap", "use_for_gradient_checkpointing", "wrap",
 ]

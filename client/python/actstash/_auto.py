@@ -37,7 +37,7 @@ import time
 import torch
 
 from actstash import _planner
-from actstash._checkpoint import checkpoint
+from actstash._checkpoint import checkpoint, without_caches
 from actstash._measure import Step, mark_outputs
 from actstash._planner import BudgetError
 
@@ -101,6 +101,7 @@ class AutoPlanner:
             with self.stash.offload(min_bytes=self.min_bytes):
                 out = original(*args, **kwargs)
         else:
+            args, kwargs = without_caches(args, kwargs)
             out = checkpoint(self._timed(step, j, original), *args,
                              stash=self.stash if choice == _planner.CHECKPOINT_OFFLOAD else None,
                              min_bytes=self.min_bytes,

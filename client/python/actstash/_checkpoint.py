@@ -15,6 +15,7 @@ pushes are marked as checkpoint-internal the way torch marks its own, so SAC
 never routes a cached tensor into them.
 """
 import contextlib
+import sys
 import weakref
 
 import torch
@@ -77,6 +78,29 @@ def _set_respect_hooks(forward_context, respect):
         forward_context.respect_saved_tensors_hooks = respect
 
 
+def compiling():
+    """True while torch.compile (dynamo) traces the caller."""
+    compiler = getattr(torch, "compiler", None)
+    return compiler is not None and hasattr(compiler, "is_compiling") and compiler.is_compiling()
+
+
+def _traced_checkpoint(function, args, kwargs, stash, min_bytes, context_fn, determinism_check,
+                       debug, preserve_rng_state, early_stop):
+    """Under torch.compile: torch.utils.checkpoint, which dynamo traces as one
+    higher-order op (the compiled backward recomputes what the partitioner chose),
+    with the stash's hooks around it, which the compiled function's saved tensors (the
+    region's inputs, and what the partitioner saves) go through at run time. The
+    eager path cannot be traced: its hooks are Python closures that recompute in
+    backward, outside the compiled graph, and would save another set of tensors."""
+    scope = stash.offload(min_bytes=min_bytes) if stash is not None else contextlib.nullcontext()
+    extra = {} if context_fn is None else {"context_fn": context_fn}
+    with scope:
+        return torch.utils.checkpoint.checkpoint(
+            function, *args, use_reentrant=False, determinism_check=determinism_check,
+            debug=debug, preserve_rng_state=preserve_rng_state, early_stop=early_stop,
+            **extra, **kwargs)
+
+
 def checkpoint(function, *args, use_reentrant=None, context_fn=None,
                determinism_check="default", debug=False, preserve_rng_state=True,
                early_stop=True, respect_saved_tensors_hooks=None, stash=None,
@@ -98,6 +122,9 @@ def checkpoint(function, *args, use_reentrant=None, context_fn=None,
     if use_reentrant:
         raise ValueError("actstash.checkpoint has the semantics of torch.utils.checkpoint("
                          "use_reentrant=False); use_reentrant=True is not supported")
+    if compiling():
+        return _traced_checkpoint(function, args, kwargs, stash, min_bytes, context_fn,
+                                  determinism_check, debug, preserve_rng_state, early_stop)
     if determinism_check not in ("default", "none"):
         raise ValueError("determinism_check should be one of ['default', 'none'], but got "
                          f"{determinism_check}")
@@ -215,6 +242,34 @@ def checkpoint(function, *args, use_reentrant=None, context_fn=None,
             raise RuntimeError("CUDA was initialized inside a checkpointed forward; "
                                "initialize it before (as torch.utils.checkpoint requires)")
     return output
+
+
+# A transformers layer appends its keys and values to the cache it is given: a
+# recomputation would append them again (keys of twice the length). transformers
+# turns caching off itself when it checkpoints a layer (GradientCheckpointingLayer,
+# or a None passed by position, as GPT-2 does); a layer actstash recomputes gets the
+# same.
+_CACHE_KEYWORDS = ("past_key_value", "past_key_values", "layer_past")
+
+
+def _is_cache(value):
+    cache_utils = sys.modules.get("transformers.cache_utils")
+    return cache_utils is not None and isinstance(value, cache_utils.Cache)
+
+
+def without_caches(args, kwargs):
+    """(args, kwargs) of a block call that will be recomputed: no key/value cache
+    (by position or keyword) and use_cache=False, as transformers does for its own
+    checkpointed layers."""
+    if any(_is_cache(a) for a in args):
+        args = tuple(None if _is_cache(a) else a for a in args)
+    if any(k in kwargs for k in _CACHE_KEYWORDS + ("use_cache",)) or \
+            any(_is_cache(v) for v in kwargs.values()):
+        kwargs = {k: None if (k in _CACHE_KEYWORDS or _is_cache(v)) else v
+                  for k, v in kwargs.items()}
+        if "use_cache" in kwargs:
+            kwargs["use_cache"] = False
+    return args, kwargs
 
 
 def _describe(meta, index):

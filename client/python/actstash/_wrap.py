@@ -3,7 +3,7 @@ import functools
 
 import torch
 
-from actstash._checkpoint import checkpoint
+from actstash._checkpoint import checkpoint, compiling, without_caches
 
 _MODES = ("offload", "checkpoint", "checkpoint+offload")
 _POLICIES = ("manual", "auto")
@@ -11,7 +11,7 @@ _POLICIES = ("manual", "auto")
 
 def _select(model, blocks):
     if blocks is None:
-        raise ValueError("wrap: say which blocks, e.g. blocks=MyBlock or blocks=model.layers")
+        blocks = _repeated_blocks(model)
     if isinstance(blocks, type) or (isinstance(blocks, tuple) and
                                     all(isinstance(b, type) for b in blocks)):
         return [m for m in model.modules() if isinstance(m, blocks)]
@@ -27,8 +27,8 @@ def _repeated_blocks(model):
     parameters): the repeated blocks of a transformer."""
     lists = [m for m in model.modules() if isinstance(m, torch.nn.ModuleList) and len(m)]
     if not lists:
-        raise ValueError("wrap(policy='auto'): the model has no ModuleList to take blocks "
-                         "from; say which blocks, e.g. blocks=MyBlock")
+        raise ValueError("wrap: the model has no ModuleList to take blocks from; say which "
+                         "blocks, e.g. blocks=MyBlock or blocks=model.layers")
     return max(lists, key=lambda m: (len(m), sum(p.numel() for p in m.parameters())))
 
 
@@ -37,8 +37,10 @@ def wrap(model, stash, blocks=None, mode="checkpoint+offload", min_bytes=64 << 1
     """Makes each selected block offload its saved tensors ("offload"), recompute its
     interior ("checkpoint"), or recompute its interior and offload its inputs
     ("checkpoint+offload"). blocks: a module class (or tuple), a ModuleList, a
-    predicate on modules, or modules. The model's parameters and buffers are never
-    offloaded. Returns the model; unwrap(model) undoes it.
+    predicate on modules, or modules; None takes the children of the model's largest
+    ModuleList (a transformer's layers: a Hugging Face model's decoder layers). The
+    model's parameters and buffers are never offloaded. Returns the model;
+    unwrap(model) undoes it.
 
     policy="auto" chooses per block among keep, offload, checkpoint and
     checkpoint+offload (`mode` is then unused): the first step of each input shape
@@ -48,8 +50,7 @@ def wrap(model, stash, blocks=None, mode="checkpoint+offload", min_bytes=64 << 1
     (CUDA) or of memory_limit (CPU; default: the node's available memory). It bounds
     the memory a step adds from the first block's forward to the end of backward
     (saved activations and the transients of forward and backward). blocks=None
-    takes the children of the model's largest ModuleList. stash.plan() shows the
-    plan; actstash.BudgetError is raised from forward when no plan fits."""
+    stash.plan() shows the plan; actstash.BudgetError is raised from forward when no plan fits."""
     if policy not in _POLICIES:
         raise ValueError(f"policy must be one of {_POLICIES}")
     if policy == "auto":
@@ -63,6 +64,8 @@ def wrap(model, stash, blocks=None, mode="checkpoint+offload", min_bytes=64 << 1
     selected = _select(model, blocks)
     if not selected:
         raise ValueError("wrap: no block matched")
+    if mode != "offload":
+        _refuse_double_checkpoint(selected, mode)
     for block in selected:
         if getattr(block, "_actstash_forward", None) is not None:
             continue  # already wrapped
@@ -79,9 +82,55 @@ def wrap(model, stash, blocks=None, mode="checkpoint+offload", min_bytes=64 << 1
             def forward(*args, _original=original, _stash=boundary_stash, **kwargs):
                 if not torch.is_grad_enabled():
                     return _original(*args, **kwargs)  # nothing to save, nothing to recompute
+                args, kwargs = without_caches(args, kwargs)
+                if _stash is not None and compiling():
+                    # The hooks' scope in this frame, not in a function it calls:
+                    # dynamo runs this frame's scope eagerly and compiles the call
+                    # inside it (a scope inside an inlined call breaks the graph).
+                    with _stash.offload(min_bytes=min_bytes):
+                        return checkpoint(_original, *args, **kwargs)
                 return checkpoint(_original, *args, stash=_stash, min_bytes=min_bytes, **kwargs)
 
         block.forward = functools.wraps(original)(forward)
+    return model
+
+
+def _refuse_double_checkpoint(blocks, what):
+    """A transformers layer with its own gradient checkpointing on would be
+    checkpointed twice (torch's outside, actstash's inside): correct, but every
+    forward run three times."""
+    for block in blocks:
+        if getattr(block, "gradient_checkpointing", False) is True:
+            raise ValueError(
+                f"wrap({what}): {type(block).__name__} is already checkpointed by transformers' "
+                "gradient checkpointing; call model.gradient_checkpointing_disable() first, or "
+                "use actstash.use_for_gradient_checkpointing(model, stash) to keep that route "
+                "with actstash's checkpoint")
+
+
+def use_for_gradient_checkpointing(model, stash=None, min_bytes=64 << 10, **checkpoint_kwargs):
+    """Turns on a Hugging Face transformers model's own gradient checkpointing (the
+    route Trainer(gradient_checkpointing=True) and accelerate take) with
+    actstash.checkpoint in place of torch.utils.checkpoint: with `stash`, each layer's
+    inputs are offloaded until its recomputation. checkpoint_kwargs go to
+    actstash.checkpoint (e.g. context_fn). Call it instead of
+    model.gradient_checkpointing_enable(), and leave Trainer's gradient_checkpointing
+    off (it would put torch's checkpoint back). model.gradient_checkpointing_disable()
+    undoes it. Returns the model."""
+    if not hasattr(model, "gradient_checkpointing_enable"):
+        raise ValueError(f"{type(model).__name__} is not a transformers model with gradient "
+                         "checkpointing (no gradient_checkpointing_enable); use "
+                         "actstash.wrap(model, stash, mode='checkpoint+offload')")
+    if any(getattr(m, "_actstash_forward", None) is not None for m in model.modules()):
+        raise ValueError("the model has blocks wrapped by actstash.wrap; unwrap(model) first")
+    # transformers' own set-up first (e.g. inputs that require grad for adapters),
+    # then its layers get actstash's checkpoint.
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if stash is not None:
+        stash.keep(model)
+    function = functools.partial(checkpoint, stash=stash, min_bytes=min_bytes,
+                                 **checkpoint_kwargs)
+    model._set_gradient_checkpointing(enable=True, gradient_checkpointing_func=function)
     return model
 
 
@@ -91,11 +140,12 @@ def _wrap_auto(model, stash, blocks, min_bytes, budget, memory_limit):
         raise ValueError("policy='auto' needs a stash")
     if getattr(model, "_actstash_planner", None) is not None:
         raise ValueError("the model is already wrapped with policy='auto'; unwrap it first")
-    selected = _select(model, _repeated_blocks(model) if blocks is None else blocks)
+    selected = _select(model, blocks)
     if not selected:
         raise ValueError("wrap: no block matched")
     if any(getattr(b, "_actstash_forward", None) is not None for b in selected):
         raise ValueError("a block is already wrapped; unwrap(model) first")
+    _refuse_double_checkpoint(selected, "policy='auto'")
     names = {id(m): name for name, m in model.named_modules()}
     planner = AutoPlanner(stash, selected, [names.get(id(b), type(b).__name__) for b in selected],
                           budget, memory_limit, min_bytes)

@@ -1,0 +1,133 @@
+"""Hugging Face transformers models without code changes: `actstash.wrap(model, stash,
+mode=...)` finds the decoder layers itself (the model's largest ModuleList), in every
+mode and with policy="auto"; the transformers route (`gradient_checkpointing_enable`)
+goes through actstash with `actstash.use_for_gradient_checkpointing`. Llama, GPT-2 and
+Qwen2 from tiny configs (no weights downloaded), dropout on where the architecture has
+it; gradients bitwise equal to the same model without actstash on the same seed, and
+the stash's counters show the bytes went to the daemon and came back. Skipped where
+transformers is not installed (the torch 2.x lane, scripts/test-torch2, has it)."""
+import copy
+
+import pytest
+import torch
+
+import actstash
+
+transformers = pytest.importorskip("transformers")
+torch.set_num_threads(1)
+
+VOCAB, SEQ, BATCH = 128, 32, 2
+
+
+def tiny(arch):
+    """A tiny causal LM of `arch` from a config (random weights, seed 0)."""
+    common = dict(vocab_size=VOCAB)
+    if arch == "llama":
+        config = transformers.LlamaConfig(hidden_size=64, intermediate_size=128,
+                                          num_hidden_layers=3, num_attention_heads=4,
+                                          num_key_value_heads=2, max_position_embeddings=64,
+                                          **common)
+    elif arch == "gpt2":
+        config = transformers.GPT2Config(n_embd=64, n_layer=3, n_head=4, n_positions=64,
+                                         resid_pdrop=0.1, embd_pdrop=0.1, attn_pdrop=0.1,
+                                         **common)
+    else:
+        config = transformers.Qwen2Config(hidden_size=64, intermediate_size=128,
+                                          num_hidden_layers=3, num_attention_heads=4,
+                                          num_key_value_heads=2, max_position_embeddings=64,
+                                          **common)
+    config._attn_implementation = "eager"  # the same kernels with and without actstash
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    model.train()
+    return model
+
+
+def layers(model):
+    return model.transformer.h if hasattr(model, "transformer") else model.model.layers
+
+
+def step(model, seed):
+    """One training step's gradients (dropout draws from `seed`)."""
+    model.zero_grad(set_to_none=True)
+    ids = torch.randint(0, VOCAB, (BATCH, SEQ), generator=torch.Generator().manual_seed(7))
+    torch.manual_seed(seed)
+    model(input_ids=ids, labels=ids).loss.backward()
+    return [p.grad.clone() for p in model.parameters()]
+
+
+def assert_bitwise(expected, actual):
+    assert len(expected) == len(actual)
+    for i, (a, b) in enumerate(zip(expected, actual)):
+        assert torch.equal(a, b), f"gradient {i} differs (max |diff| {(a - b).abs().max()})"
+
+
+@pytest.fixture(scope="module")
+def stash(daemon):
+    s = actstash.connect(daemon.socket)
+    yield s
+    s.close()
+
+
+def moved(stash, fn):
+    """Runs fn(); returns (bytes offloaded, bytes fetched) during it."""
+    before = stash.stats()
+    out = fn()
+    stash.synchronize()
+    after = stash.stats()
+    return out, (after["bytes_offloaded"] - before["bytes_offloaded"],
+                 after["bytes_fetched"] - before["bytes_fetched"])
+
+
+ARCHS = ["llama", "gpt2", "qwen2"]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("mode", ["offload", "checkpoint", "checkpoint+offload"])
+def test_wrap_finds_the_decoder_layers(stash, arch, mode):
+    model = tiny(arch)
+    expected = step(copy.deepcopy(model), 1)
+    actstash.wrap(model, stash, mode=mode, min_bytes=0)  # no blocks=: the decoder layers
+    assert all(getattr(b, "_actstash_forward", None) for b in layers(model))
+    grads, (offloaded, fetched) = moved(stash, lambda: step(model, 1))
+    assert_bitwise(expected, grads)
+    if mode == "checkpoint":
+        assert offloaded == 0
+    else:
+        assert offloaded > 0 and fetched == offloaded, (offloaded, fetched)
+    assert stash.stats()["live_bytes"] == 0
+    actstash.unwrap(model)
+    assert_bitwise(expected, step(model, 1))
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_auto_plan_chooses_per_decoder_layer(stash, arch):
+    model = tiny(arch)
+    reference = copy.deepcopy(model)
+    actstash.wrap(model, stash, policy="auto", budget="1GiB", min_bytes=0)
+    for seed in range(3):  # profile, plan, run the plan
+        assert_bitwise(step(reference, seed), step(model, seed))
+    report = stash.plan()
+    assert len(report.choices) == len(layers(model)), report
+    names = [c.name for c in report.costs]
+    assert all(".0" in names[0] and name.endswith(str(i)) for i, name in enumerate(names)), names
+    actstash.unwrap(model)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_transformers_gradient_checkpointing_through_actstash(stash, arch):
+    """The route Trainer and accelerate take (gradient_checkpointing_enable), with
+    actstash's checkpoint in place of torch's: the layers' inputs are offloaded."""
+    model = tiny(arch)
+    reference = copy.deepcopy(model)
+    reference.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    expected = step(reference, 3)
+    actstash.use_for_gradient_checkpointing(model, stash, min_bytes=0)
+    assert model.is_gradient_checkpointing
+    grads, (offloaded, fetched) = moved(stash, lambda: step(model, 3))
+    assert_bitwise(expected, grads)
+    hidden = BATCH * SEQ * 64 * 4  # one layer's input, fp32
+    assert offloaded >= len(layers(model)) * hidden and fetched == offloaded, (offloaded, fetched)
+    model.gradient_checkpointing_disable()
+    _, (offloaded, _) = moved(stash, lambda: step(model, 3))
+    assert offloaded == 0
