@@ -286,3 +286,30 @@ def test_keep_of_a_temporary_alias_keeps_the_storage(daemon):
     gc.collect()
     assert stash.stats()["keep_registered"] == 0
     stash.close()
+
+
+def test_a_leaf_activation_is_offloaded_a_parameter_kept(stash):
+    """A leaf that requires grad but is no parameter (a pipeline stage's received
+    activation) goes to the daemon; a parameter and its views stay."""
+    torch.manual_seed(0)
+    weight = nn.Parameter(torch.randn(128, 128))
+    received = torch.randn(64, 128, requires_grad=True)  # as a pipeline stage gets it
+
+    def grads():
+        weight.grad = received.grad = None
+        return (received @ weight.t()).sin().sum()
+
+    grads().backward()
+    expected = (weight.grad.clone(), received.grad.clone())
+    before = counters(stash)
+    with stash.offload(min_bytes=0):
+        loss = grads()
+    middle = counters(stash)
+    stash.synchronize()
+    loss.backward()
+    d = delta(before, middle)
+    assert torch.equal(weight.grad, expected[0]) and torch.equal(received.grad, expected[1])
+    assert d["kept_parameter"] == 1, d  # weight.t(): a view of the parameter
+    # received (saved by the matmul) and the matmul's output (saved by sin) went.
+    assert d["tensors_offloaded"] == 2, d
+    assert d["bytes_offloaded"] == 2 * 64 * 128 * 4, d

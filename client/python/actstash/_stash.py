@@ -152,10 +152,11 @@ def _storage_ref(t):
 
 
 def _aliases_parameter(t):
-    """A parameter (saved by reference anyway), or a view of one (e.g. weight.t())."""
-    base = t._base
-    return (t.requires_grad and t.is_leaf) or (base is not None and base.requires_grad and
-                                               base.is_leaf)
+    """A parameter (its module holds it anyway), or a view of one (e.g. weight.t(), or
+    FSDP's views of its flat parameter). A leaf that requires grad but is no
+    nn.Parameter is an activation: a pipeline stage's received input, a trainer's
+    input; it is offloaded like any other."""
+    return isinstance(t, torch.nn.Parameter) or isinstance(t._base, torch.nn.Parameter)
 
 
 def _is_dense(t):
