@@ -152,10 +152,9 @@ def _storage_ref(t):
 
 
 def _aliases_parameter(t):
-    """A parameter (its module holds it anyway), or a view of one (e.g. weight.t(), or
-    FSDP's views of its flat parameter). A leaf that requires grad but is no
-    nn.Parameter is an activation: a pipeline stage's received input, a trainer's
-    input; it is offloaded like any other."""
+    """A parameter (its module holds it anyway), or a view of one (e.g. weight.t()).
+    A leaf that requires grad but is no nn.Parameter is an activation (a pipeline
+    stage's received input, a trainer's input): it is offloaded like any other."""
     return isinstance(t, torch.nn.Parameter) or isinstance(t._base, torch.nn.Parameter)
 
 
