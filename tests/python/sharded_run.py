@@ -1,13 +1,14 @@
 """One rank of test_sharded.py: FSDP2 (fully_shard), FSDP (FullyShardedDataParallel)
-or a 2-stage GPipe pipeline (torch.distributed.pipelining) on CPU with gloo, every
+or a pipeline (torch.distributed.pipelining) on CPU with gloo, every
 rank a session of the same actstashd, 3 AdamW steps. Writes the rank's full
 parameters and the stash's counters to OUT/rank{RANK}.pt.
 
     sharded_run.py STRATEGY MODE WHEN OUT     (RANK, WORLD_SIZE, MASTER_ADDR,
                                                MASTER_PORT, ACTSTASH_ADDRESS set)
 
-STRATEGY: fsdp2, fsdp or pipeline. MODE: none (the reference), offload, checkpoint,
-checkpoint+offload. WHEN: before or after (wrap before or after sharding).
+STRATEGY: fsdp2, fsdp, pipeline (GPipe) or zerobubble (interleaved, backward split).
+MODE: none (the reference), offload, checkpoint, checkpoint+offload. WHEN: before or
+after (wrap before or after sharding; pipelines wrap each stage).
 """
 import datetime
 import os
@@ -95,22 +96,48 @@ class Embed(nn.Module):
         return x
 
 
-def pipelined(mode, rank, stash):
-    from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
+class Middle(nn.Module):
+    """An inner stage: blocks only."""
+
+    def __init__(self, blocks):
+        super().__init__()
+        self.blocks = blocks
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+
+def pipelined(strategy, mode, rank, stash):
+    """pipeline: 2 stages (one per rank), GPipe. zerobubble: 4 stages (rank r holds
+    r and r + 2), ScheduleInterleavedZeroBubble, whose backward runs per stage in
+    two passes, for the input's gradient first and the weights' later."""
+    from torch.distributed import pipelining
     torch.manual_seed(0)
     model = GPT(vocab=VOCAB, dim=DIM, heads=4, layers=LAYERS, context=CONTEXT, dropout=0.0)
-    half = LAYERS // 2
-    part = (Embed(model, model.blocks[:half]) if rank == 0 else
-            Head(model, model.blocks[half:]))
-    wrap(stash, part, part.blocks, mode)
-    stage = PipelineStage(part, rank, 2, torch.device("cpu"))
+    count = 2 if strategy == "pipeline" else 4
+    per = LAYERS // count
+    parts, stages = [], []
+    for index in range(rank, count, 2):
+        blocks = model.blocks[index * per:(index + 1) * per]
+        part = (Embed(model, blocks) if index == 0 else
+                Head(model, blocks) if index == count - 1 else Middle(blocks))
+        wrap(stash, part, part.blocks, mode)
+        parts.append(part)
+        stages.append(pipelining.PipelineStage(part, index, count, torch.device("cpu")))
 
     def loss(logits, target):
         return nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
                                            target.reshape(-1))
 
-    schedule = ScheduleGPipe(stage, n_microbatches=MICRO, loss_fn=loss)
-    optimizer = torch.optim.AdamW(part.parameters(), lr=1e-2)
+    if strategy == "pipeline":
+        schedule = pipelining.ScheduleGPipe(stages[0], n_microbatches=MICRO, loss_fn=loss)
+    else:
+        schedule = pipelining.ScheduleInterleavedZeroBubble(stages, n_microbatches=MICRO,
+                                                            loss_fn=loss)
+    params = [p for part in parts for p in part.parameters()]
+    optimizer = torch.optim.AdamW(params, lr=1e-2)
     for step in range(STEPS):
         optimizer.zero_grad(set_to_none=True)
         idx = batch(0, step)  # one batch for the whole pipeline
@@ -118,7 +145,7 @@ def pipelined(mode, rank, stash):
             schedule.step(idx[:, :-1])
         else:
             schedule.step(target=idx[:, 1:])
-    return [p.detach().clone() for p in part.parameters()]
+    return [p.detach().clone() for p in params]
 
 
 def main():
@@ -132,8 +159,8 @@ def main():
     if mode != "none":
         import actstash
         stash = actstash.connect(os.environ["ACTSTASH_ADDRESS"])
-    if strategy == "pipeline":
-        params = pipelined(mode, rank, stash)
+    if strategy in ("pipeline", "zerobubble"):
+        params = pipelined(strategy, mode, rank, stash)
     else:
         params = sharded(strategy, mode, when, rank, stash)
     stats = {}

@@ -67,7 +67,7 @@ def assert_same_params(reference, got):
 @pytest.fixture(scope="module")
 def references(daemon, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("sharded-ref")
-    return {s: run(daemon, tmp, s, "none") for s in ("fsdp2", "fsdp", "pipeline")}
+    return {s: run(daemon, tmp, s, "none") for s in ("fsdp2", "fsdp", "pipeline", "zerobubble")}
 
 
 @pytest.mark.parametrize("strategy,mode,when", [
@@ -107,3 +107,19 @@ def test_pipeline_stage_offloads_its_received_activation(daemon, tmp_path, refer
         assert stats[r]["bytes_fetched"] >= every_input * block_input, stats
         assert stats[r]["bytes_fetched"] <= stats[r]["bytes_offloaded"], stats
         assert stats[r]["live_bytes"] == 0, stats
+
+
+@pytest.mark.parametrize("mode", ["offload", "checkpoint", "checkpoint+offload"])
+def test_zero_bubble_pipeline_with_split_backward(daemon, tmp_path, references, mode):
+    """4 stages, 2 per rank, ScheduleInterleavedZeroBubble: each stage's backward runs
+    in two passes (input gradient, then weight gradients later), reading what the
+    stage saved twice."""
+    got = run(daemon, tmp_path, "zerobubble", mode)
+    assert_same_params(references["zerobubble"], got)
+    for r in range(2):
+        stats = got[r]["stats"]
+        if mode == "checkpoint":
+            assert stats["bytes_offloaded"] == 0, (r, stats)
+        else:
+            assert stats["bytes_fetched"] > 0, (r, stats)
+        assert stats["live_bytes"] == 0, (r, stats)
