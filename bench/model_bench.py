@@ -40,16 +40,20 @@ step still in flight, such as releases, may finish there).
 Every step's gradients are hashed (SHA-256 of all parameters' gradient bytes,
 outside the timing) and compared with plain autograd's of the same step: the
 actstash variant must be bitwise equal (the benchmark exits 1 otherwise); the
-others are reported. "offloaded MiB/step" and "tensors/step" come from the
-stash's counters (bytes_offloaded, tensors_offloaded) over each timed step;
-after each actstash run the benchmark checks that nothing stays live in the
-daemon (live_bytes 0) once the graph is freed.
+others are reported. "faults/step" is the trainer's minor page faults in a
+timed step (getrusage; first touches of memory the allocator took from the
+system), a cost of its own that a variant changes by what it frees and when.
+"offloaded MiB/step" and "tensors/step" come from the stash's counters
+(bytes_offloaded, tensors_offloaded) over each timed step; after each actstash
+run the benchmark checks that nothing stays live in the daemon (live_bytes 0)
+once the graph is freed.
 """
 import argparse
 import copy
 import gc
 import hashlib
 import os
+import resource
 import sys
 import time
 
@@ -153,11 +157,14 @@ class Runner:
             self.context = lambda: torch.autograd.graph.save_on_cpu(pin_memory=False)
         self.digests = {}         # step index -> gradient digest
         self.offloaded = []       # per timed step: (bytes, tensors)
+        self.faults = []          # per timed step: the trainer's minor page faults
+        self.last_faults = 0
 
     def step(self, batch):
         """One training step; returns its time in seconds."""
         torch = self.torch
         torch.manual_seed(100 + self.step_index)
+        faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         start = time.perf_counter()
         self.optimizer.zero_grad(set_to_none=True)
         if self.context is not None:
@@ -168,6 +175,7 @@ class Runner:
         loss.backward()
         self.optimizer.step()
         elapsed = time.perf_counter() - start
+        self.last_faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
         del loss
         return elapsed
 
@@ -192,6 +200,7 @@ class Runner:
             self.step_index += 1
             if i >= warmup:
                 times.append(t)
+                self.faults.append(self.last_faults)
         if self.stash is not None:
             gc.collect()
             self.stash.synchronize()
@@ -230,6 +239,7 @@ def bench_model(torch, spec, stash, args, checks):
             "round_step_ms": [round(m[v] * 1e3, 3) for m in per_round],
             "grads_equal": equal,
             "steps_compared": len(compared),
+            "minor_faults_per_step": median(r.faults),
         }
         if r.offloaded:
             per_step = {k: [c[k] for c in r.offloaded] for k in STEP_COUNTERS}
@@ -259,14 +269,16 @@ def print_report(result):
         print()
         print(m["describe"])
         print(f"  {'variant':<13}{'step ms':>9}{'x plain':>9}{'grads equal':>13}"
-              f"{'offloaded MiB/step':>20}{'tensors/step':>14}   per-round ms")
+              f"{'offloaded MiB/step':>20}{'tensors/step':>14}{'faults/step':>13}"
+              "   per-round ms")
         for r in m["variants"]:
             off = (f"{r['offloaded_bytes_per_step'] / 2**20:>20.1f}"
                    f"{r['offloaded_tensors_per_step']:>14.0f}"
                    if "offloaded_bytes_per_step" in r else f"{'-':>20}{'-':>14}")
             rounds = " ".join(f"{t:.1f}" for t in r["round_step_ms"])
             print(f"  {r['variant']:<13}{r['step_ms']:>9.1f}{r['x_plain']:>9.2f}"
-                  f"{str(r['grads_equal']):>13}{off}   {rounds}")
+                  f"{str(r['grads_equal']):>13}{off}{r['minor_faults_per_step']:>13.0f}"
+                  f"   {rounds}")
         for r in m["variants"]:
             c = r.get("timed_steps_counters")
             if c:
