@@ -131,3 +131,34 @@ def test_transformers_gradient_checkpointing_through_actstash(stash, arch):
     model.gradient_checkpointing_disable()
     _, (offloaded, _) = moved(stash, lambda: step(model, 3))
     assert offloaded == 0
+
+
+def test_trainer_route(stash, tmp_path):
+    """transformers' Trainer (over accelerate), 3 steps, with the model prepared by
+    use_for_gradient_checkpointing and Trainer's own gradient_checkpointing left off:
+    the same parameters as a Trainer run with gradient_checkpointing=True, and the
+    layers' inputs went to the daemon and came back."""
+    ids = torch.randint(0, VOCAB, (8, SEQ), generator=torch.Generator().manual_seed(3))
+
+    class Data(torch.utils.data.Dataset):
+        def __len__(self):
+            return len(ids)
+
+        def __getitem__(self, i):
+            return {"input_ids": ids[i], "labels": ids[i]}
+
+    def train(model, name, **kw):
+        args = transformers.TrainingArguments(
+            output_dir=str(tmp_path / name), max_steps=3, per_device_train_batch_size=2,
+            learning_rate=1e-3, use_cpu=True, report_to=[], save_strategy="no",
+            logging_strategy="no", seed=0, dataloader_num_workers=0, **kw)
+        transformers.Trainer(model=model, args=args, train_dataset=Data()).train()
+        return [p.detach().clone() for p in model.parameters()]
+
+    expected = train(tiny("llama"), "reference", gradient_checkpointing=True,
+                     gradient_checkpointing_kwargs={"use_reentrant": False})
+    model = actstash.use_for_gradient_checkpointing(tiny("llama"), stash, min_bytes=0)
+    got, (offloaded, fetched) = moved(stash, lambda: train(model, "actstash"))
+    assert_bitwise(expected, got)
+    hidden = 2 * SEQ * 64 * 4
+    assert offloaded >= 3 * len(layers(model)) * hidden and fetched == offloaded
