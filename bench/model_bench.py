@@ -319,8 +319,9 @@ def main():
     parser.add_argument("--models", default="gpt,encoder", help="gpt,encoder (default both)")
     parser.add_argument("--compile", action="store_true",
                         help="torch.compile each layer (after wrapping; torch >= 2.1, a C++ "
-                        "compiler): compiled checkpoint variants are compared with compiled "
-                        "plain, which they are not bitwise equal to under inductor")
+                        "compiler); the wrap checkpoint variants are then compared with the "
+                        "checkpoint variant (torch's, compiled): under inductor neither is "
+                        "bitwise equal to compiled plain")
     parser.add_argument("--variants", default=",".join(DEFAULT_VARIANTS),
                         help=f"comma-separated, of {','.join(VARIANTS)} (default: "
                         f"{','.join(DEFAULT_VARIANTS)})")

@@ -48,6 +48,7 @@ chroot_rootfs() {
   fi
   echo "chroot: debootstrap --variant=minbase $suite, then: $packages"
   local partial=$dir/rootfs.partial
+  chroot_check_unmounted "$dir" || return 1
   rm -rf "$CHROOT_ROOTFS" "$partial"
   mkdir -p "$dir"
   debootstrap --variant=minbase "$suite" "$partial" http://deb.debian.org/debian
@@ -68,7 +69,9 @@ chroot_rootfs() {
 
 chroot_enter() {
   local lower=$1
-  CHROOT_SCRATCH=$2
+  mkdir -p "$2"
+  # Physical: cleanup finds the processes inside by /proc/PID/root, which is.
+  CHROOT_SCRATCH=$(cd "$2" && pwd -P)
   CHROOT_ROOT=$CHROOT_SCRATCH/root
   mkdir -p "$CHROOT_SCRATCH/upper" "$CHROOT_SCRATCH/ovl-work" "$CHROOT_ROOT"
   chroot_mount "$CHROOT_ROOT" -t overlay overlay \

@@ -313,3 +313,33 @@ def test_a_leaf_activation_is_offloaded_a_parameter_kept(stash):
     # received (saved by the matmul) and the matmul's output (saved by sin) went.
     assert d["tensors_offloaded"] == 2, d
     assert d["bytes_offloaded"] == 2 * 64 * 128 * 4, d
+
+
+def test_default_blocks_are_the_outermost_repeated_layers(stash):
+    """wrap() without blocks= takes the layers, not a longer list of experts nested
+    inside each layer (a mixture-of-experts model)."""
+    import actstash
+
+    class Layer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.experts = nn.ModuleList([nn.Linear(8, 8) for _ in range(6)])
+
+        def forward(self, x):
+            return sum(e(x) for e in self.experts)
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = nn.ModuleList([Layer() for _ in range(3)])
+
+        def forward(self, x):
+            for layer in self.layers:
+                x = layer(x)
+            return x
+
+    model = Model()
+    actstash.wrap(model, stash, mode="offload")
+    wrapped = [m for m in model.modules() if getattr(m, "_actstash_forward", None)]
+    assert wrapped == list(model.layers)
+    actstash.unwrap(model)

@@ -15,6 +15,7 @@ pushes are marked as checkpoint-internal the way torch marks its own, so SAC
 never routes a cached tensor into them.
 """
 import contextlib
+import inspect
 import sys
 import weakref
 
@@ -43,10 +44,25 @@ class _StopRecomputation(Exception):
     (early_stop): the rest of the function need not run."""
 
 
+def _torch_checkpoint_takes(keyword):
+    try:
+        return keyword in inspect.signature(torch.utils.checkpoint.checkpoint).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+# torch >= 2.9 takes early_stop= (and its set_checkpoint_early_stop global is None
+# unless set); 2.0-2.8 have only the global, True by default.
+_TORCH_EARLY_STOP_KEYWORD = _torch_checkpoint_takes("early_stop")
+
+
 def _early_stop(requested):
-    """torch's set_checkpoint_early_stop context overrides the keyword, as in torch."""
+    """torch's set_checkpoint_early_stop context overrides the keyword, as in torch; on
+    a torch without the keyword only its False (the global's default is True) does."""
     forced = getattr(torch.utils.checkpoint, "_enable_checkpoint_early_stop", None)
-    return requested if forced is None else forced
+    if forced is None or (forced and not _TORCH_EARLY_STOP_KEYWORD):
+        return requested
+    return forced
 
 
 def _user_hooks_outside():
@@ -94,11 +110,12 @@ def _traced_checkpoint(function, args, kwargs, stash, min_bytes, context_fn, det
     backward, outside the compiled graph, and would save another set of tensors."""
     scope = stash.offload(min_bytes=min_bytes) if stash is not None else contextlib.nullcontext()
     extra = {} if context_fn is None else {"context_fn": context_fn}
+    if _TORCH_EARLY_STOP_KEYWORD:  # else it would reach the function
+        extra["early_stop"] = early_stop
     with scope:
         return torch.utils.checkpoint.checkpoint(
             function, *args, use_reentrant=False, determinism_check=determinism_check,
-            debug=debug, preserve_rng_state=preserve_rng_state, early_stop=early_stop,
-            **extra, **kwargs)
+            debug=debug, preserve_rng_state=preserve_rng_state, **extra, **kwargs)
 
 
 def checkpoint(function, *args, use_reentrant=None, context_fn=None,
@@ -219,10 +236,12 @@ def checkpoint(function, *args, use_reentrant=None, context_fn=None,
                             torch.autocast("cpu", **cpu_autocast), \
                             _internal_hooks(inner_pack, inner_unpack, None):
                         function(*recompute_args, **recompute_kwargs)
-                except Exception:
-                    # torch 1.13 re-raises a hook's exception as a RuntimeError: the
-                    # flag, not the type, says it was the early stop.
-                    if not stopped[0]:
+                except _StopRecomputation:
+                    pass
+                except RuntimeError as error:
+                    # torch 1.13 re-raises a hook's exception as a RuntimeError naming
+                    # its type; anything else (a context's exit failing) goes on.
+                    if not (stopped[0] and "_StopRecomputation" in str(error)):
                         raise
         if holder not in storage:
             raise RuntimeError(
@@ -233,7 +252,9 @@ def checkpoint(function, *args, use_reentrant=None, context_fn=None,
     # What SAC caches goes where a saved tensor here would go without this
     # checkpoint: to the stash when there is one, else to the hooks around it.
     if stash is not None:
-        user_hooks = (lambda x: stash._pack(x, min_bytes), stash._unpack)
+        # Stored synchronously (as the boundary): SAC caches an alias of the op's
+        # output, which the function may change in place after it was cached.
+        user_hooks = (lambda x: stash._pack(x, min_bytes, boundary=True), stash._unpack)
     else:
         user_hooks = _user_hooks_outside()
     with _internal_hooks(pack, unpack, user_hooks), forward_context:

@@ -1,5 +1,6 @@
 """actstash.wrap: apply offload and/or checkpointing to chosen submodules."""
 import functools
+import inspect
 
 import torch
 
@@ -23,9 +24,13 @@ def _select(model, blocks):
 
 
 def _repeated_blocks(model):
-    """The children of the model's largest ModuleList (most children, then most
-    parameters): the repeated blocks of a transformer."""
+    """The children of the model's largest outermost ModuleList (most children, then
+    most parameters): the repeated blocks of a transformer. Lists inside another
+    list's blocks (a mixture-of-experts layer's experts) are not candidates, however
+    long."""
     lists = [m for m in model.modules() if isinstance(m, torch.nn.ModuleList) and len(m)]
+    inner = {id(sub) for outer in lists for block in outer for sub in block.modules()}
+    lists = [m for m in lists if id(m) not in inner]
     if not lists:
         raise ValueError("wrap: the model has no ModuleList to take blocks from; say which "
                          "blocks, e.g. blocks=MyBlock or blocks=model.layers")
@@ -49,8 +54,8 @@ def wrap(model, stash, blocks=None, mode="checkpoint+offload", min_bytes=64 << 1
     after. budget: bytes, a size like "6GiB", or a fraction of the GPU's free memory
     (CUDA) or of memory_limit (CPU; default: the node's available memory). It bounds
     the memory a step adds from the first block's forward to the end of backward
-    (saved activations and the transients of forward and backward). blocks=None
-    stash.plan() shows the plan; actstash.BudgetError is raised from forward when no plan fits."""
+    (saved activations and the transients of forward and backward). stash.plan()
+    shows the plan; actstash.BudgetError is raised from forward when no plan fits."""
     if policy not in _POLICIES:
         raise ValueError(f"policy must be one of {_POLICIES}")
     if policy == "auto":
@@ -123,6 +128,11 @@ def use_for_gradient_checkpointing(model, stash=None, min_bytes=64 << 10, **chec
                          "actstash.wrap(model, stash, mode='checkpoint+offload')")
     if any(getattr(m, "_actstash_forward", None) is not None for m in model.modules()):
         raise ValueError("the model has blocks wrapped by actstash.wrap; unwrap(model) first")
+    if "gradient_checkpointing_func" not in inspect.signature(
+            model._set_gradient_checkpointing).parameters:
+        raise ValueError(f"{type(model).__name__} uses transformers' old gradient checkpointing "
+                         "interface (before 4.35); use actstash.wrap(model, stash, "
+                         "mode='checkpoint+offload')")
     # transformers' own set-up first (e.g. inputs that require grad for adapters),
     # then its layers get actstash's checkpoint.
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
