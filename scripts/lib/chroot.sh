@@ -25,6 +25,7 @@ CHROOT_MOUNTS=()
 CHROOT_ROOT=""
 CHROOT_ROOTFS=""
 CHROOT_SCRATCH=""
+CHROOT_PARTIAL=""  # a root filesystem being made
 
 chroot_mount() {  # chroot_mount TARGET MOUNT-ARGS...: mount and remember
   local target=$1
@@ -49,6 +50,7 @@ chroot_rootfs() {
   echo "chroot: debootstrap --variant=minbase $suite, then: $packages"
   local partial=$dir/rootfs.partial
   chroot_check_unmounted "$dir" || return 1
+  CHROOT_PARTIAL=$(realpath -m "$partial")
   rm -rf "$CHROOT_ROOTFS" "$partial"
   mkdir -p "$dir"
   debootstrap --variant=minbase "$suite" "$partial" http://deb.debian.org/debian
@@ -65,6 +67,7 @@ chroot_rootfs() {
   unset 'CHROOT_MOUNTS[-1]' 'CHROOT_MOUNTS[-1]'
   echo "$packages" > "$partial/$marker"
   mv "$partial" "$CHROOT_ROOTFS"
+  CHROOT_PARTIAL=""
 }
 
 chroot_enter() {
@@ -96,12 +99,13 @@ chroot_bind() {
 
 chroot_cleanup() {
   set +e
-  local pid i
-  if [ -n "$CHROOT_ROOT" ]; then
+  local pid i root
+  for root in "$CHROOT_ROOT" "$CHROOT_PARTIAL"; do
+    [ -n "$root" ] || continue
     for pid in /proc/[0-9]*; do
-      [ "$(readlink "$pid/root" 2>/dev/null)" = "$CHROOT_ROOT" ] && kill -KILL "${pid#/proc/}" 2>/dev/null
+      [ "$(readlink "$pid/root" 2>/dev/null)" = "$root" ] && kill -KILL "${pid#/proc/}" 2>/dev/null
     done
-  fi
+  done
   for ((i = ${#CHROOT_MOUNTS[@]} - 1; i >= 0; i--)); do
     umount "${CHROOT_MOUNTS[$i]}" 2>/dev/null || umount -l "${CHROOT_MOUNTS[$i]}"
   done
