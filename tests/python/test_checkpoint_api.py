@@ -13,6 +13,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint as torch_checkpoint
 
 import actstash
+from actstash_testing.training import assert_bitwise
 
 torch.set_num_threads(1)
 
@@ -31,12 +32,6 @@ def delta(before, after):
 
 def nbytes(*tensors):
     return sum(t.numel() * t.element_size() for t in tensors)
-
-
-def assert_bitwise(expected, actual):
-    assert len(expected) == len(actual)
-    for i, (a, b) in enumerate(zip(expected, actual)):
-        assert torch.equal(a, b), f"gradient {i} differs (max |diff| {(a - b).abs().max()})"
 
 
 class KwBlock(nn.Module):

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import actstash
+from actstash_testing.training import assert_bitwise
 from gpt import GPT, loss_fn
 
 dynamo = pytest.importorskip("torch._dynamo")
@@ -56,12 +57,6 @@ def compiled_blocks(model):
         block.compile()
     grads(model)
     return grads(model), sum(counters["graph_break"].values())
-
-
-def assert_bitwise(expected, actual):
-    assert len(expected) == len(actual)
-    for i, (a, b) in enumerate(zip(expected, actual)):
-        assert torch.equal(a, b), f"gradient {i} differs (max |diff| {(a - b).abs().max()})"
 
 
 @pytest.fixture(scope="module")

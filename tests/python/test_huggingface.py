@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import actstash
+from actstash_testing.training import assert_bitwise
 
 transformers = pytest.importorskip("transformers")
 torch.set_num_threads(1)
@@ -54,12 +55,6 @@ def step(model, seed):
     torch.manual_seed(seed)
     model(input_ids=ids, labels=ids).loss.backward()
     return [p.grad.clone() for p in model.parameters()]
-
-
-def assert_bitwise(expected, actual):
-    assert len(expected) == len(actual)
-    for i, (a, b) in enumerate(zip(expected, actual)):
-        assert torch.equal(a, b), f"gradient {i} differs (max |diff| {(a - b).abs().max()})"
 
 
 @pytest.fixture(scope="module")

@@ -14,6 +14,7 @@ from torch import nn
 from torch.utils import checkpoint as torch_cp
 
 import actstash
+from actstash_testing.training import assert_bitwise
 
 torch.set_num_threads(1)
 
@@ -77,12 +78,6 @@ def run(call, stash=None):
 
     return grads, (delta(before, middle) if stash else None), (delta(middle, after)
                                                                if stash else None)
-
-
-def assert_bitwise(expected, actual):
-    assert len(expected) == len(actual)
-    for i, (a, b) in enumerate(zip(expected, actual)):
-        assert torch.equal(a, b), f"gradient {i} differs (max |diff| {(a - b).abs().max()})"
 
 
 @pytest.fixture

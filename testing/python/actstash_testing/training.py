@@ -14,6 +14,14 @@ def bitwise_equal(a, b):
     return all(torch.equal(x, y) for x, y in zip(a, b))
 
 
+def assert_bitwise(expected, actual):
+    """Asserts two lists of tensors equal bit for bit, naming the first that is not."""
+    import torch
+    assert len(expected) == len(actual), (len(expected), len(actual))
+    for i, (a, b) in enumerate(zip(expected, actual)):
+        assert torch.equal(a, b), f"gradient {i} differs (max |diff| {(a - b).abs().max()})"
+
+
 def spill_gpt(GPT, layers=6):
     """examples/gpt.py's GPT (the class is passed in: examples/ is not a layer
     below this one) at the size whose activations, batch 8 x 256 tokens, are
