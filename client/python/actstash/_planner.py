@@ -10,7 +10,11 @@ The model of one training step (all times in seconds, memory in bytes):
   to one copy queue at the measured store throughput: a store starts when its
   block's forward ends and the queue is free, so it costs nothing while it hides
   behind the compute of the blocks after it, and its source stays in memory
-  until it is copied.
+  until it is copied. For memory (a budget is a promise) the copy counts as
+  slower than probed, by `Machine.store_slowdown`: on a loaded machine the
+  probed throughput of one model varies 2-4x between profiles, and a store
+  predicted to end just before the next boundary must not make the predicted
+  peak jump between two levels from one profile to the next.
 * Between the last block's forward and its backward: the tail (head, loss, and
   their backward), measured.
 * Backward runs the blocks in reverse. A block's backward cannot start before its
@@ -104,6 +108,8 @@ class Machine:
     offload_allowed: bool = True      # False without a stash: keep and checkpoint only
     fetched_in_place: bool = False    # backward reads offloaded tensors in place (CPU views
     #                                   of the daemon's memory): they add nothing in-process
+    store_slowdown: float = 2.0       # for memory only: copies take this much longer than
+    #                                   store_bps says before their sources count as freed
 
 
 @dataclasses.dataclass
@@ -122,8 +128,9 @@ def simulate(costs, machine, plan):
     n = len(costs)
     t = 0.0
     copy_free = 0.0
+    slow_copy_free = 0.0  # the same queue at store_bps / store_slowdown: for memory
     store_done = [0.0] * n
-    in_flight = []  # (copy done at, source bytes)
+    in_flight = []  # (source freed at, with the slow queue; source bytes)
     held_prefix = [0] * (n + 1)
     held = [c.held(choice) for c, choice in zip(costs, plan)]
     stored = 0
@@ -139,7 +146,9 @@ def simulate(costs, machine, plan):
             begin = max(copy_free, t)
             copy_free = begin + nbytes / machine.store_bps
             store_done[j] = copy_free
-            in_flight.append((copy_free, nbytes))
+            slow_copy_free = max(slow_copy_free, t) + (
+                nbytes * machine.store_slowdown / machine.store_bps)
+            in_flight.append((slow_copy_free, nbytes))
             stored += nbytes
         fwd[j] = t - start
         held_prefix[j + 1] = held_prefix[j] + held[j]
