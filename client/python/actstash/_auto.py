@@ -14,7 +14,9 @@ the first block's tensor inputs):
 3. Verify: the first step under a new plan is measured the same way. If it
    reached more memory than the budget, the plan is solved again for a budget
    smaller by what the model missed (the measured peak less the predicted one;
-   twice at most); otherwise the plan stays.
+   twice at most), but never below the smallest reachable peak: the plan of
+   that peak is tried (and measured) before anything is refused, and when it is
+   the plan that missed, it stays, with a warning; otherwise the plan stays.
 
 Memory is what the step holds above what the trainer holds when the first block
 starts: on CUDA the caching allocator's allocated bytes (its peak per phase), on
@@ -299,21 +301,32 @@ class AutoPlanner:
                           "choices": list(step.choices)}
         entry.verify = False
         target = _target(entry.budget, step.device)
-        if peak > target and entry.corrections < _MAX_CORRECTIONS:
-            # The model missed this much here: ask the next plan to leave that room.
+        smallest = entry.plan.smallest_peak
+        at_smallest = entry.plan.prediction.peak_bytes <= smallest
+        if peak > target and entry.corrections < _MAX_CORRECTIONS and not at_smallest:
+            # The model missed this much here: ask the next plan to leave that room, but
+            # never aim below the smallest reachable peak before that plan was measured
+            # (one step's miss must not refuse a budget that a plan may still meet).
             entry.corrections += 1
             entry.error_bytes = max(entry.error_bytes, peak - entry.plan.prediction.peak_bytes,
                                     peak - target)
-            entry.effective_budget = target - entry.error_bytes
+            entry.effective_budget = max(target - entry.error_bytes, smallest)
             log.info("actstash: the plan reached %s, over the budget of %s (%s with headroom), "
-                     "%s more than predicted: solving for %s", _planner.format_bytes(peak),
+                     "%s more than predicted: solving for %s%s", _planner.format_bytes(peak),
                      _planner.format_bytes(entry.budget), _planner.format_bytes(target),
                      _planner.format_bytes(peak - entry.plan.prediction.peak_bytes),
-                     _planner.format_bytes(entry.effective_budget))
+                     _planner.format_bytes(entry.effective_budget),
+                     " (the smallest reachable peak)" if entry.effective_budget == smallest
+                     else "")
             try:
                 self._solve(entry, "corrected")
             except BudgetError:
                 pass  # raised at the next step
+        elif peak > target and at_smallest:
+            log.warning("actstash: the plan of the smallest predicted peak (%s) reached %s, over "
+                        "the budget of %s (%s with headroom): no plan is predicted to hold less; "
+                        "it stays", _planner.format_bytes(smallest), _planner.format_bytes(peak),
+                        _planner.format_bytes(entry.budget), _planner.format_bytes(target))
         elif peak > entry.budget:
             log.warning("actstash: the plan reached %s, over the budget of %s, after %d "
                         "corrections", _planner.format_bytes(peak),
