@@ -317,7 +317,8 @@ struct Client::Impl final : public client_internal::LeaseBackend {
     attach = *std::move(channel);
     local = std::make_unique<client_internal::LocalStore>(
         this, segment_bytes, options.lease_batch, registrar.get(),
-        options.pin_leases == PinPolicy::kOn, options.restore_ahead, options.pool_wait);
+        options.pin_leases == PinPolicy::kOn, options.restore_ahead, options.pool_wait,
+        options.lease_retain);
     attach_status = absl::OkStatus();
     StartReporter();
     return attach_status;

@@ -67,7 +67,7 @@ absl::Status LeaseBackend::GoneError(absl::string_view what, absl::string_view c
 
 LocalStore::LocalStore(LeaseBackend* backend, uint64_t segment_bytes, uint32_t lease_batch,
                        PinnedRegistrar* registrar, bool require_pinned, uint32_t restore_ahead,
-                       std::chrono::milliseconds pool_wait)
+                       std::chrono::milliseconds pool_wait, std::chrono::milliseconds retain)
     : backend_(*backend),
       segment_bytes_(segment_bytes),
       lease_batch_(std::max<uint32_t>(1, lease_batch)),
@@ -75,7 +75,8 @@ LocalStore::LocalStore(LeaseBackend* backend, uint64_t segment_bytes, uint32_t l
       require_pinned_(require_pinned),
       importer_(nullptr),
       restore_ahead_(restore_ahead),
-      pool_wait_(pool_wait) {}
+      pool_wait_(pool_wait),
+      retain_(registrar != nullptr ? retain : std::chrono::milliseconds(0)) {}
 
 LocalStore::LocalStore(LeaseBackend* backend, uint64_t segment_bytes, uint32_t lease_batch,
                        DeviceImporter* importer)
@@ -86,14 +87,18 @@ LocalStore::LocalStore(LeaseBackend* backend, uint64_t segment_bytes, uint32_t l
       require_pinned_(false),
       importer_(importer),
       restore_ahead_(0),
-      pool_wait_(0) {}
+      pool_wait_(0),
+      retain_(0) {}
 
 LocalStore::~LocalStore() {
+  std::thread sweeper;
   {
     absl::MutexLock lock(&mu_);
     stopping_ = true;
+    sweeper = std::move(sweeper_);
   }
   if (restorer_.joinable()) restorer_.join();
+  if (sweeper.joinable()) sweeper.join();
   absl::MutexLock lock(&mu_);
   for (const std::unique_ptr<Arena>& arena : arenas_) UnmapArena(*arena);
 }
@@ -294,14 +299,16 @@ absl::StatusOr<Placed> LocalStore::Place(size_t nbytes, bool written) {
     if (segments > UINT32_MAX) return absl::ResourceExhaustedError("Store: buffer too large");
     const uint64_t want = segments * segment_bytes_;
     absl::MutexLock lease_lock(&lease_mu_);
-    GiveBackEmpty([want](const Arena& a) { return !a.dedicated || a.bytes == want; });
+    const auto now = std::chrono::steady_clock::now();
+    GiveBackEmpty([this, want, now](const Arena& a) {
+      return !a.dedicated || a.bytes == want || Retained(a, now);
+    });
     while (ticket == 0) {
       Arena* arena = nullptr;
       std::vector<std::unique_ptr<Arena>> granted;
       {
         absl::MutexLock lock(&mu_);
-        arena = SpareDedicated();
-        if (arena == nullptr || arena->bytes != want) arena = nullptr;
+        arena = SpareDedicated(want);
       }
       if (arena == nullptr) {
         absl::StatusOr<std::vector<std::unique_ptr<Arena>>> arenas =
@@ -405,9 +412,9 @@ bool LocalStore::Empty(const Arena& arena) {
   return block.state == Block::State::kResident && block.allocator.empty() && block.pins == 0;
 }
 
-LocalStore::Arena* LocalStore::SpareDedicated() {
+LocalStore::Arena* LocalStore::SpareDedicated(uint64_t bytes) {
   for (const std::unique_ptr<Arena>& arena : arenas_) {
-    if (arena->dedicated && Empty(*arena)) return arena.get();
+    if (arena->dedicated && arena->bytes == bytes && Empty(*arena)) return arena.get();
   }
   return nullptr;
 }
@@ -500,12 +507,18 @@ absl::Status LocalStore::Release(uint64_t ticket) {
       case Block::State::kSpilling:
       case Block::State::kRestoring:
         break;  // the spill or read-back in flight sees it empty when done
-      case Block::State::kResident:
+      case Block::State::kResident: {
         if (block->pins > 0) break;
-        if (block->dedicated) {
-          // This one becomes the spare; an older spare goes back.
+        const auto now = std::chrono::steady_clock::now();
+        block->arena->emptied = now;
+        if (Retained(*block->arena, now)) {
+          StartSweeper();  // kept for the next step; the sweeper gives it back later
+        } else if (block->dedicated) {
+          // This one becomes the spare; an older spare goes back (unless
+          // retention keeps it).
           for (const std::unique_ptr<Arena>& arena : arenas_) {
-            if (arena.get() != block->arena && arena->dedicated && Empty(*arena)) {
+            if (arena.get() != block->arena && arena->dedicated && Empty(*arena) &&
+                !Retained(*arena, now)) {
               give_back = Detach(arena.get());
               break;
             }
@@ -518,6 +531,7 @@ absl::Status LocalStore::Release(uint64_t ticket) {
           if (empty_shared > lease_batch_) give_back = Detach(block->arena);
         }
         break;
+      }
     }
   }
   if (give_back != nullptr) GiveBack(std::move(give_back));

@@ -116,10 +116,18 @@ class LocalStore {
   // used unpinned and the first error is kept (pin_status).
   // `pool_wait`: how long a Store may wait for pool memory that other
   // sessions hold when this one has nothing left to spill (spill tier only).
+  // `retain`: an emptied lease that is registered stays (mapped, registered)
+  // this long beyond the usual (`lease_batch` empty segments and one spare
+  // dedicated lease), for the next buffers: the next training step needs
+  // the same leases, and registering them again would run on its storing
+  // thread. A sweeper thread (started when the first lease is retained)
+  // gives back what stayed empty longer; when no lease can be had, retained
+  // ones go back before anything spills or waits. 0: no retention.
   LocalStore(LeaseBackend* backend, uint64_t segment_bytes, uint32_t lease_batch,
              PinnedRegistrar* registrar = nullptr, bool require_pinned = false,
              uint32_t restore_ahead = 2,
-             std::chrono::milliseconds pool_wait = std::chrono::seconds(30));
+             std::chrono::milliseconds pool_wait = std::chrono::seconds(30),
+             std::chrono::milliseconds retain = std::chrono::seconds(10));
   // A store of the device tier: leases are ranges of a daemon device pool,
   // made addressable by `importer` (which must outlive the store). Its
   // buffers are device memory: Store and Fetch (host memcpy) are
@@ -175,6 +183,8 @@ class LocalStore {
     bool pin_tried = false;
     bool on_device = false;  // imported device memory: nothing to unmap
     Block* block = nullptr;
+    // When its block last became empty (under mu_): retention counts from it.
+    std::chrono::steady_clock::time_point emptied{};
   };
   // The buffers placed in one lease's bytes, wherever those bytes are.
   struct Block {
@@ -253,8 +263,21 @@ class LocalStore {
   absl::StatusOr<Placement> PinForRead(uint64_t ticket, bool locate) ABSL_LOCKS_EXCLUDED(mu_);
   uint64_t NewTicket(const Placement& placement, uint64_t nbytes)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The empty dedicated arena kept for reuse, if any.
-  Arena* SpareDedicated() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // An empty dedicated arena of `bytes` kept for reuse, if any.
+  Arena* SpareDedicated(uint64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Retention (local_store_retain.cc). Whether an empty arena is kept by
+  // retention at `now`: registered, and emptied less than retain_ ago. Call
+  // with mu_ held (reads the arena's fields).
+  bool Retained(const Arena& arena, std::chrono::steady_clock::time_point now) const;
+  // Detaches the empty arenas that neither the usual rules nor retention
+  // keep (`expire_all`: as if every retention had expired); the caller gives
+  // them back with no lock held.
+  std::vector<std::unique_ptr<Arena>> DetachUnkept(bool expire_all)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Gives back every empty arena that only retention keeps; its bytes.
+  uint64_t GiveBackRetained() ABSL_LOCKS_EXCLUDED(mu_);
+  void StartSweeper() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RunSweeper() ABSL_LOCKS_EXCLUDED(mu_);
   // Adds a mapped arena (with a fresh empty block) to the table.
   void Adopt(std::unique_ptr<Arena> arena) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Gives an arena a fresh empty block (its old one is spilled or deleted).
@@ -292,6 +315,8 @@ class LocalStore {
   uint32_t ahead_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::thread restorer_;
+  const std::chrono::milliseconds retain_;
+  std::thread sweeper_ ABSL_GUARDED_BY(mu_);  // joined by the destructor
 };
 
 }  // namespace actstash::client_internal

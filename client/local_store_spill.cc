@@ -23,6 +23,10 @@ absl::StatusOr<std::vector<std::unique_ptr<LocalStore::Arena>>> LocalStore::Leas
     uint32_t count, uint32_t segments, bool dedicated) {
   absl::StatusOr<std::vector<std::unique_ptr<Arena>>> arenas =
       LeaseArenas(count, segments, dedicated);
+  if (!arenas.ok() && arenas.status().code() == absl::StatusCode::kResourceExhausted &&
+      GiveBackRetained() > 0) {
+    arenas = LeaseArenas(count, segments, dedicated);  // what retention kept is the pool's again
+  }
   if (!arenas.ok() && arenas.status().code() == absl::StatusCode::kResourceExhausted && count > 1) {
     arenas = LeaseArenas(1, segments, dedicated);  // room for one, maybe
   }

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <map>
 #include <random>
@@ -259,7 +260,8 @@ TEST(LocalStorePinningTest, EachLeaseIsRegisteredOnceWhileMapped) {
   FakeBackend backend;
   FakeRegistrar registrar;
   {
-    LocalStore store(&backend, kSegment, /*lease_batch=*/2, &registrar);
+    LocalStore store(&backend, kSegment, /*lease_batch=*/2, &registrar, false, 2,
+                     std::chrono::seconds(30), /*retain=*/std::chrono::milliseconds(0));
     std::vector<uint64_t> tickets;
     for (int i = 0; i < 100; ++i) {  // 100 × 32 KiB: two batches of two segments
       const std::vector<char> data = Pattern(32 << 10, static_cast<char>(i));
@@ -335,6 +337,84 @@ TEST(LocalStorePinningTest, ALeaseMappedWithoutCudaWorkIsPinnedByTheFirstReserve
   ASSERT_TRUE(store.Reserve(4096).ok());
   EXPECT_EQ(registrar.registrations(), 1) << "once per lease";
   EXPECT_TRUE(store.pin_status().ok());
+}
+
+// One training step's worth of buffers: four that take a segment each and
+// one that takes a dedicated lease of two; all released, as backward does.
+void StoreAndReleaseAStep(LocalStore& store) {
+  std::vector<uint64_t> tickets;
+  const std::vector<char> small = Pattern(kSegment * 3 / 4, 1);
+  const std::vector<char> big = Pattern(2 * kSegment, 2);
+  for (int i = 0; i < 4; ++i) {
+    absl::StatusOr<uint64_t> t = store.Store(small.data(), small.size());
+    ASSERT_TRUE(t.ok()) << t.status();
+    tickets.push_back(*t);
+  }
+  absl::StatusOr<uint64_t> t = store.Store(big.data(), big.size());
+  ASSERT_TRUE(t.ok()) << t.status();
+  tickets.push_back(*t);
+  for (uint64_t ticket : tickets) ASSERT_TRUE(store.Release(ticket).ok());
+}
+
+TEST(LocalStoreRetentionTest, RegisteredLeasesStayForTheNextStepAndAreNotRegisteredAgain) {
+  FakeBackend backend;
+  FakeRegistrar registrar;
+  LocalStore store(&backend, kSegment, /*lease_batch=*/1, &registrar, false, 2,
+                   std::chrono::seconds(30), std::chrono::seconds(60));
+  StoreAndReleaseAStep(store);
+  EXPECT_EQ(registrar.registrations(), 5);
+  EXPECT_EQ(backend.leased(), 5u) << "emptied registered leases are retained";
+  EXPECT_EQ(store.usage().pinned_bytes(), 6 * kSegment);
+  const int lease_calls = backend.lease_calls();
+  for (int step = 0; step < 3; ++step) StoreAndReleaseAStep(store);
+  EXPECT_EQ(registrar.registrations(), 5) << "later steps reuse the registered leases";
+  EXPECT_EQ(backend.lease_calls(), lease_calls) << "and lease nothing";
+}
+
+TEST(LocalStoreRetentionTest, LeasesEmptyLongerThanTheRetentionGoBack) {
+  FakeBackend backend;
+  FakeRegistrar registrar;
+  LocalStore store(&backend, kSegment, /*lease_batch=*/1, &registrar, false, 2,
+                   std::chrono::seconds(30), std::chrono::milliseconds(50));
+  StoreAndReleaseAStep(store);
+  // The sweeper gives back all but the usual: one empty segment (the batch)
+  // and one spare dedicated lease.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (backend.leased() > 2u && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_EQ(backend.leased(), 2u);
+  EXPECT_EQ(registrar.live(), 2u) << "unregistered before they went back";
+  EXPECT_EQ(store.usage().leased_bytes(), 3 * kSegment);
+  EXPECT_EQ(store.usage().pinned_bytes(), 3 * kSegment);
+}
+
+TEST(LocalStoreRetentionTest, AFullPoolTakesRetainedLeasesBackBeforeRefusing) {
+  FakeBackend backend;
+  backend.SetSegments(6);  // one step's worth: 4 segments and a lease of 2
+  FakeRegistrar registrar;
+  LocalStore store(&backend, kSegment, /*lease_batch=*/1, &registrar, false, 2,
+                   std::chrono::seconds(30), std::chrono::seconds(60));
+  StoreAndReleaseAStep(store);
+  ASSERT_EQ(backend.leased(), 5u);  // all retained: the pool has nothing left
+  // A buffer of another size needs a lease of 3 segments: retention gives way.
+  const std::vector<char> other = Pattern(3 * kSegment, 3);
+  absl::StatusOr<uint64_t> t = store.Store(other.data(), other.size());
+  ASSERT_TRUE(t.ok()) << t.status();
+  std::vector<char> back(other.size());
+  ASSERT_TRUE(store.Fetch(*t, back.data(), back.size()).ok());
+  EXPECT_EQ(back, other);
+  EXPECT_TRUE(store.Release(*t).ok());
+}
+
+TEST(LocalStoreRetentionTest, UnregisteredLeasesAreNotRetained) {
+  FakeBackend backend;
+  FakeRegistrar registrar;
+  registrar.set_fail(true);
+  LocalStore store(&backend, kSegment, /*lease_batch=*/1, &registrar, false, 2,
+                   std::chrono::seconds(30), std::chrono::seconds(60));
+  StoreAndReleaseAStep(store);
+  EXPECT_EQ(backend.leased(), 2u) << "the batch and the spare, as without retention";
 }
 
 TEST(LocalStoreReserveTest, ReservedBytesAreWrittenByTheCallerAndLocatedForReading) {

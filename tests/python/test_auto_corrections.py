@@ -8,7 +8,7 @@ import types
 
 import torch
 
-from actstash import _auto, _planner
+from actstash import _auto
 from actstash._planner import KEEP, BlockCost, Machine
 
 MiB = 1 << 20

@@ -85,6 +85,14 @@ struct ClientOptions {
   // spill waits for pool memory held by other sessions (which are asked to
   // give back what exceeds their fair share) before RESOURCE_EXHAUSTED.
   std::chrono::milliseconds pool_wait{30000};
+  // Zero-copy path with registered (pinned) leases: an emptied lease stays
+  // mapped and registered this long for the next buffers (the next training
+  // step), instead of going back at once to be leased and registered again,
+  // which costs a cudaHostRegister on the storing thread every step. A
+  // background thread gives back what stayed empty longer; when the pool is
+  // full, retained leases go back before anything spills or waits. 0: back at
+  // once, as for unregistered leases.
+  std::chrono::milliseconds lease_retain{10000};
 };
 
 // A device pool of the daemon (actstashd --device-pool GPU:SIZE).
