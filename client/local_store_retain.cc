@@ -67,8 +67,8 @@ void LocalStore::StartSweeper() {
 
 void LocalStore::RunSweeper() {
   // A lease goes back at most a quarter of retain_ (10 ms to 1 s) late.
-  const absl::Duration period = std::clamp(absl::FromChrono(retain_) / 4, absl::Milliseconds(10),
-                                           absl::Seconds(1));
+  const absl::Duration period =
+      std::clamp(absl::FromChrono(retain_) / 4, absl::Milliseconds(10), absl::Seconds(1));
   for (;;) {
     std::vector<std::unique_ptr<Arena>> back;
     {
