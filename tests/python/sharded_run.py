@@ -141,10 +141,12 @@ def pipelined(strategy, mode, rank, stash):
     for step in range(STEPS):
         optimizer.zero_grad(set_to_none=True)
         idx = batch(0, step)  # one batch for the whole pipeline
+        # Contiguous: torch 2.6's pipelining checks a micro-batch's strides against
+        # the shape it inferred.
         if rank == 0:
-            schedule.step(idx[:, :-1])
+            schedule.step(idx[:, :-1].contiguous())
         else:
-            schedule.step(target=idx[:, 1:])
+            schedule.step(target=idx[:, 1:].contiguous())
     return [p.detach().clone() for p in params]
 
 

@@ -64,10 +64,34 @@ def assert_same_params(reference, got):
             assert torch.equal(x, y), f"rank {r} parameter {i} differs"
 
 
+# torch 2.6's FSDP and FSDP2 cannot run on the CPU at all (with or without actstash):
+# their all-gather records an event on a CPU stream, which has no record_event there.
+_CPU_STREAM_GAP = "has no attribute 'record_event'"
+
+
 @pytest.fixture(scope="module")
 def references(daemon, tmp_path_factory):
+    """references[strategy]: the same run without actstash, made on first use; a
+    strategy this torch cannot run on the CPU even without actstash is skipped."""
     tmp = tmp_path_factory.mktemp("sharded-ref")
-    return {s: run(daemon, tmp, s, "none") for s in ("fsdp2", "fsdp", "pipeline", "zerobubble")}
+
+    class References(dict):
+        def __missing__(self, strategy):
+            try:
+                self[strategy] = run(daemon, tmp, strategy, "none")
+            except AssertionError as e:
+                self[strategy] = e
+            return self[strategy]
+
+        def __getitem__(self, strategy):
+            got = super().__getitem__(strategy)
+            if isinstance(got, AssertionError):
+                if _CPU_STREAM_GAP in str(got):
+                    pytest.skip(f"torch {torch.__version__} cannot run {strategy} on the CPU "
+                                f"even without actstash (its CPU stream {_CPU_STREAM_GAP})")
+                raise got
+            return got
+    return References()
 
 
 @pytest.mark.parametrize("strategy,mode,when", [
@@ -77,8 +101,9 @@ def references(daemon, tmp_path_factory):
 ])
 def test_sharded_ranks_match_without_actstash(daemon, tmp_path, references, strategy, mode,
                                               when):
+    reference = references[strategy]  # first: skips where torch cannot run it at all
     got = run(daemon, tmp_path, strategy, mode, when)
-    assert_same_params(references[strategy], got)
+    assert_same_params(reference, got)
     for r in range(2):
         stats = got[r]["stats"]
         if mode == "checkpoint":
@@ -90,8 +115,9 @@ def test_sharded_ranks_match_without_actstash(daemon, tmp_path, references, stra
 
 
 def test_pipeline_stage_offloads_its_received_activation(daemon, tmp_path, references):
+    reference = references["pipeline"]
     got = run(daemon, tmp_path, "pipeline", "checkpoint+offload")
-    assert_same_params(references["pipeline"], got)
+    assert_same_params(reference, got)
     # Each stage has 2 blocks; each block's input, per micro-batch and step, went to
     # the daemon: on stage 1 the first is the activation received from stage 0 (kept
     # as if it were a parameter, only half would go).
@@ -114,8 +140,9 @@ def test_zero_bubble_pipeline_with_split_backward(daemon, tmp_path, references, 
     """4 stages, 2 per rank, ScheduleInterleavedZeroBubble: each stage's backward runs
     in two passes (input gradient, then weight gradients later), reading what the
     stage saved twice."""
+    reference = references["zerobubble"]
     got = run(daemon, tmp_path, "zerobubble", mode)
-    assert_same_params(references["zerobubble"], got)
+    assert_same_params(reference, got)
     for r in range(2):
         stats = got[r]["stats"]
         if mode == "checkpoint":
