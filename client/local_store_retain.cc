@@ -29,7 +29,7 @@ std::vector<std::unique_ptr<LocalStore::Arena>> LocalStore::DetachUnkept(bool ex
     spare_kept |= arena->dedicated;
   }
   std::vector<Arena*> unkept;
-  // Newest first: the most recently emptied are the likeliest to be needed.
+  // From the last leased back: the usual rules keep the newest leases.
   for (size_t i = arenas_.size(); i-- > 0;) {
     Arena* arena = arenas_[i].get();
     if (!Empty(*arena) || retained(*arena)) continue;
