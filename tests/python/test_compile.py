@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import actstash
-from actstash_testing.training import assert_bitwise
+from actstash_testing.training import assert_bitwise, torch_version
 from gpt import GPT, loss_fn
 
 dynamo = pytest.importorskip("torch._dynamo")
@@ -91,8 +91,7 @@ def test_wrapped_blocks_compile_without_a_graph_break(stash, references, mode):
     stash.synchronize()
     after = stash.stats()
     reasons = dict(counters["graph_break"])
-    version = tuple(int(v) for v in torch.__version__.split("+")[0].split(".")[:2])
-    if version < (2, 14) and mode != "checkpoint":
+    if torch_version() < (2, 14) and mode != "checkpoint":
         breaks -= sum(n for reason, n in reasons.items() if _known_break(reason))
     assert breaks == 0, reasons
     assert_bitwise(references[mode], got)

@@ -14,6 +14,7 @@ import sys
 import pytest
 import torch
 
+from actstash_testing.training import torch_version
 from conftest import EXAMPLES, PACKAGE_ENV
 
 try:
@@ -67,7 +68,6 @@ def assert_same_params(reference, got):
 # torch 2.6's FSDP2 cannot run on the CPU at all (with or without actstash): its
 # all-gather records an event on a CPU stream, which has no record_event there.
 _CPU_STREAM_GAP = "has no attribute 'record_event'"
-_TORCH = tuple(int(v) for v in torch.__version__.split("+")[0].split(".")[:2])
 
 
 def _torch_cannot(strategy, error):
@@ -76,7 +76,7 @@ def _torch_cannot(strategy, error):
     if _CPU_STREAM_GAP in text:
         return f"its CPU stream {_CPU_STREAM_GAP}"
     # torch 2.6's ScheduleInterleavedZeroBubble on 2 gloo ranks: both wait on a recv.
-    if strategy == "zerobubble" and _TORCH < (2, 14) and "Timed out waiting" in text:
+    if strategy == "zerobubble" and torch_version() < (2, 14) and "Timed out waiting" in text:
         return "its zero-bubble schedule hangs on 2 gloo ranks (gloo recv timed out)"
     return None
 

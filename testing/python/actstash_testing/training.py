@@ -36,3 +36,9 @@ def spill_batch(step):
     """spill_gpt's batch of step `step`: 8 x 257 tokens from seed `step`."""
     import torch
     return torch.randint(0, 256, (8, 257), generator=torch.Generator().manual_seed(step))
+
+
+def torch_version():
+    """(major, minor) of the torch in use, e.g. (2, 6) for "2.6.0+debian"."""
+    import torch
+    return tuple(int(v) for v in torch.__version__.split("+")[0].split(".")[:2])
