@@ -264,9 +264,11 @@ def expected_counts(name, n, nbytes):
     out = {"tensors_offloaded": n, "bytes_offloaded": n * nbytes, "tensors_fetched": n,
            "bytes_fetched": n * nbytes, "tensors_kept": 0, "unpacked_from_source": 0,
            "store_failures": 0}
-    # With cpu_views, tensors from 32 KiB up are read in place; smaller ones are copied
-    # back on the unpacking thread (actstash/_stash.py, _VIEW_MIN_BYTES).
-    out["views"] = n if name == "actstash" and nbytes >= (32 << 10) else 0
+    # With cpu_views, tensors from the engine's view_min_bytes up are read in place;
+    # smaller ones are copied back on the unpacking thread.
+    from actstash import _lib
+    view_min = _lib.ENGINE_DEFAULTS["view_min_bytes"]
+    out["views"] = n if name == "actstash" and nbytes >= view_min else 0
     return out
 
 

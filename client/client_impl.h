@@ -22,7 +22,7 @@
 #include "absl/synchronization/mutex.h"
 #include "actstash/client.h"
 #include "actstash/v1/stash.grpc.pb.h"
-#include "client/attach_channel.h"
+#include "client/attach_connection.h"
 #include "client/channel.h"
 #include "client/local_store.h"
 #include "common/address.h"
@@ -59,7 +59,7 @@ struct Client::Impl final : public client_internal::LeaseBackend {
   uint64_t segment_bytes = 0;
   std::atomic<bool> closed{false};
   // Zero-copy data plane; both null when not attached.
-  std::unique_ptr<client_internal::AttachChannel> attach;
+  std::unique_ptr<client_internal::AttachConnection> attach;
   // Registers leases with CUDA (ClientOptions::pin_leases); null: none.
   // Declared before `local`, so it is destroyed after it (LocalStore
   // unregisters what it unmaps).
@@ -68,8 +68,8 @@ struct Client::Impl final : public client_internal::LeaseBackend {
   // The daemon's device pools (from OpenSession) and this client's stores in
   // them, created at first use; the importer maps their regions.
   // One device pool as this client uses it: the LeaseBackend of its store.
-  struct DeviceTier final : public client_internal::LeaseBackend {
-    DeviceTier(Impl* impl, uint32_t device) : impl(impl), device(device) {}
+  struct DevicePoolLeases final : public client_internal::LeaseBackend {
+    DevicePoolLeases(Impl* impl, uint32_t device) : impl(impl), device(device) {}
     absl::StatusOr<std::vector<client_internal::GrantedLease>> Lease(
         uint32_t count, uint32_t segments_per_lease) override {
       return impl->LeaseDevice(device, count, segments_per_lease);
@@ -89,7 +89,7 @@ struct Client::Impl final : public client_internal::LeaseBackend {
   std::vector<DevicePoolInfo> device_pools;
   absl::Mutex device_mu;
   std::unique_ptr<client_internal::DeviceImporter> importer ABSL_GUARDED_BY(device_mu);
-  std::vector<std::unique_ptr<DeviceTier>> device_tiers ABSL_GUARDED_BY(device_mu);
+  std::vector<std::unique_ptr<DevicePoolLeases>> device_tiers ABSL_GUARDED_BY(device_mu);
   absl::Status attach_status = absl::FailedPreconditionError("not attached");
   // Usage reporter (only when attached).
   absl::Mutex report_mu;
@@ -217,7 +217,7 @@ struct Client::Impl final : public client_internal::LeaseBackend {
   v1::ClientUsage TotalUsage() ABSL_LOCKS_EXCLUDED(device_mu) {
     v1::ClientUsage total = local->usage();
     absl::MutexLock lock(&device_mu);
-    for (const std::unique_ptr<DeviceTier>& tier : device_tiers) {
+    for (const std::unique_ptr<DevicePoolLeases>& tier : device_tiers) {
       client_internal::AddUsage(tier->store->usage(), &total);
     }
     return total;
@@ -307,8 +307,8 @@ struct Client::Impl final : public client_internal::LeaseBackend {
       return attach_status;
     }
     const std::string path = grpc_socket.substr(0, grpc_socket.find_last_of('/') + 1) + socket_name;
-    absl::StatusOr<std::unique_ptr<client_internal::AttachChannel>> channel =
-        client_internal::AttachChannel::Connect(path, token, options.connect_timeout);
+    absl::StatusOr<std::unique_ptr<client_internal::AttachConnection>> channel =
+        client_internal::AttachConnection::Connect(path, token, options.connect_timeout);
     if (!channel.ok()) {
       attach_status = channel.status();
       return attach_status;

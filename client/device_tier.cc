@@ -102,7 +102,7 @@ absl::StatusOr<client_internal::LocalStore*> Client::Impl::DeviceStore(uint32_t 
     importer =
         std::make_unique<client_internal::DeviceImporter>(*std::move(opener), options.cuda_device);
   }
-  auto tier = std::make_unique<DeviceTier>(this, device);
+  auto tier = std::make_unique<DevicePoolLeases>(this, device);
   tier->store = std::make_unique<client_internal::LocalStore>(tier.get(), segment,
                                                               options.lease_batch, importer.get());
   *index = device_tiers.size();

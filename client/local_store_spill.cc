@@ -7,18 +7,9 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "client/local_store.h"
+#include "common/clock.h"
 
 namespace actstash::client_internal {
-namespace {
-
-uint64_t NowNs() {
-  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                   std::chrono::steady_clock::now().time_since_epoch())
-                                   .count());
-}
-
-}  // namespace
-
 absl::StatusOr<std::vector<std::unique_ptr<LocalStore::Arena>>> LocalStore::LeaseOrSpill(
     uint32_t count, uint32_t segments, bool dedicated) {
   absl::StatusOr<std::vector<std::unique_ptr<Arena>>> arenas =
@@ -63,13 +54,14 @@ absl::StatusOr<std::vector<std::unique_ptr<LocalStore::Arena>>> LocalStore::Leas
   absl::Status last = arenas.status();
   while (absl::StrContains(last.message(), "pool exhausted") &&
          std::chrono::steady_clock::now() + pause < deadline) {
-    const uint64_t start = NowNs();
+    const uint64_t start = MonotonicNowNs();
     std::this_thread::sleep_for(pause);
     pause = std::min(pause * 2, std::chrono::milliseconds(100));
     arenas = LeaseArenas(1, segments, dedicated);
     {
       absl::MutexLock lock(&mu_);
-      usage_.set_spill_wait_ns(usage_.spill_wait_ns() + NowNs() - start);  // waiting for the pool
+      usage_.set_spill_wait_ns(usage_.spill_wait_ns() + MonotonicNowNs() -
+                               start);  // waiting for the pool
     }
     if (arenas.ok()) return arenas;
     last = arenas.status();
@@ -104,7 +96,7 @@ absl::StatusOr<bool> LocalStore::SpillColdest(uint32_t max_blocks, uint64_t* ret
     }
   }
   if (chosen.empty()) return false;
-  const uint64_t start = NowNs();
+  const uint64_t start = MonotonicNowNs();
   uint64_t asked_back = 0;
   absl::StatusOr<std::vector<uint64_t>> ids = backend_.Spill(lease_ids, &asked_back);
   if (return_bytes != nullptr) *return_bytes = asked_back;
@@ -115,7 +107,7 @@ absl::StatusOr<bool> LocalStore::SpillColdest(uint32_t max_blocks, uint64_t* ret
   std::vector<uint64_t> drop;
   {
     absl::MutexLock lock(&mu_);
-    usage_.set_spill_wait_ns(usage_.spill_wait_ns() + NowNs() - start);
+    usage_.set_spill_wait_ns(usage_.spill_wait_ns() + MonotonicNowNs() - start);
     for (size_t i = 0; i < chosen.size(); ++i) {
       Block* block = chosen[i];
       if (!ids.ok()) {
@@ -151,24 +143,25 @@ absl::Status LocalStore::EnsureResident(Block* block) {
   for (;;) {
     switch (block->state) {
       case Block::State::kResident:
-        if (start != 0) usage_.set_restore_wait_ns(usage_.restore_wait_ns() + NowNs() - start);
+        if (start != 0)
+          usage_.set_restore_wait_ns(usage_.restore_wait_ns() + MonotonicNowNs() - start);
         return absl::OkStatus();
       case Block::State::kLost:
         return block->error;
       case Block::State::kSpilling:
       case Block::State::kRestoring:
-        if (start == 0) start = NowNs();
+        if (start == 0) start = MonotonicNowNs();
         block_changed_.Wait(&mu_);
         break;
       case Block::State::kSpilled: {
-        if (start == 0) start = NowNs();
+        if (start == 0) start = MonotonicNowNs();
         block->state = Block::State::kRestoring;
         mu_.Unlock();
         absl::Status status = RestoreBlock(block, /*may_spill=*/true);
         mu_.Lock();
         // The caller's buffer keeps the block alive (it is not empty).
         if (!status.ok() && block->state == Block::State::kSpilled) {
-          usage_.set_restore_wait_ns(usage_.restore_wait_ns() + NowNs() - start);
+          usage_.set_restore_wait_ns(usage_.restore_wait_ns() + MonotonicNowNs() - start);
           return status;
         }
         break;

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <iterator>
 #include <utility>
 
 #include "absl/base/thread_annotations.h"
@@ -910,31 +911,71 @@ void SavedTensorEngine::WaitForCopies() { impl_->WaitForCopies(); }
 EngineStats SavedTensorEngine::stats() const { return impl_->stats(); }
 bool SavedTensorEngine::available() const { return impl_->available(); }
 
+namespace {
+
+using Counter = uint64_t EngineStats::*;
+struct NamedCounter {
+  const char* name;
+  Counter counter;
+};
+// EngineStats' scalar counters before and after kept_by_reason, in
+// declaration order: the one table behind both EngineStatNames and
+// EngineStatValues.
+constexpr NamedCounter kCountersBefore[] = {{"tensors_offloaded", &EngineStats::tensors_offloaded},
+                                            {"bytes_offloaded", &EngineStats::bytes_offloaded},
+                                            {"tensors_kept", &EngineStats::tensors_kept},
+                                            {"bytes_kept", &EngineStats::bytes_kept}};
+constexpr NamedCounter kCountersAfter[] = {
+    {"tensors_fetched", &EngineStats::tensors_fetched},
+    {"bytes_fetched", &EngineStats::bytes_fetched},
+    {"views", &EngineStats::views},
+    {"prefetch_issued", &EngineStats::prefetch_issued},
+    {"prefetch_hits", &EngineStats::prefetch_hits},
+    {"unpacked_from_source", &EngineStats::unpacked_from_source},
+    {"store_failures", &EngineStats::store_failures},
+    {"live_tensors", &EngineStats::live_tensors},
+    {"live_bytes", &EngineStats::live_bytes},
+    {"peak_live_bytes", &EngineStats::peak_live_bytes},
+    {"in_flight", &EngineStats::in_flight},
+    {"inline_stores", &EngineStats::inline_stores},
+    {"wait_ns", &EngineStats::wait_ns},
+    {"in_flight_bytes", &EngineStats::in_flight_bytes},
+    {"peak_in_flight_bytes", &EngineStats::peak_in_flight_bytes},
+    {"in_flight_waits", &EngineStats::in_flight_waits},
+    {"in_flight_wait_ns", &EngineStats::in_flight_wait_ns},
+    {"unpinned_device_stores", &EngineStats::unpinned_device_stores}};
+constexpr const char* kKeepReasonNames[] = {"small",  "parameter", "keep_listed", "layout",
+                                            "device", "failed",    "unavailable", "no_copy_engine"};
+static_assert(std::size(kKeepReasonNames) == static_cast<size_t>(KeepReason::kCount));
+// Every uint64_t of EngineStats is in the table (it holds nothing else).
+static_assert(sizeof(EngineStats) ==
+              sizeof(uint64_t) * (std::size(kCountersBefore) + std::size(kCountersAfter) +
+                                  static_cast<size_t>(KeepReason::kCount)));
+
+}  // namespace
+
+const char* KeepReasonName(KeepReason reason) {
+  const int i = static_cast<int>(reason);
+  return i >= 0 && i < static_cast<int>(KeepReason::kCount) ? kKeepReasonNames[i] : "";
+}
+
 const std::vector<std::string>& EngineStatNames() {
-  static const std::vector<std::string> names = {
-      "tensors_offloaded", "bytes_offloaded",   "tensors_kept",
-      "bytes_kept",        "kept_small",        "kept_parameter",
-      "kept_keep_listed",  "kept_layout",       "kept_device",
-      "kept_failed",       "kept_unavailable",  "kept_no_copy_engine",
-      "tensors_fetched",   "bytes_fetched",     "views",
-      "prefetch_issued",   "prefetch_hits",     "unpacked_from_source",
-      "store_failures",    "live_tensors",      "live_bytes",
-      "peak_live_bytes",   "in_flight",         "inline_stores",
-      "wait_ns",           "in_flight_bytes",   "peak_in_flight_bytes",
-      "in_flight_waits",   "in_flight_wait_ns", "unpinned_device_stores"};
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> out;
+    for (const NamedCounter& c : kCountersBefore) out.emplace_back(c.name);
+    for (const char* reason : kKeepReasonNames) out.push_back(absl::StrCat("kept_", reason));
+    for (const NamedCounter& c : kCountersAfter) out.emplace_back(c.name);
+    return out;
+  }();
   return names;
 }
 
 std::vector<uint64_t> EngineStatValues(const EngineStats& s) {
-  std::vector<uint64_t> values = {s.tensors_offloaded, s.bytes_offloaded, s.tensors_kept,
-                                  s.bytes_kept};
+  std::vector<uint64_t> values;
+  values.reserve(EngineStatNames().size());
+  for (const NamedCounter& c : kCountersBefore) values.push_back(s.*c.counter);
   values.insert(values.end(), std::begin(s.kept_by_reason), std::end(s.kept_by_reason));
-  values.insert(
-      values.end(),
-      {s.tensors_fetched, s.bytes_fetched, s.views, s.prefetch_issued, s.prefetch_hits,
-       s.unpacked_from_source, s.store_failures, s.live_tensors, s.live_bytes, s.peak_live_bytes,
-       s.in_flight, s.inline_stores, s.wait_ns, s.in_flight_bytes, s.peak_in_flight_bytes,
-       s.in_flight_waits, s.in_flight_wait_ns, s.unpinned_device_stores});
+  for (const NamedCounter& c : kCountersAfter) values.push_back(s.*c.counter);
   return values;
 }
 

@@ -39,26 +39,31 @@ absl::StatusOr<uint64_t> ParseByteSize(absl::string_view text, uint64_t percent_
   } else {
     static constexpr struct {
       char letter;
-      double factor;
-    } kUnits[] = {{'k', 0x1p10}, {'m', 0x1p20}, {'g', 0x1p30}, {'t', 0x1p40}};
+      double binary;
+      double decimal;
+    } kUnits[] = {{'k', 0x1p10, 1e3}, {'m', 0x1p20, 1e6}, {'g', 0x1p30, 1e9}, {'t', 0x1p40, 1e12}};
     bool found = false;
     for (const auto& unit : kUnits) {
       if (suffix[0] != unit.letter) continue;
       const absl::string_view rest = absl::string_view(suffix).substr(1);
-      if (rest.empty() || rest == "b" || rest == "ib") {
-        multiplier = unit.factor;
+      if (rest.empty() || rest == "ib") {
+        multiplier = unit.binary;
+        found = true;
+      } else if (rest == "b") {
+        multiplier = unit.decimal;
         found = true;
       }
       break;
     }
     if (!found) {
       return absl::InvalidArgumentError(
-          absl::StrCat("unknown size unit in '", original, "' (use B, KiB, MiB, GiB, TiB or %)"));
+          absl::StrCat("unknown size unit in '", original,
+                       "' (use B, KiB, MiB, GiB, TiB (binary), KB, MB, GB, TB (decimal) or %)"));
     }
   }
-  // Whole numbers with a binary unit are computed exactly in integers (a
-  // double would round above 2^53); fractions and percentages go through
-  // double, which is exact enough for them.
+  // Whole numbers with a unit are computed exactly in integers (a double
+  // would round above 2^53); fractions and percentages go through double,
+  // which is exact enough for them.
   uint64_t whole = 0;
   if (suffix != "%" && absl::SimpleAtoi(number, &whole)) {
     const uint64_t factor = static_cast<uint64_t>(multiplier);

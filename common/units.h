@@ -10,10 +10,13 @@
 
 namespace actstash {
 
-// Parses a byte size: an integer or decimal number with an optional suffix
-// B, K/KB/KiB, M/MB/MiB, G/GB/GiB, T/TB/TiB (all binary, case-insensitive),
-// or a percentage of `percent_base` ("25%"; rejected when percent_base is 0).
-// Fails with INVALID_ARGUMENT on anything else, negative numbers or overflow.
+// Parses a byte size: an integer or decimal number with an optional unit,
+// case-insensitive, as GNU dd and numfmt read them: KiB/MiB/GiB/TiB and the
+// bare letters K/M/G/T are binary (2^10...), KB/MB/GB/TB decimal (10^3...),
+// B or none bytes; or a percentage of `percent_base` ("25%"; rejected when
+// percent_base is 0). Fails with INVALID_ARGUMENT on anything else, negative
+// numbers or overflow. The one size parser of the project: the daemon's
+// flags, the CLI and the C ABI (Python's sizes) all go through it.
 absl::StatusOr<uint64_t> ParseByteSize(absl::string_view text, uint64_t percent_base = 0);
 
 // "64.0 MiB", "512 B": for logs and CLI tables.

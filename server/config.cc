@@ -22,6 +22,7 @@
 #include "common/protocol.h"
 #include "common/tristate.h"
 #include "common/units.h"
+#include "server/memory_limits.h"
 #include "toml++/toml.h"
 
 namespace actstash::server {
@@ -41,8 +42,9 @@ constexpr Setting kSettings[] = {
      "as root, else $XDG_RUNTIME_DIR/actstash/actstash.sock)"},
     {"socket_mode", "Permissions of the socket, octal (default 0660)"},
     {"pool_size",
-     "Host pool size: bytes with a unit (16GiB) or a percentage of physical "
-     "memory (25%); default 25% of memory, at most 32 GiB"},
+     "Host pool size: bytes with a unit (16GiB) or a percentage of the memory "
+     "the daemon may use (25%: of its cgroup's memory limit when one is set "
+     "below physical memory); default 25% of it, at most 32 GiB"},
     {"segment_size", "Size of one memfd segment of the pool (default 64MiB)"},
     {"max_session_quota",
      "Largest quota one session may hold: bytes or a percentage of the "
@@ -154,13 +156,6 @@ absl::Status ReadToml(const std::string& path, std::map<std::string, std::string
   return absl::OkStatus();
 }
 
-uint64_t PhysicalMemoryBytes() {
-  const long pages = sysconf(_SC_PHYS_PAGES);
-  const long page_size = sysconf(_SC_PAGESIZE);
-  if (pages <= 0 || page_size <= 0) return 0;
-  return static_cast<uint64_t>(pages) * static_cast<uint64_t>(page_size);
-}
-
 absl::StatusOr<DaemonConfig> Resolve(const std::map<std::string, std::string>& values) {
   DaemonConfig config;
   auto get = [&](const char* key) -> const std::string* {
@@ -193,8 +188,12 @@ absl::StatusOr<DaemonConfig> Resolve(const std::map<std::string, std::string>& v
     }
     config.socket_mode = static_cast<uint32_t>(parsed);
   }
-  const uint64_t memory = PhysicalMemoryBytes();
-  config.pool_bytes = DefaultPoolBytes();
+  // Percentages and the default are of the memory the daemon may use: its
+  // container's limit, not the machine's.
+  const MemoryLimits limits = ReadMemoryLimits();
+  const uint64_t memory = limits.usable_bytes();
+  config.memory_basis = limits.Describe();
+  config.pool_bytes = DefaultPoolBytes(memory);
   if (const std::string* size = get("pool_size")) {
     absl::StatusOr<uint64_t> parsed = ParseByteSize(*size, memory);
     if (!parsed.ok()) return bad("pool_size", parsed.status());
@@ -368,10 +367,12 @@ bool IsLoopbackHost(const std::string& host_port) {
   return host == "localhost" || host == "::1" || absl::StartsWith(host, "127.");
 }
 
-uint64_t DefaultPoolBytes() {
+uint64_t DefaultPoolBytes(uint64_t usable_bytes) {
   constexpr uint64_t kCap = 32ull << 30;
-  return std::min(PhysicalMemoryBytes() / 4, kCap);
+  return std::min(usable_bytes / 4, kCap);
 }
+
+uint64_t DefaultPoolBytes() { return DefaultPoolBytes(ReadMemoryLimits().usable_bytes()); }
 
 CommandLine ParseCommandLine(int argc, const char* const* argv) {
   CommandLine result;

@@ -19,6 +19,9 @@ struct DaemonConfig {
   std::string socket_path;  // gRPC Unix socket
   uint32_t socket_mode = 0660;
   uint64_t pool_bytes = 0;
+  // What a percentage pool_size and the default pool were taken of
+  // (MemoryLimits::Describe), for the start-up log.
+  std::string memory_basis;
   uint64_t segment_bytes = 64ull << 20;
   uint64_t max_session_quota = 0;      // cap on any session's quota
   uint64_t default_session_quota = 0;  // what a session asking for 0 gets
@@ -69,8 +72,11 @@ struct CommandLine {
 // a usage error (exit code 2) whose message names the setting.
 CommandLine ParseCommandLine(int argc, const char* const* argv);
 
-// The default pool size: 25% of physical memory, capped at 32 GiB.
-uint64_t DefaultPoolBytes();
+// The default pool size: 25% of the memory the daemon may use
+// (MemoryLimits::usable_bytes: its cgroup's limit when below physical
+// memory), capped at 32 GiB.
+uint64_t DefaultPoolBytes(uint64_t usable_bytes);
+uint64_t DefaultPoolBytes();  // of ReadMemoryLimits()
 
 }  // namespace actstash::server
 

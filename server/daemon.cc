@@ -162,6 +162,10 @@ absl::Status Daemon::CreateMemory(const DaemonConfig& config,
           ? std::string("CUDA-registered")
           : absl::StrCat("CUDA-registered: only ", FormatBytes(stats.cuda_pinned_bytes()),
                          " (registration failed, see above)");
+  if (!config.memory_basis.empty()) {
+    spdlog::info("memory: {} (percentages and the default pool are of the first)",
+                 config.memory_basis);
+  }
   spdlog::info("host pool: {} in {} segments of {} ({}; {}), ready in {} ms",
                FormatBytes(stats.total_bytes()), stats.segments(),
                FormatBytes(stats.segment_bytes()),

@@ -1,8 +1,6 @@
 #include "server/socket_path.h"
 
-#include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/un.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -10,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/unique_fd.h"
+#include "common/unix_socket.h"
 #include "spdlog/spdlog.h"
 
 namespace actstash::server {
@@ -40,16 +39,11 @@ absl::Status ClaimSocketPath(const std::string& path) {
     return absl::FailedPreconditionError(
         absl::StrCat(path, " exists and is not a socket; not replacing it"));
   }
-  sockaddr_un addr{};
-  if (path.size() >= sizeof(addr.sun_path)) {
-    return absl::InvalidArgumentError(absl::StrCat("socket path too long: ", path));
+  absl::StatusOr<UniqueFd> probe = ConnectUnixSocket(path);
+  if (absl::IsInvalidArgument(probe.status()) || absl::IsInternal(probe.status())) {
+    return probe.status();
   }
-  addr.sun_family = AF_UNIX;
-  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
-  UniqueFd fd(socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  if (!fd.valid()) return absl::InternalError(absl::StrCat("socket: ", std::strerror(errno)));
-  const bool alive = connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
-  fd.Reset();
+  const bool alive = probe.ok();
   if (alive) {
     return absl::FailedPreconditionError(
         absl::StrCat("another actstashd is already listening on ", path));

@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/checksum.h"
+#include "common/clock.h"
 #include "common/unique_fd.h"
 #include "common/units.h"
 #include "server/spill_io.h"
@@ -19,12 +20,6 @@
 
 namespace actstash::server {
 namespace {
-
-uint64_t NowNs() {
-  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                   std::chrono::steady_clock::now().time_since_epoch())
-                                   .count());
-}
 
 std::string FreeSpace(int fd) {
   struct statvfs fs {};
@@ -183,7 +178,7 @@ void SpillTier::SpillBytes(std::shared_ptr<Session> session, const std::byte* da
   if (!refused.ok()) return done(refused);
   Post([this, id, bytes, data, session = std::move(session), keepalive = std::move(keepalive),
         done = std::move(done)](SpillFileIo& io) {
-    const uint64_t start = NowNs();
+    const uint64_t start = MonotonicNowNs();
     const uint64_t checksum = Xxh3(data, bytes);
     absl::StatusOr<UniqueFd> fd = CreateFile(bytes);
     absl::Status status = fd.status();
@@ -192,7 +187,7 @@ void SpillTier::SpillBytes(std::shared_ptr<Session> session, const std::byte* da
       status =
           absl::ResourceExhaustedError(absl::StrCat(status.message(), FreeSpace(dir_fd_.get())));
     }
-    const uint64_t elapsed = NowNs() - start;
+    const uint64_t elapsed = MonotonicNowNs() - start;
     UniqueFd to_close;
     absl::StatusOr<uint64_t> result = id;
     {
@@ -257,7 +252,7 @@ void SpillTier::RestoreBytes(std::shared_ptr<Session> session, uint64_t spill_id
   if (!refused.ok()) return done(refused);
   Post([this, file = std::move(file), session = std::move(session), data,
         keepalive = std::move(keepalive), done = std::move(done)](SpillFileIo& io) {
-    const uint64_t start = NowNs();
+    const uint64_t start = MonotonicNowNs();
     absl::Status status = io.Read(file->fd.get(), data, file->bytes);
     bool corrupt = false;
     if (status.ok()) {
@@ -272,7 +267,7 @@ void SpillTier::RestoreBytes(std::shared_ptr<Session> session, uint64_t spill_id
         spdlog::error("{}", std::string(status.message()));
       }
     }
-    const uint64_t elapsed = NowNs() - start;
+    const uint64_t elapsed = MonotonicNowNs() - start;
     UniqueFd to_close;
     {
       absl::MutexLock lock(&mu_);

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -57,6 +58,18 @@ absl::Status DaemonProcess::Launch() {
   if (pid == 0) {
     dup2(log_fd.get(), STDOUT_FILENO);
     dup2(log_fd.get(), STDERR_FILENO);
+    if (!options_.cgroup_procs.empty()) {
+      // Only async-signal-safe calls between fork and exec.
+      const int procs = open(options_.cgroup_procs.c_str(), O_WRONLY | O_CLOEXEC);
+      char digits[16];
+      const int n = std::snprintf(digits, sizeof(digits), "%d", static_cast<int>(getpid()));
+      if (procs < 0 || write(procs, digits, static_cast<size_t>(n)) != n) {
+        std::fprintf(stderr, "cannot join the cgroup %s: %s\n", options_.cgroup_procs.c_str(),
+                     std::strerror(errno));
+        _exit(126);
+      }
+      close(procs);
+    }
     execv(argv[0], argv.data());
     std::fprintf(stderr, "execv %s: %s\n", argv[0], std::strerror(errno));
     _exit(127);

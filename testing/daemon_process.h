@@ -26,6 +26,9 @@ struct DaemonProcessOptions {
   // How long Start waits for SERVING. A bare daemon commits (and pins) a
   // pool of a quarter of RAM first, which takes far longer on a loaded host.
   std::chrono::seconds ready_timeout{30};
+  // A cgroup.procs file the child writes its pid into before it becomes
+  // actstashd (tests of a container's memory limit); empty: none.
+  std::string cgroup_procs;
 };
 
 // Not thread-safe: one thread starts, stops and restarts it. The child is

@@ -10,15 +10,13 @@
 #include <string>
 #include <utility>
 
-#include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "actstash/client.h"
 #include "actstash/copy_engine.h"
 #include "actstash/saved_tensors.h"
 #include "client/capi/json_writer.h"
 #include "client/capi/message_json.h"
-#include "common/choice.h"
-#include "common/tristate.h"
+#include "client/capi/options_json.h"
+#include "common/units.h"
 
 struct actstash_client {
   std::shared_ptr<actstash::Client> client;
@@ -26,9 +24,24 @@ struct actstash_client {
 
 struct actstash_engine {
   std::unique_ptr<actstash::SavedTensorEngine> engine;
+  actstash::capi::EngineSettings settings;  // as created (callbacks and copy engines aside)
 };
 
 namespace {
+
+// The C ABI's numbers are the engine's enums.
+constexpr int Of(actstash::KeepReason r) { return static_cast<int>(r); }
+static_assert(ACTSTASH_KEEP_SMALL == Of(actstash::KeepReason::kSmall));
+static_assert(ACTSTASH_KEEP_PARAMETER == Of(actstash::KeepReason::kParameter));
+static_assert(ACTSTASH_KEEP_LISTED == Of(actstash::KeepReason::kKeepListed));
+static_assert(ACTSTASH_KEEP_LAYOUT == Of(actstash::KeepReason::kLayout));
+static_assert(ACTSTASH_KEEP_DEVICE == Of(actstash::KeepReason::kDevice));
+static_assert(ACTSTASH_KEEP_NO_COPY_ENGINE == Of(actstash::KeepReason::kNoCopyEngine));
+constexpr int Of(actstash::UnpackKind k) { return static_cast<int>(k); }
+static_assert(ACTSTASH_UNPACK_SOURCE == Of(actstash::UnpackKind::kSource));
+static_assert(ACTSTASH_UNPACK_VIEW == Of(actstash::UnpackKind::kView));
+static_assert(ACTSTASH_UNPACK_DESTINATION == Of(actstash::UnpackKind::kDestination));
+static_assert(ACTSTASH_UNPACK_PREFETCHED == Of(actstash::UnpackKind::kPrefetched));
 
 thread_local std::string last_error;
 
@@ -47,19 +60,6 @@ char* Dup(const std::string& s) {
   return out;
 }
 
-// The public PinPolicy has the three meanings of the setting's Tristate.
-actstash::PinPolicy PinPolicyOf(actstash::Tristate setting) {
-  switch (setting) {
-    case actstash::Tristate::kOn:
-      return actstash::PinPolicy::kOn;
-    case actstash::Tristate::kOff:
-      return actstash::PinPolicy::kOff;
-    case actstash::Tristate::kAuto:
-      break;
-  }
-  return actstash::PinPolicy::kAuto;
-}
-
 }  // namespace
 
 extern "C" {
@@ -69,33 +69,68 @@ const char* actstash_last_error(void) { return last_error.c_str(); }
 void actstash_free_string(char* s) { std::free(s); }
 int actstash_cuda_available(void) { return actstash::CudaDeviceAvailable() ? 1 : 0; }
 
-int actstash_client_connect(const char* address, uint64_t quota, const char* name,
-                            const char* attach, int64_t rpc_timeout_ms, int64_t connect_timeout_ms,
-                            uint32_t lease_batch, const char* pin, int cuda_device,
-                            actstash_client** out) {
+char* actstash_describe_json(void) {
+  actstash::capi::JsonWriter w;
+  w.Begin();
+  w.Field("c_api_version", uint64_t{ACTSTASH_C_API_VERSION});
+  w.Key("pack_flags");
+  w.Begin();
+  w.Field("element_size_mask", uint64_t{ACTSTASH_ELEMENT_SIZE_MASK});
+  w.Field("fp32", uint64_t{ACTSTASH_FP32});
+  w.Field("dense", uint64_t{ACTSTASH_DENSE});
+  w.Field("sync", uint64_t{ACTSTASH_SYNC});
+  w.Field("keep_shift", uint64_t{ACTSTASH_KEEP_SHIFT});
+  w.Field("ndim_shift", uint64_t{ACTSTASH_NDIM_SHIFT});
+  w.Field("device_shift", uint64_t{ACTSTASH_DEVICE_SHIFT});
+  w.End();
+  w.Key("unpack_kinds");
+  w.Begin();
+  w.Field("source", uint64_t{ACTSTASH_UNPACK_SOURCE});
+  w.Field("view", uint64_t{ACTSTASH_UNPACK_VIEW});
+  w.Field("destination", uint64_t{ACTSTASH_UNPACK_DESTINATION});
+  w.Field("prefetched", uint64_t{ACTSTASH_UNPACK_PREFETCHED});
+  w.Field("copied", uint64_t{ACTSTASH_UNPACK_COPIED});
+  w.End();
+  w.Key("keep_reasons");
+  w.BeginArray();
+  for (int i = 0; i < static_cast<int>(actstash::KeepReason::kCount); ++i) {
+    w.StringValue(actstash::KeepReasonName(static_cast<actstash::KeepReason>(i)));
+  }
+  w.EndArray();
+  w.Key("engine_stats");
+  w.BeginArray();
+  for (const std::string& name : actstash::EngineStatNames()) w.StringValue(name);
+  w.EndArray();
+  w.Key("client_options");
+  w.Begin();
+  actstash::capi::WriteClientOptions(w, actstash::ClientOptions{});
+  w.End();
+  w.Key("engine_options");
+  w.Begin();
+  actstash::capi::WriteEngineSettings(w, actstash::capi::EngineSettings{});
+  w.End();
+  w.End();
+  return Dup(w.str());
+}
+
+int actstash_parse_size(const char* text, uint64_t percent_base, uint64_t* out) {
+  if (text == nullptr || out == nullptr) {
+    return Fail(absl::InvalidArgumentError("text and out must not be null"));
+  }
+  absl::StatusOr<uint64_t> bytes = actstash::ParseByteSize(text, percent_base);
+  if (!bytes.ok()) return Fail(bytes.status());
+  *out = *bytes;
+  return 0;
+}
+
+int actstash_client_connect(const char* options_json, actstash_client** out) {
   if (out == nullptr) return Fail(absl::InvalidArgumentError("out must not be null"));
   actstash::ClientOptions options;
-  options.address = address != nullptr ? address : "";
-  options.quota_bytes = quota;
-  options.client_name = name != nullptr ? name : "";
-  options.rpc_timeout = std::chrono::milliseconds(rpc_timeout_ms);
-  options.connect_timeout = std::chrono::milliseconds(connect_timeout_ms);
-  options.lease_batch = lease_batch;
-  options.cuda_device = cuda_device;
-  static constexpr actstash::Choice<actstash::AttachMode> kAttach[] = {
-      {"auto", actstash::AttachMode::kAuto},
-      {"required", actstash::AttachMode::kRequired},
-      {"off", actstash::AttachMode::kOff}};
-  // Null means the default: the first name.
-  absl::StatusOr<actstash::AttachMode> attach_mode =
-      actstash::ParseChoice(attach != nullptr ? attach : "auto", "attach", kAttach);
-  if (!attach_mode.ok()) return Fail(attach_mode.status());
-  options.attach = *attach_mode;
-  // The pin policy is spelled like every auto/on/off setting (common/tristate.h).
-  absl::StatusOr<actstash::Tristate> pin_policy =
-      actstash::ParseTristate(pin != nullptr ? pin : "auto", "pin");
-  if (!pin_policy.ok()) return Fail(pin_policy.status());
-  options.pin_leases = PinPolicyOf(*pin_policy);
+  if (options_json != nullptr) {
+    if (absl::Status s = actstash::capi::ReadClientOptions(options_json, options); !s.ok()) {
+      return Fail(s);
+    }
+  }
   absl::StatusOr<std::unique_ptr<actstash::Client>> client = actstash::Client::Connect(options);
   if (!client.ok()) return Fail(client.status());
   *out = new actstash_client{std::shared_ptr<actstash::Client>(std::move(*client))};
@@ -149,52 +184,49 @@ int actstash_client_stats_json(actstash_client* c, int all_sessions, char** out)
   return 0;
 }
 
-int actstash_engine_create(actstash_client* client, uint64_t inline_store_bytes, int cpu_views,
-                           uint64_t view_min_bytes, int prefetch, int cuda, int device_pool,
-                           int pool_importer, int downcast_bf16, int on_failure,
-                           int64_t copy_delay_us, uint64_t seed, void (*acquire)(void*),
-                           void (*release)(void*), uint64_t max_in_flight_bytes,
-                           uint32_t max_in_flight_stores, void* (*unlock)(void),
-                           void (*relock)(void*), actstash_engine** out) {
+int actstash_engine_create(actstash_client* client, const char* options_json,
+                           const actstash_engine_callbacks* callbacks, actstash_engine** out) {
   if (out == nullptr) return Fail(absl::InvalidArgumentError("out must not be null"));
-  if (on_failure != 0 && on_failure != 1) {
-    return Fail(absl::InvalidArgumentError("on_failure must be 0 (raise) or 1 (keep)"));
+  actstash::capi::EngineSettings settings;
+  if (options_json != nullptr) {
+    if (absl::Status s = actstash::capi::ReadEngineSettings(options_json, settings); !s.ok()) {
+      return Fail(s);
+    }
   }
-  if (copy_delay_us < 0) return Fail(absl::InvalidArgumentError("copy_delay_us must be >= 0"));
-  if ((acquire == nullptr) != (release == nullptr) || (unlock == nullptr) != (relock == nullptr)) {
-    return Fail(absl::InvalidArgumentError(
-        "acquire/release and unlock/relock come in pairs: both or neither"));
+  // Injected delays are for tests of ordering: every CPU store then takes
+  // the delayed path instead of being copied on the calling thread.
+  if (settings.host.max_injected_delay.count() > 0) settings.engine.inline_store_bytes = 0;
+  actstash::EngineOptions options = settings.engine;
+  if (callbacks != nullptr) {
+    if ((callbacks->acquire == nullptr) != (callbacks->release == nullptr) ||
+        (callbacks->unlock == nullptr) != (callbacks->relock == nullptr)) {
+      return Fail(absl::InvalidArgumentError(
+          "acquire/release and unlock/relock come in pairs: both or neither"));
+    }
+    options.acquire_owner = callbacks->acquire;
+    options.release_owner = callbacks->release;
+    options.unlock_caller = callbacks->unlock;
+    options.relock_caller = callbacks->relock;
   }
-  actstash::EngineOptions options;
-  options.inline_store_bytes = inline_store_bytes;
-  options.cpu_views = cpu_views != 0;
-  options.view_min_bytes = view_min_bytes;
-  options.prefetch = prefetch;
-  options.cuda = cuda != 0;
-  options.device_pool = device_pool;
-  options.pool_importer = pool_importer;
-  options.downcast_bf16 = downcast_bf16 != 0;
-  options.on_failure =
-      on_failure == 0 ? actstash::FailurePolicy::kRaise : actstash::FailurePolicy::kKeep;
-  actstash::HostCopyEngineOptions host;
-  host.max_injected_delay = std::chrono::microseconds(copy_delay_us);
-  host.seed = seed;
-  options.host_engine = actstash::CreateHostCopyEngine(host);
-  options.acquire_owner = acquire;
-  options.release_owner = release;
-  options.max_in_flight_bytes = max_in_flight_bytes;
-  options.max_in_flight_stores = max_in_flight_stores;
-  options.unlock_caller = unlock;
-  options.relock_caller = relock;
+  options.host_engine = actstash::CreateHostCopyEngine(settings.host);
   absl::StatusOr<std::unique_ptr<actstash::SavedTensorEngine>> engine =
       actstash::SavedTensorEngine::Create(client != nullptr ? client->client : nullptr,
                                           std::move(options));
   if (!engine.ok()) return Fail(engine.status());
-  *out = new actstash_engine{std::move(*engine)};
+  *out = new actstash_engine{std::move(*engine), settings};
   return 0;
 }
 
 void actstash_engine_free(actstash_engine* e) { delete e; }
+
+char* actstash_engine_settings_json(actstash_engine* e) {
+  if (e == nullptr) return nullptr;
+  actstash::capi::JsonWriter w;
+  w.Begin();
+  actstash::capi::WriteEngineSettings(w, e->settings);
+  w.End();
+  return Dup(w.str());
+}
 
 uint64_t actstash_engine_pack(actstash_engine* e, uintptr_t data, uint64_t nbytes, uint64_t flags,
                               const int64_t* sizes, const int64_t* strides, uintptr_t stream,
@@ -304,11 +336,6 @@ void actstash_engine_wait(actstash_engine* e) {
 }
 int actstash_engine_available(actstash_engine* e) {
   return e != nullptr && e->engine->available() ? 1 : 0;
-}
-
-const char* actstash_engine_stat_names(void) {
-  static const std::string names = absl::StrJoin(actstash::EngineStatNames(), ",");
-  return names.c_str();
 }
 
 int actstash_engine_stats(actstash_engine* e, uint64_t* values, int n) {

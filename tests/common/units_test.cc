@@ -41,12 +41,21 @@ TEST(ParseByteSizeTest, PlainNumbersAreBytes) {
 }
 
 TEST(ParseByteSizeTest, BinaryUnitsInEverySpelling) {
-  for (const char* text : {"4k", "4K", "4kb", "4KB", "4KiB", "4kib", "4KIB"}) {
-    ExpectSize(text, 4 * kKiB);
-  }
-  for (const char* text : {"64m", "64M", "64MB", "64MiB"}) ExpectSize(text, 64 * kMiB);
-  for (const char* text : {"2g", "2G", "2GB", "2GiB"}) ExpectSize(text, 2 * kGiB);
-  for (const char* text : {"3t", "3T", "3TB", "3TiB"}) ExpectSize(text, 3 * kTiB);
+  for (const char* text : {"4k", "4K", "4KiB", "4kib", "4KIB"}) ExpectSize(text, 4 * kKiB);
+  for (const char* text : {"64m", "64M", "64MiB"}) ExpectSize(text, 64 * kMiB);
+  for (const char* text : {"2g", "2G", "2GiB"}) ExpectSize(text, 2 * kGiB);
+  for (const char* text : {"3t", "3T", "3TiB"}) ExpectSize(text, 3 * kTiB);
+}
+
+// As GNU dd and numfmt read them: a B after the letter means powers of ten.
+TEST(ParseByteSizeTest, DecimalUnitsWithB) {
+  for (const char* text : {"4kb", "4KB", "4kB"}) ExpectSize(text, 4000);
+  ExpectSize("64MB", 64'000'000);
+  ExpectSize("1.5GB", 1'500'000'000);
+  ExpectSize("6 GB", 6'000'000'000);
+  ExpectSize("3TB", 3'000'000'000'000);
+  ExpectSize("18446744TB", 18'446'744'000'000'000'000ULL);  // exact, below 2^64
+  ExpectInvalid("18446745TB");                              // above it
 }
 
 TEST(ParseByteSizeTest, DecimalNumbers) {

@@ -1,10 +1,16 @@
 // `actstashd` with no arguments: the default socket, a pool of 25% of RAM
-// (capped), working store/fetch, and a clean stop. Labelled slow: it commits
-// and pins that much memory.
+// (capped), working store/fetch, and a clean stop; and inside a memory
+// cgroup, a pool of 25% of the cgroup's limit. Labelled slow: it commits and
+// pins that much memory.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/stat.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
 
 #include "common/address.h"
 #include "server/config.h"
@@ -58,6 +64,79 @@ TEST(DefaultsTest, NoArgumentsGivesAWorkingDaemonOnTheDefaultSocket) {
   EXPECT_EQ(*code, 0);
   struct stat st {};
   EXPECT_NE(lstat(socket.c_str(), &st), 0) << "the default socket must be removed on exit";
+}
+
+// A memory cgroup of its own, limited to `bytes`, made where this machine lets
+// a root process make one (cgroup v1's memory controller, or v2 with the
+// memory controller enabled at the root); removed when destroyed. `why_not`
+// says what was missing otherwise.
+class MemoryCgroup {
+ public:
+  explicit MemoryCgroup(uint64_t bytes) {
+    const std::string name = "actstash-test-" + std::to_string(getpid());
+    if (std::filesystem::exists("/sys/fs/cgroup/memory/cgroup.procs")) {
+      Make("/sys/fs/cgroup/memory/" + name, "memory.limit_in_bytes", bytes);
+    } else if (std::filesystem::exists("/sys/fs/cgroup/cgroup.controllers")) {
+      Make("/sys/fs/cgroup/" + name, "memory.max", bytes);
+    } else {
+      why_not_ = "no cgroup v1 memory controller or cgroup v2 hierarchy at /sys/fs/cgroup";
+    }
+  }
+  ~MemoryCgroup() {
+    if (!dir_.empty()) std::filesystem::remove(dir_);  // empty once the daemon is gone
+  }
+  bool ok() const { return why_not_.empty(); }
+  const std::string& why_not() const { return why_not_; }
+  std::string procs() const { return dir_ + "/cgroup.procs"; }
+
+ private:
+  void Make(const std::string& dir, const std::string& limit_file, uint64_t bytes) {
+    std::error_code error;
+    if (!std::filesystem::create_directory(dir, error)) {
+      why_not_ = "cannot create " + dir + ": " + error.message();
+      return;
+    }
+    dir_ = dir;
+    std::ofstream limit(dir + "/" + limit_file);
+    limit << bytes;
+    limit.close();
+    std::ifstream back(dir + "/" + limit_file);
+    uint64_t read = 0;
+    back >> read;
+    if (!limit || read != bytes) why_not_ = "cannot set " + dir + "/" + limit_file;
+  }
+
+  std::string dir_;
+  std::string why_not_;
+};
+
+TEST(DefaultsTest, InsideAMemoryCgroupThePoolIsAQuarterOfItsLimit) {
+  constexpr uint64_t kLimit = 2ull << 30;
+  MemoryCgroup cgroup(kLimit);
+  if (!cgroup.ok()) GTEST_SKIP() << "cannot make a memory cgroup here: " << cgroup.why_not();
+  const std::string dir = ::testing::TempDir() + "actstash-cgroup-" + std::to_string(getpid());
+  std::filesystem::create_directories(dir);
+  DaemonProcessOptions options;
+  options.bare = true;  // no --pool-size: the default
+  options.socket_path = dir + "/actstash.sock";
+  options.extra_args = {"--socket", options.socket_path};
+  options.cgroup_procs = cgroup.procs();
+  auto daemon = StartDaemonOrDie(options);
+  ASSERT_NE(daemon, nullptr);
+  ClientOptions client_options;
+  client_options.address = daemon->address();
+  auto client = Client::Connect(client_options);
+  ASSERT_TRUE(client.ok()) << client.status();
+  absl::StatusOr<v1::StatsReply> stats = (*client)->Stats();
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  // A quarter of 2 GiB in whole 64 MiB segments, whatever the machine has.
+  EXPECT_EQ(stats->pool().total_bytes(), kLimit / 4);
+  EXPECT_THAT(daemon->log(), HasSubstr("memory: the cgroup limit 2.0 GiB ("));
+  client->reset();
+  absl::StatusOr<int> code = daemon->Stop(SIGTERM, std::chrono::seconds(60));
+  ASSERT_TRUE(code.ok()) << code.status();
+  EXPECT_EQ(*code, 0);
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

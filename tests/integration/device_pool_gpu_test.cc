@@ -16,7 +16,7 @@
 
 #include "absl/strings/escaping.h"
 #include "actstash/v1/stash.grpc.pb.h"
-#include "client/attach_channel.h"
+#include "client/attach_connection.h"
 #include "client/device_import.h"
 #include "common/attach_wire.h"
 #include "common/protocol.h"
@@ -77,7 +77,7 @@ TEST(DevicePoolGpuTest, BytesWrittenByOneProcessAreSeenByAnother) {
     ASSERT_TRUE(stub->OpenSession(&ctx, pb::OpenSessionRequest(), &open).ok());
   }
   ASSERT_EQ(open.device_pools_size(), 1);
-  auto attach = client_internal::AttachChannel::Connect(
+  auto attach = client_internal::AttachConnection::Connect(
       attach::AttachSocketPath(daemon->socket_path()), open.token(), std::chrono::seconds(5));
   ASSERT_TRUE(attach.ok()) << attach.status();
 

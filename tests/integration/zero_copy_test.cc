@@ -18,7 +18,7 @@
 #include <thread>
 
 #include "actstash/v1/stash.grpc.pb.h"
-#include "client/attach_channel.h"
+#include "client/attach_connection.h"
 #include "common/attach_wire.h"
 #include "common/unique_fd.h"
 #include "tests/integration/test_util.h"
@@ -235,7 +235,7 @@ TEST_F(ZeroCopyTest, LeaseQuotaAndPoolExhaustionAreResourceExhausted) {
 struct RawSession {
   std::unique_ptr<pb::Stash::Stub> stub;
   std::string token;
-  std::unique_ptr<client_internal::AttachChannel> attach;
+  std::unique_ptr<client_internal::AttachConnection> attach;
 
   grpc::Status Lease(uint32_t count, pb::LeaseReply* reply) {
     grpc::ClientContext ctx;
@@ -263,7 +263,7 @@ RawSession OpenRaw(const DaemonProcess& daemon, bool attach) {
   EXPECT_TRUE(raw.stub->OpenSession(&ctx, pb::OpenSessionRequest(), &reply).ok());
   raw.token = reply.token();
   if (attach) {
-    auto channel = client_internal::AttachChannel::Connect(
+    auto channel = client_internal::AttachConnection::Connect(
         attach::AttachSocketPath(daemon.socket_path()), raw.token, std::chrono::seconds(5));
     EXPECT_TRUE(channel.ok()) << channel.status();
     if (channel.ok()) raw.attach = *std::move(channel);
@@ -294,7 +294,7 @@ TEST_F(ZeroCopyTest, SegmentsAreIsolatedBetweenSessions) {
   grpc::Status refused = b.Lease(1, &lease_b);
   EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
   EXPECT_EQ(b.Return(lease_a.leases(0).lease_id()).error_code(), grpc::StatusCode::NOT_FOUND);
-  auto as_a = client_internal::AttachChannel::Connect(
+  auto as_a = client_internal::AttachConnection::Connect(
       attach::AttachSocketPath(daemon_->socket_path()), a.token, std::chrono::seconds(5));
   EXPECT_EQ(as_a.status().code(), absl::StatusCode::kFailedPrecondition) << as_a.status();
 
@@ -424,7 +424,7 @@ TEST_F(ZeroCopyTest, LeaseWithoutAttachAndBadHellosAreRefused) {
     EXPECT_EQ(detached.stub->Lease(&ctx, request, &reply).error_code(),
               grpc::StatusCode::INVALID_ARGUMENT);
   }
-  auto wrong = client_internal::AttachChannel::Connect(
+  auto wrong = client_internal::AttachConnection::Connect(
       attach::AttachSocketPath(daemon_->socket_path()), "not-a-token", std::chrono::seconds(5));
   EXPECT_EQ(wrong.status().code(), absl::StatusCode::kUnauthenticated) << wrong.status();
   // Garbage on the attach socket: the daemon drops the connection and goes on.

@@ -161,7 +161,7 @@ def test_bad_arguments_are_refused(stash):
     lst = nn.Sequential(nn.ModuleList([nn.Linear(4, 4)]))
     with pytest.raises(ValueError, match="budget"):
         actstash.wrap(lst, stash, policy="auto")
-    with pytest.raises(ValueError, match="not a size"):
+    with pytest.raises(ValueError, match="budget: not a byte size: 'lots'"):
         actstash.wrap(lst, stash, policy="auto", budget="lots")
     with pytest.raises(ValueError, match="fraction"):
         actstash.wrap(lst, stash, policy="auto", budget=1.5)

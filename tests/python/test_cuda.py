@@ -3,6 +3,7 @@ copy engine's stream, H2D back with the compute stream waiting on an event.
 Gradients must be bitwise equal to plain autograd, also when the compute
 stream is deliberately slow. Skipped without a GPU (torch and actstash both
 need one); the pinning-policy tests run everywhere."""
+import json
 import os
 
 import pytest
@@ -122,16 +123,16 @@ def test_auto_pinning_without_a_device_is_silent_and_unpinned(daemon):
 
 
 def test_bad_pin_value_is_a_value_error(daemon):
-    with pytest.raises(ValueError, match="pin must be"):
+    with pytest.raises(ValueError, match="pin_leases: 'sometimes' is not one of auto, on, off"):
         actstash.connect(daemon.socket, pin="sometimes")
-    # The C ABI checks too (for callers other than this package), with the daemon's
-    # wording for its own settings.
+    # The C ABI checks (for callers other than this package too), with the daemon's
+    # wording for its own settings, and hands back no handle.
     import ctypes
-    cases = ((b"auto", b"sometimes", "pin: 'sometimes' is not one of auto, on, off"),
-             (b"always", b"off", "attach: 'always' is not one of auto, required, off"))
-    for attach, pin, message in cases:
+    cases = (({"pin_leases": "sometimes"}, "pin_leases: 'sometimes' is not one of auto, on, off"),
+             ({"attach": "always"}, "attach: 'always' is not one of auto, required, off"))
+    for settings, message in cases:
         handle = ctypes.c_void_p()
-        code = _lib.client_connect(daemon.socket.encode(), 0, b"t", attach, 1000, 1000, 4, pin, 0,
+        code = _lib.client_connect(json.dumps(dict(settings, address=daemon.socket)).encode(),
                                    ctypes.byref(handle))
         with pytest.raises(ValueError) as error:
             _lib.raise_for(code)

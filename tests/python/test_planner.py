@@ -205,8 +205,9 @@ def test_sizes_parse_and_print():
     assert planner.parse_bytes("6GiB") == 6 << 30
     assert planner.parse_bytes("512 MiB") == 512 << 20
     assert planner.parse_bytes("1.5GB") == 1_500_000_000
+    assert planner.parse_bytes("4G") == 4 << 30  # a bare letter is binary, as for actstashd
     assert planner.parse_bytes("1000") == 1000
-    for bad in ("six", "-1GiB", "5 parsecs"):
+    for bad in ("six", "-1GiB", "5 parsecs", "25%"):
         with pytest.raises(ValueError):
             planner.parse_bytes(bad)
     assert planner.format_bytes(3 * MiB) == "3.0 MiB"

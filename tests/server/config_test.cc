@@ -15,6 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/address.h"
+#include "server/memory_limits.h"
 
 namespace actstash::server {
 namespace {
@@ -22,10 +23,9 @@ namespace {
 constexpr uint64_t kMiB = 1ull << 20;
 constexpr uint64_t kGiB = 1ull << 30;
 
-uint64_t PhysicalMemory() {
-  return static_cast<uint64_t>(sysconf(_SC_PHYS_PAGES)) *
-         static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
-}
+// What percentages are of: physical memory, or this process's cgroup limit
+// when lower (memory_limits_test covers how that is found).
+uint64_t UsableMemory() { return ReadMemoryLimits().usable_bytes(); }
 
 uint64_t RoundDown(uint64_t value, uint64_t multiple) { return value - value % multiple; }
 
@@ -91,7 +91,9 @@ void ExpectUsageError(const Parsed& parsed, const std::string& setting) {
 }
 
 TEST(DefaultPoolBytesTest, IsAQuarterOfMemoryCappedAt32GiB) {
-  EXPECT_EQ(DefaultPoolBytes(), std::min(PhysicalMemory() / 4, 32 * kGiB));
+  EXPECT_EQ(DefaultPoolBytes(), std::min(UsableMemory() / 4, 32 * kGiB));
+  EXPECT_EQ(DefaultPoolBytes(8 * kGiB), 2 * kGiB);
+  EXPECT_EQ(DefaultPoolBytes(512 * kGiB), 32 * kGiB);
   EXPECT_GT(DefaultPoolBytes(), 0u);
 }
 
@@ -164,11 +166,11 @@ TEST_F(ConfigTest, Tristates) {
   EXPECT_EQ(Parse({"--mlock", "off"}).command_line.config.mlock, Tristate::kOff);
 }
 
-TEST_F(ConfigTest, PoolSizePercentageIsOfPhysicalMemory) {
+TEST_F(ConfigTest, PoolSizePercentageIsOfUsableMemory) {
   const Parsed parsed = Parse({"--pool-size", "10%"});
   ASSERT_FALSE(parsed.command_line.exit_code.has_value()) << parsed.err;
   const uint64_t pool = parsed.command_line.config.pool_bytes;
-  const uint64_t tenth = PhysicalMemory() / 10;
+  const uint64_t tenth = UsableMemory() / 10;
   // 10% of memory, in whole 64 MiB segments (the percentage is computed in
   // floating point, hence the few bytes of slack).
   EXPECT_EQ(pool % (64 * kMiB), 0u);

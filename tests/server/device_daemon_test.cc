@@ -19,7 +19,7 @@
 
 #include "absl/strings/match.h"
 #include "actstash/v1/stash.grpc.pb.h"
-#include "client/attach_channel.h"
+#include "client/attach_connection.h"
 #include "common/attach_wire.h"
 #include "common/protocol.h"
 #include "common/unique_fd.h"
@@ -81,7 +81,7 @@ class DeviceDaemonTest : public ::testing::Test {
     ASSERT_TRUE(stub_->OpenSession(&ctx, pb::OpenSessionRequest(), &open_).ok());
   }
   void Attach() {
-    auto channel = client_internal::AttachChannel::Connect(
+    auto channel = client_internal::AttachConnection::Connect(
         attach::AttachSocketPath(dir_ + "/s.sock"), open_.token(), std::chrono::seconds(5));
     ASSERT_TRUE(channel.ok()) << channel.status();
     attach_ = *std::move(channel);
@@ -129,7 +129,7 @@ class DeviceDaemonTest : public ::testing::Test {
   std::unique_ptr<Daemon> daemon_;
   std::unique_ptr<pb::Stash::Stub> stub_;
   pb::OpenSessionReply open_;
-  std::unique_ptr<client_internal::AttachChannel> attach_;
+  std::unique_ptr<client_internal::AttachConnection> attach_;
 };
 
 void ExpectCode(const grpc::Status& status, grpc::StatusCode code, const std::string& text) {

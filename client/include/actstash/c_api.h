@@ -28,8 +28,11 @@
 extern "C" {
 #endif
 
-/* 2: the stats and zero_copy dictionaries are the proto messages'. */
-#define ACTSTASH_C_API_VERSION 3
+/* 2: the stats and zero_copy dictionaries are the proto messages'.
+ * 4: connect and engine_create take their settings as one JSON object;
+ * actstash_describe_json exports the constants, defaults and counter names;
+ * actstash_parse_size. */
+#define ACTSTASH_C_API_VERSION 4
 
 #if defined(__GNUC__)
 #define ACTSTASH_API __attribute__((visibility("default")))
@@ -46,11 +49,28 @@ ACTSTASH_API void actstash_free_string(char* s);
 /* Whether this build has CUDA and a usable device. */
 ACTSTASH_API int actstash_cuda_available(void);
 
-/* attach: "auto", "required", "off"; pin: "auto", "on", "off". */
-ACTSTASH_API int actstash_client_connect(const char* address, uint64_t quota, const char* name,
-                                         const char* attach, int64_t rpc_timeout_ms,
-                                         int64_t connect_timeout_ms, uint32_t lease_batch,
-                                         const char* pin, int cuda_device, actstash_client** out);
+/* What a front-end would otherwise re-declare, as one JSON object (the
+ * caller's string): "c_api_version"; "pack_flags" and "unpack_kinds" (the
+ * #defines below, by lower-case name without the prefix); "keep_reasons"
+ * (names in KeepReason order); "engine_stats" (counter names in the order
+ * actstash_engine_stats writes them); "client_options" and
+ * "engine_options": every setting actstash_client_connect and
+ * actstash_engine_create accept, with its default. */
+ACTSTASH_API char* actstash_describe_json(void);
+
+/* The project's one size parser (common/units.h): "512MiB", "4G" (binary:
+ * KiB..TiB and the bare letters), "1.5GB" (decimal: KB..TB), a number of
+ * bytes, or "25%" of percent_base when that is not 0. */
+ACTSTASH_API int actstash_parse_size(const char* text, uint64_t percent_base, uint64_t* out);
+
+/* options_json: a JSON object of ClientOptions settings by name (NULL or
+ * "{}": all defaults; names and defaults: describe's "client_options"), e.g.
+ * {"address": "unix:///run/actstash.sock", "quota_bytes": "8GiB",
+ *  "attach": "auto", "pin_leases": "auto", "lease_retain_ms": 10000}.
+ * Sizes take a number of bytes or a size string; durations whole
+ * milliseconds (microseconds for copy_delay_us). An unknown name, a wrong
+ * type or a value out of range is INVALID_ARGUMENT naming the setting. */
+ACTSTASH_API int actstash_client_connect(const char* options_json, actstash_client** out);
 ACTSTASH_API int actstash_client_close(actstash_client* client);
 ACTSTASH_API void actstash_client_free(actstash_client* client);
 /* JSON object: session_id, quota, address, attached, attach_error, pin_error,
@@ -80,21 +100,32 @@ ACTSTASH_API int actstash_client_stats_json(actstash_client* client, int all_ses
 #define ACTSTASH_KEEP_DEVICE 4
 #define ACTSTASH_KEEP_NO_COPY_ENGINE 7
 
-/* client may be NULL (no daemon: everything is kept). on_failure: 0 raise, 1
- * keep. copy_delay_us > 0 injects random delays into the host engine's
- * copies (tests). acquire/release: owner reference functions (both or
- * neither). max_in_flight_bytes/max_in_flight_stores: the bound on stores in
- * flight (EngineOptions; 0: none). unlock/relock: called around the waits
- * inside actstash_engine_pack (both or neither; Python: PyEval_SaveThread and
- * PyEval_RestoreThread, so the GIL is free while the device works). */
-ACTSTASH_API int actstash_engine_create(actstash_client* client, uint64_t inline_store_bytes,
-                                        int cpu_views, uint64_t view_min_bytes, int prefetch,
-                                        int cuda, int device_pool, int pool_importer,
-                                        int downcast_bf16, int on_failure, int64_t copy_delay_us,
-                                        uint64_t seed, void (*acquire)(void*),
-                                        void (*release)(void*), uint64_t max_in_flight_bytes,
-                                        uint32_t max_in_flight_stores, void* (*unlock)(void),
-                                        void (*relock)(void*), actstash_engine** out);
+/* Functions the engine calls on the caller's behalf (all optional, in
+ * pairs). acquire/release: owner references (the engine holds a source's
+ * owner while it copies). unlock/relock: called around the waits inside
+ * actstash_engine_pack (Python: PyEval_SaveThread and PyEval_RestoreThread,
+ * so the GIL is free while the device works). */
+typedef struct actstash_engine_callbacks {
+  void (*acquire)(void*);
+  void (*release)(void*);
+  void* (*unlock)(void);
+  void (*relock)(void*);
+} actstash_engine_callbacks;
+
+/* client may be NULL (no daemon: everything is kept). options_json: the
+ * engine's settings by name, as for actstash_client_connect (names and
+ * defaults: describe's "engine_options"): inline_store_bytes, cpu_views,
+ * view_min_bytes, prefetch, cuda, device_pool, pool_importer, downcast_bf16,
+ * on_failure ("raise" or "keep"), max_in_flight_bytes, max_in_flight_stores,
+ * and for tests copy_delay_us (> 0: random delays before each host copy, and
+ * every CPU store goes through the copy engine: inline_store_bytes becomes
+ * 0) and seed. callbacks may be NULL (none). */
+ACTSTASH_API int actstash_engine_create(actstash_client* client, const char* options_json,
+                                        const actstash_engine_callbacks* callbacks,
+                                        actstash_engine** out);
+/* The settings the engine runs with, as describe's "engine_options" (the
+ * caller's string; NULL for a null handle). */
+ACTSTASH_API char* actstash_engine_settings_json(actstash_engine* engine);
 /* Waits for every copy, releases every owner it holds. */
 ACTSTASH_API void actstash_engine_free(actstash_engine* engine);
 /* The saved tensor's id (> 0), or 0 when kept. Never fails: errors are held
@@ -110,7 +141,12 @@ ACTSTASH_API uint64_t actstash_engine_pack(actstash_engine* engine, uintptr_t da
 ACTSTASH_API uint64_t actstash_engine_pack_dense_cpu(actstash_engine* engine, uintptr_t data,
                                                      uint64_t nbytes, uint64_t flags,
                                                      uint64_t version, void* owner, void* cookie);
-/* out[0] kind (0 source, 1 view, 2 destination, 3 prefetched); out[1] the
+/* Kinds of answer of actstash_engine_unpack (actstash::UnpackKind). */
+#define ACTSTASH_UNPACK_SOURCE 0
+#define ACTSTASH_UNPACK_VIEW 1
+#define ACTSTASH_UNPACK_DESTINATION 2
+#define ACTSTASH_UNPACK_PREFETCHED 3
+/* out[0] kind (ACTSTASH_UNPACK_*); out[1] the
  * owner (source/prefetched, a reference now the caller's) or the view's
  * address; out[2] bytes of the restored tensor; out[3] 1 when downcast;
  * out[4] n prefetch candidates, then n pairs (id, cookie; each cookie an
@@ -143,10 +179,8 @@ ACTSTASH_API void actstash_engine_synchronize(actstash_engine* engine);
  * lock the owner functions need, then actstash_engine_reap. */
 ACTSTASH_API void actstash_engine_wait(actstash_engine* engine);
 ACTSTASH_API int actstash_engine_available(actstash_engine* engine);
-/* Comma-separated names of the engine's counters, in the order
- * actstash_engine_stats writes them. */
-ACTSTASH_API const char* actstash_engine_stat_names(void);
-/* Writes up to n counters; returns how many there are. */
+/* Writes up to n counters (named by describe's "engine_stats"); returns how
+ * many there are. */
 ACTSTASH_API int actstash_engine_stats(actstash_engine* engine, uint64_t* values, int n);
 
 #ifdef __cplusplus

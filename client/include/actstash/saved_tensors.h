@@ -248,8 +248,13 @@ class SavedTensorEngine {
   std::unique_ptr<Impl> impl_;
 };
 
+// "small", "parameter", "keep_listed", ...: a KeepReason as stats and the C
+// ABI's description name it; "" for kCount or an unknown value.
+const char* KeepReasonName(KeepReason reason);
+
 // The names of EngineStats' fields, in declaration order (kept_by_reason
-// expands to one name per KeepReason), as stats dictionaries show them.
+// expands to "kept_" + KeepReasonName per reason), as stats dictionaries show
+// them. Names and values come from one table in saved_tensor_engine.cc.
 const std::vector<std::string>& EngineStatNames();
 // EngineStats' fields in the order of EngineStatNames().
 std::vector<uint64_t> EngineStatValues(const EngineStats& stats);

@@ -437,7 +437,7 @@ def _resolve_budget(budget, memory_limit, device):
     if isinstance(budget, bool) or budget is None:
         raise ValueError("policy='auto' needs budget=: bytes, a size like '6GiB', or a fraction")
     if isinstance(budget, str):
-        return _planner.parse_bytes(budget)
+        return _planner.parse_bytes(budget, "budget")
     if isinstance(budget, int):
         if budget <= 0:
             raise ValueError(f"budget must be positive, not {budget}")
@@ -447,7 +447,8 @@ def _resolve_budget(budget, memory_limit, device):
             free, _ = torch.cuda.mem_get_info(device)
             return int(budget * free)
         if memory_limit is not None:
-            limit = (_planner.parse_bytes(memory_limit) if isinstance(memory_limit, str)
+            limit = (_planner.parse_bytes(memory_limit, "memory_limit")
+                     if isinstance(memory_limit, str)
                      else int(memory_limit))
         else:
             limit = _mem_available()

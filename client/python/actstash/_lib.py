@@ -50,24 +50,30 @@ def _declare(lib, name, restype, *argtypes):
     return fn
 
 
-_C_API_VERSION = 3  # engine_create's arguments and the JSON shapes below (stats, zero_copy)
+_C_API_VERSION = 4  # settings as JSON, describe_json, and the JSON shapes below (stats, zero_copy)
 if _declare(_c, "c_api_version", _int)() != _C_API_VERSION:
     raise ImportError(f"actstash: {_PATH} has C API version {_c.actstash_c_api_version()}, "
                       f"this package needs {_C_API_VERSION} (mixed installs?)")
 _last_error = _declare(_py, "last_error", ctypes.c_char_p)
 _free_string = _declare(_c, "free_string", None, _vp)
 cuda_available_fn = _declare(_c, "cuda_available", _int)
-client_connect = _declare(_c, "client_connect", _int, ctypes.c_char_p, _u64, ctypes.c_char_p,
-                          ctypes.c_char_p, _i64, _i64, ctypes.c_uint32, ctypes.c_char_p, _int,
-                          ctypes.POINTER(_vp))
+_describe_json = _declare(_c, "describe_json", _vp)
+_parse_size = _declare(_c, "parse_size", _int, ctypes.c_char_p, _u64, ctypes.POINTER(_u64))
+client_connect = _declare(_c, "client_connect", _int, ctypes.c_char_p, ctypes.POINTER(_vp))
 client_close = _declare(_c, "client_close", _int, _vp)
 client_free = _declare(_c, "client_free", None, _vp)
 client_info_json = _declare(_c, "client_info_json", _vp, _vp)
 client_stats_json = _declare(_c, "client_stats_json", _int, _vp, _int, ctypes.POINTER(_vp))
 
-engine_create = _declare(_c, "engine_create", _int, _vp, _u64, _int, _u64, _int, _int, _int, _int,
-                         _int, _int, _i64, _u64, _vp, _vp, _u64, ctypes.c_uint32, _vp, _vp,
-                         ctypes.POINTER(_vp))
+
+class EngineCallbacks(ctypes.Structure):
+    """actstash_engine_callbacks: function addresses (or None)."""
+    _fields_ = [("acquire", _vp), ("release", _vp), ("unlock", _vp), ("relock", _vp)]
+
+
+engine_create = _declare(_c, "engine_create", _int, _vp, ctypes.c_char_p,
+                         ctypes.POINTER(EngineCallbacks), ctypes.POINTER(_vp))
+engine_settings_json = _declare(_c, "engine_settings_json", _vp, _vp)
 engine_free = _declare(_py, "engine_free", None, _vp)  # releases owners: the GIL is held
 engine_pack = _declare(_py, "engine_pack", _u64, _vp, _u64, _u64, _u64, _vp, _vp, _u64, _u64,
                        _obj, _obj, _u64)
@@ -86,7 +92,6 @@ engine_take_error = _declare(_py, "engine_take_error", _int, _vp)
 engine_take_notice = _declare(_py, "engine_take_notice", _int, _vp)
 engine_wait = _declare(_c, "engine_wait", None, _vp)  # GIL released; releases no owner
 engine_available = _declare(_py, "engine_available", _int, _vp)
-engine_stat_names = _declare(_py, "engine_stat_names", ctypes.c_char_p)
 engine_stats = _declare(_py, "engine_stats", _int, _vp, _vp, _int)
 
 # Owner references: Python objects, counted with the interpreter's own functions.
@@ -100,8 +105,6 @@ PY_RESTORE_THREAD = ctypes.cast(_pyapi.PyEval_RestoreThread, _vp).value
 _decref = _pyapi.Py_DecRef
 _decref.argtypes = [_vp]
 _decref.restype = None
-
-STAT_NAMES = tuple(engine_stat_names().decode().split(","))
 
 
 def take_object(address):
@@ -152,19 +155,51 @@ def _string(address):
         _free_string(address)
 
 
-class Client:
-    """A session with actstashd (actstash::Client). Thread-safe."""
+# What the native library says of itself (actstash_describe_json): the pack flags,
+# unpack kinds, keep reasons, counter names and every setting with its default. Read
+# here instead of re-declared, so that the package and the library cannot disagree.
+DESCRIPTION = json.loads(_string(_describe_json()))
+STAT_NAMES = tuple(DESCRIPTION["engine_stats"])
+CLIENT_DEFAULTS = DESCRIPTION["client_options"]
+ENGINE_DEFAULTS = DESCRIPTION["engine_options"]
 
-    def __init__(self, address="", quota=0, name="", attach="auto", rpc_timeout_ms=30000,
-                 connect_timeout_ms=5000, lease_batch=4, pin="auto", cuda_device=0):
-        if attach not in ("auto", "required", "off"):
-            raise ValueError("attach must be 'auto', 'required' or 'off'")
-        if pin not in ("auto", "on", "off"):
-            raise ValueError("pin must be 'auto', 'on' or 'off'")
+
+def parse_size(text, percent_base=0, what=None):
+    """Bytes of a size as the daemon reads it: '6GiB', '4G', '512 MiB' (binary), '1.5GB'
+    (decimal), a number of bytes, or '25%' of percent_base. ValueError otherwise, its
+    message starting with `what` (the setting's name) when given."""
+    prefix = f"{what}: " if what else ""
+    if isinstance(text, bool) or (isinstance(text, int) and text < 0):
+        raise ValueError(f"{prefix}not a byte size: {text!r}")
+    if isinstance(text, int):
+        return text
+    out = _u64()
+    code = _parse_size(str(text).encode(), int(percent_base), ctypes.byref(out))
+    if code:
+        raise_for(code, what)
+    return out.value
+
+
+def _settings_json(settings):
+    """A settings dict as the JSON object the C ABI reads (names checked natively)."""
+    return json.dumps(settings).encode()
+
+
+def engine_settings(handle):
+    """The settings an engine runs with (actstash_engine_settings_json)."""
+    return json.loads(_string(engine_settings_json(handle)))
+
+
+class Client:
+    """A session with actstashd (actstash::Client). Thread-safe.
+
+    settings: ClientOptions by the names of CLIENT_DEFAULTS (address, client_name,
+    quota_bytes, attach, pin_leases, rpc_timeout_ms, spill, lease_retain_ms, ...); an
+    unknown name or a bad value is a ValueError naming it."""
+
+    def __init__(self, **settings):
         handle = _vp()
-        code = client_connect(address.encode(), int(quota), name.encode(), attach.encode(),
-                              int(rpc_timeout_ms), int(connect_timeout_ms), int(lease_batch),
-                              pin.encode(), int(cuda_device), ctypes.byref(handle))
+        code = client_connect(_settings_json(settings), ctypes.byref(handle))
         if code:
             raise_for(code)
         self._handle = handle.value

@@ -380,18 +380,9 @@ def format_bytes(n):
         n /= 1024
 
 
-def parse_bytes(text):
-    """'6GiB', '512 MiB', '1.5GB', '1000' -> bytes."""
-    units = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1 << 10, "m": 1000 ** 2,
-             "mb": 1000 ** 2, "mib": 1 << 20, "g": 1000 ** 3, "gb": 1000 ** 3, "gib": 1 << 30,
-             "t": 1000 ** 4, "tb": 1000 ** 4, "tib": 1 << 40}
-    s = str(text).strip().lower().replace(" ", "")
-    number = s.rstrip("abcdefghijklmnopqrstuvwxyz")
-    unit = s[len(number):]
-    try:
-        value = float(number)
-    except ValueError:
-        value = -1
-    if unit not in units or value < 0:
-        raise ValueError(f"not a size: {text!r} (say e.g. 6GiB, 512MiB or a number of bytes)")
-    return int(value * units[unit])
+def parse_bytes(text, what=None):
+    """'6GiB', '4G', '512 MiB' (binary), '1.5GB' (decimal), '1000' -> bytes: the daemon's
+    parser (common/units.h), through the native library. ValueError otherwise, naming
+    `what` when given."""
+    from actstash import _lib  # the native library; this module stays importable alone
+    return _lib.parse_size(text, what=what)

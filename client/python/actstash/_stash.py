@@ -26,24 +26,30 @@ _PRIVATE_DAEMON_HINT = ("Or let this process start a private one: "
                         "actstash.connect(start=\"auto\").")
 _START_MODES = ("never", "auto", "always")
 
-_FP32 = 1 << 4
-_DENSE = 1 << 5
-_SYNC = 1 << 6
-_KEEP_SHIFT, _NDIM_SHIFT, _DEVICE_SHIFT = 8, 12, 16
+# The engine's constants, as the native library describes them (c_api.h).
+_FLAGS = _lib.DESCRIPTION["pack_flags"]
+_FP32, _DENSE, _SYNC = _FLAGS["fp32"], _FLAGS["dense"], _FLAGS["sync"]
+_KEEP_SHIFT, _NDIM_SHIFT, _DEVICE_SHIFT = (
+    _FLAGS["keep_shift"], _FLAGS["ndim_shift"], _FLAGS["device_shift"])
+_KEEP_REASONS = _lib.DESCRIPTION["keep_reasons"]
+
+
+def _keep(reason):
+    return (_KEEP_REASONS.index(reason) + 1) << _KEEP_SHIFT
+
+
 _KEEP_SMALL, _KEEP_PARAMETER, _KEEP_LISTED, _KEEP_LAYOUT, _KEEP_DEVICE = (
-    (reason + 1) << _KEEP_SHIFT for reason in range(5))
-_SOURCE, _VIEW, _DESTINATION, _PREFETCHED, _COPIED = 0, 1, 2, 3, 4
+    _keep(r) for r in ("small", "parameter", "keep_listed", "layout", "device"))
+_KINDS = _lib.DESCRIPTION["unpack_kinds"]
+_SOURCE, _VIEW, _DESTINATION, _PREFETCHED, _COPIED = (
+    _KINDS[k] for k in ("source", "view", "destination", "prefetched", "copied"))
 _UNKNOWN_VERSION = (1 << 64) - 1
-_INLINE_STORE_BYTES = 1 << 20
-_VIEW_MIN_BYTES = 32 << 10  # smaller CPU tensors are copied back: cheaper than a view
-_MAX_IN_FLIGHT_STORES = 48  # below the CUDA copy engine's per-stream bound (64): a store never
-#                             blocks inside it with the GIL held
 
 
 def connect(address=None, quota=None, on_unavailable="raise", *, start="never", daemon_args=(),
             name=None, attach="auto", timeout=30.0, connect_timeout=5.0, prefetch=2,
             copy_delay_us=0, seed=0, pin="auto", cuda=True, device_pool=None, downcast=None,
-            cpu_views=True, max_in_flight_bytes=1 << 30):
+            cpu_views=True, max_in_flight_bytes=None, **client_options):
     """Opens a session with actstashd and returns a Stash.
 
     address: socket path, unix:///path or host:port; default ACTSTASH_ADDRESS, else the
@@ -77,7 +83,13 @@ def connect(address=None, quota=None, on_unavailable="raise", *, start="never", 
     max_in_flight_bytes: a saved tensor's memory is held until its copy to the daemon is
       done; when the copies lag (a GPU faster than PCIe), forward waits (GIL released) for
       the oldest ones once this many bytes are in flight, so that memory is really given
-      back. stats(): in_flight_bytes, peak_in_flight_bytes, in_flight_waits. 0: no bound.
+      back. stats(): in_flight_bytes, peak_in_flight_bytes, in_flight_waits. 0: no bound;
+      None: the engine's default (1 GiB). A size string ("512MiB") is read like the daemon's.
+    client_options: any other setting of the native client by its name (the keys of
+      actstash.client_defaults() that the arguments above do not cover), e.g.
+      spill=False, restore_ahead=4, pool_wait_ms=0, lease_retain_ms=0, lease_batch=8,
+      tls_root_certs=PEM. Sizes take bytes or a size string, durations milliseconds. An
+      unknown name or a bad value is a ValueError naming it.
     """
     if downcast not in (None, "bf16"):
         raise ValueError("downcast must be None or 'bf16'")
@@ -87,12 +99,19 @@ def connect(address=None, quota=None, on_unavailable="raise", *, start="never", 
         raise ValueError(f"start must be one of {', '.join(_START_MODES)}")
     address = address or os.environ.get("ACTSTASH_ADDRESS", "")
 
+    for covered in ("client_name", "quota_bytes", "rpc_timeout_ms", "connect_timeout_ms",
+                    "pin_leases", "cuda_device"):
+        if covered in client_options:
+            raise TypeError(f"connect(): {covered} is set through its own argument "
+                            "(name, quota, timeout, connect_timeout, pin, device_pool)")
+
     def open_client(at):
-        return _lib.Client(address=at, quota=int(quota or 0),
-                           name=name or f"torch-{os.getpid()}", attach=attach,
+        return _lib.Client(address=at, quota_bytes=_lib.parse_size(quota or 0, what="quota"),
+                           client_name=name or f"torch-{os.getpid()}", attach=attach,
                            rpc_timeout_ms=int(timeout * 1000),
-                           connect_timeout_ms=int(connect_timeout * 1000), pin=pin,
-                           cuda_device=_current_cuda_device() if device_pool is not None else 0)
+                           connect_timeout_ms=int(connect_timeout * 1000), pin_leases=pin,
+                           cuda_device=_current_cuda_device() if device_pool is not None else 0,
+                           **client_options)
 
     try:
         if start == "always":
@@ -250,32 +269,38 @@ class Stash:
 
     def __init__(self, client, on_unavailable="raise", prefetch=2, cuda=True, device_pool=None,
                  downcast=None, copy_delay_us=0, seed=0, cpu_views=True,
-                 max_in_flight_bytes=1 << 30):
+                 max_in_flight_bytes=None):
         if prefetch < 0:
             raise ValueError("prefetch must be >= 0")
         self._client = client
         self._attached = client is not None and client.attached
         handle = ctypes.c_void_p()
-        pool_importer = _current_cuda_device() if device_pool is not None else -1
-        inline_bytes = 0 if copy_delay_us else _INLINE_STORE_BYTES
+        settings = {"cpu_views": bool(cpu_views), "prefetch": int(prefetch), "cuda": bool(cuda),
+                    "device_pool": -1 if device_pool is None else int(device_pool),
+                    "pool_importer": _current_cuda_device() if device_pool is not None else -1,
+                    "downcast_bf16": downcast == "bf16",
+                    "on_failure": "raise" if on_unavailable == "raise" else "keep",
+                    "copy_delay_us": int(copy_delay_us), "seed": int(seed)}
+        if max_in_flight_bytes is not None:
+            settings["max_in_flight_bytes"] = _lib.parse_size(
+                max_in_flight_bytes, what="max_in_flight_bytes")
+        callbacks = _lib.EngineCallbacks(_lib.PY_INCREF, _lib.PY_DECREF, _lib.PY_SAVE_THREAD,
+                                         _lib.PY_RESTORE_THREAD)
         code = _lib.engine_create(client.handle if client is not None else None,
-                                  inline_bytes, int(cpu_views), _VIEW_MIN_BYTES, int(prefetch),
-                                  int(cuda),
-                                  -1 if device_pool is None else int(device_pool), pool_importer,
-                                  int(downcast == "bf16"), 0 if on_unavailable == "raise" else 1,
-                                  int(copy_delay_us), int(seed), _lib.PY_INCREF, _lib.PY_DECREF,
-                                  int(max_in_flight_bytes), _MAX_IN_FLIGHT_STORES,
-                                  _lib.PY_SAVE_THREAD, _lib.PY_RESTORE_THREAD,
+                                  _lib._settings_json(settings), ctypes.byref(callbacks),
                                   ctypes.byref(handle))
-        self.max_in_flight_bytes = int(max_in_flight_bytes)
         if code:
             _lib.raise_for(code)
         self._engine = _Engine(handle.value)
-        self._downcast = downcast == "bf16"
-        self._inline_bytes = inline_bytes
+        # What the engine decided (defaults, and the test knob's inline rule), read back.
+        settings = _lib.engine_settings(handle.value)
+        self.max_in_flight_bytes = settings["max_in_flight_bytes"]
+        self._downcast = settings["downcast_bf16"]
+        self._inline_bytes = settings["inline_store_bytes"]
+        self._view_min_bytes = settings["view_min_bytes"]
         self._unpack_out_len = 5 + 2 * prefetch
         self.prefetch_depth = prefetch
-        self.cpu_views = bool(cpu_views)
+        self.cpu_views = settings["cpu_views"]
         self._planner = None  # wrap(policy="auto")'s, for plan()
         self._tls = threading.local()
         self._keep = {}           # storage address -> StorageWeakRef of a kept storage
@@ -503,7 +528,7 @@ class Stash:
         except AttributeError:
             out = self._tls.out = (ctypes.c_uint64 * self._unpack_out_len)()
         device = saved.device
-        if device.type == "cpu" and saved.nbytes < _VIEW_MIN_BYTES and not self._downcast:
+        if device.type == "cpu" and saved.nbytes < self._view_min_bytes and not self._downcast:
             # Copied back (not a view): allocate first, and one native call unpacks and
             # copies (unless the source is still held: then dst goes unused).
             dst = _materialize(saved)

@@ -68,6 +68,7 @@ namespace actstash::torch {
 // FAILED_PRECONDITION when another engine subclass (Python's) is installed.
 absl::Status InstallSavedVariableHooks();
 
+// The engine's settings among these default to EngineOptions' (one place).
 struct OffloadOptions {
   // Saved tensors smaller than this stay in the trainer's memory.
   size_t min_bytes = 64 << 10;
@@ -87,19 +88,19 @@ struct OffloadOptions {
   // CPU stores up to this size are copied on the packing thread (no thread
   // hand-off); larger ones on the copy engine's store stream. 0: all on the
   // engine (tests that inject copy delays).
-  uint64_t inline_store_bytes = 1 << 20;
+  uint64_t inline_store_bytes = EngineOptions{}.inline_store_bytes;
   // Backward reads offloaded CPU tensors in place in leased memory (no copy);
   // false: copied into fresh tensors, prefetched.
-  bool cpu_views = true;
+  bool cpu_views = EngineOptions{}.cpu_views;
   // Fetches started ahead, in reverse save order (copies into fresh tensors).
-  int prefetch = 2;
+  int prefetch = EngineOptions{}.prefetch;
   // Dense fp32 tensors stored as bf16 (lossy: half the bytes).
-  bool downcast_bf16 = false;
+  bool downcast_bf16 = EngineOptions{}.downcast_bf16;
   // A GPU ordinal of the daemon's device pool (actstashd --device-pool):
   // CUDA tensors of the cuda_engine's device go there instead of pinned host
   // memory. -1: none. The client must have been connected with
   // ClientOptions::cuda_device set to that engine's device.
-  int device_pool = -1;
+  int device_pool = EngineOptions{}.device_pool;
 };
 
 // The engine's counters (SavedTensorEngine), for this offloader.

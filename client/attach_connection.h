@@ -1,9 +1,9 @@
-// AttachChannel: the client's end of the attach socket (see
+// AttachConnection: the client's end of the attach socket (see
 // common/attach_wire.h). Presents the session token, then receives the
 // memfds of the session's leases. Its closing is how the daemon learns the
 // client is gone, and how the client learns the daemon is.
-#ifndef ACTSTASH_CLIENT_ATTACH_CHANNEL_H_
-#define ACTSTASH_CLIENT_ATTACH_CHANNEL_H_
+#ifndef ACTSTASH_CLIENT_ATTACH_CONNECTION_H_
+#define ACTSTASH_CLIENT_ATTACH_CONNECTION_H_
 
 #include <atomic>
 #include <chrono>
@@ -21,17 +21,16 @@ namespace actstash::client_internal {
 // ReceiveLease is called by one thread at a time (the caller serializes
 // leasing); lost() from any thread. A watcher thread notices the daemon
 // closing the connection without reading from it.
-class AttachChannel {
+class AttachConnection {
  public:
   // Connects to `socket_path` and attaches the session of `token`.
   // UNAVAILABLE when nothing listens there; the daemon's refusal (wrong
   // token, uid not allowed, already attached) with its code and message.
-  static absl::StatusOr<std::unique_ptr<AttachChannel>> Connect(const std::string& socket_path,
-                                                                const std::string& token,
-                                                                std::chrono::milliseconds timeout);
-  ~AttachChannel();
-  AttachChannel(const AttachChannel&) = delete;
-  AttachChannel& operator=(const AttachChannel&) = delete;
+  static absl::StatusOr<std::unique_ptr<AttachConnection>> Connect(
+      const std::string& socket_path, const std::string& token, std::chrono::milliseconds timeout);
+  ~AttachConnection();
+  AttachConnection(const AttachConnection&) = delete;
+  AttachConnection& operator=(const AttachConnection&) = delete;
 
   // Receives the fds of lease `lease_id` (`segments` of them, in order; the
   // caller owns them). Messages of other leases (late ones of a Lease call
@@ -58,7 +57,7 @@ class AttachChannel {
   uint64_t session_id() const { return session_id_; }
 
  private:
-  AttachChannel(UniqueFd fd, uint64_t session_id, UniqueFd wake_fd);
+  AttachConnection(UniqueFd fd, uint64_t session_id, UniqueFd wake_fd);
   void Watch();
 
   const UniqueFd fd_;
@@ -70,4 +69,4 @@ class AttachChannel {
 
 }  // namespace actstash::client_internal
 
-#endif  // ACTSTASH_CLIENT_ATTACH_CHANNEL_H_
+#endif  // ACTSTASH_CLIENT_ATTACH_CONNECTION_H_

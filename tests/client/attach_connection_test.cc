@@ -1,8 +1,8 @@
-// AttachChannel against a stand-in daemon end on a real Unix socket: when the
+// AttachConnection against a stand-in daemon end on a real Unix socket: when the
 // daemon's end closes, ConfirmLost says so at once, whatever the watcher
 // thread has or has not seen yet; a lease message waiting to be read is not a
 // hang-up.
-#include "client/attach_channel.h"
+#include "client/attach_connection.h"
 
 #include <gtest/gtest.h>
 #include <stdlib.h>
@@ -48,9 +48,9 @@ class AttachChannelTest : public testing::Test {
   // session 42. The connection stays open until `daemon_end_` closes. The
   // client blocks in connect until the welcome, so it runs first: the
   // listen backlog holds the connection until accept.
-  std::unique_ptr<AttachChannel> Attach() {
+  std::unique_ptr<AttachConnection> Attach() {
     auto connecting = std::async(std::launch::async,
-                                 [this] { return AttachChannel::Connect(path_, "token", 5s); });
+                                 [this] { return AttachConnection::Connect(path_, "token", 5s); });
     daemon_end_ = UniqueFd(accept(listener_.get(), nullptr, nullptr));
     EXPECT_TRUE(daemon_end_.valid());
     absl::StatusOr<attach::Message> hello = attach::ReceiveMessage(daemon_end_.get(), 5s);
@@ -60,7 +60,7 @@ class AttachChannelTest : public testing::Test {
     EXPECT_TRUE(attach::SendMessage(daemon_end_.get(), attach::MessageType::kWelcome,
                                     attach::PayloadOf(welcome))
                     .ok());
-    absl::StatusOr<std::unique_ptr<AttachChannel>> channel = connecting.get();
+    absl::StatusOr<std::unique_ptr<AttachConnection>> channel = connecting.get();
     EXPECT_TRUE(channel.ok()) << channel.status();
     return channel.ok() ? *std::move(channel) : nullptr;
   }
@@ -72,7 +72,7 @@ class AttachChannelTest : public testing::Test {
 };
 
 TEST_F(AttachChannelTest, OpenConnectionIsNotLost) {
-  std::unique_ptr<AttachChannel> channel = Attach();
+  std::unique_ptr<AttachConnection> channel = Attach();
   ASSERT_NE(channel, nullptr);
   EXPECT_EQ(channel->session_id(), 42u);
   EXPECT_FALSE(channel->ConfirmLost(20ms));
@@ -80,7 +80,7 @@ TEST_F(AttachChannelTest, OpenConnectionIsNotLost) {
 }
 
 TEST_F(AttachChannelTest, UnreadLeaseMessageIsNotAHangUp) {
-  std::unique_ptr<AttachChannel> channel = Attach();
+  std::unique_ptr<AttachConnection> channel = Attach();
   ASSERT_NE(channel, nullptr);
   attach::SegmentsPayload payload;
   payload.lease_id = 7;
@@ -95,7 +95,7 @@ TEST_F(AttachChannelTest, UnreadLeaseMessageIsNotAHangUp) {
 // the watcher thread may not have run yet. ConfirmLost looks at the socket
 // itself, with no wait.
 TEST_F(AttachChannelTest, ClosedDaemonEndIsLostAtOnce) {
-  std::unique_ptr<AttachChannel> channel = Attach();
+  std::unique_ptr<AttachConnection> channel = Attach();
   ASSERT_NE(channel, nullptr);
   daemon_end_.Reset();
   EXPECT_TRUE(channel->ConfirmLost(0ms));
@@ -104,7 +104,7 @@ TEST_F(AttachChannelTest, ClosedDaemonEndIsLostAtOnce) {
 
 // A connection the client hung up on itself is lost too.
 TEST_F(AttachChannelTest, ShutdownIsLost) {
-  std::unique_ptr<AttachChannel> channel = Attach();
+  std::unique_ptr<AttachConnection> channel = Attach();
   ASSERT_NE(channel, nullptr);
   channel->Shutdown();
   EXPECT_TRUE(channel->ConfirmLost(1s));

@@ -1,9 +1,8 @@
-#include "client/attach_channel.h"
+#include "client/attach_connection.h"
 
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
-#include <sys/un.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -15,23 +14,18 @@
 #include "absl/strings/str_cat.h"
 #include "common/attach_wire.h"
 #include "common/unique_fd.h"
+#include "common/unix_socket.h"
 
 namespace actstash::client_internal {
 
-absl::StatusOr<std::unique_ptr<AttachChannel>> AttachChannel::Connect(
+absl::StatusOr<std::unique_ptr<AttachConnection>> AttachConnection::Connect(
     const std::string& socket_path, const std::string& token, std::chrono::milliseconds timeout) {
-  sockaddr_un addr{};
-  if (socket_path.size() >= sizeof(addr.sun_path)) {
-    return absl::InvalidArgumentError(absl::StrCat("attach socket path too long: ", socket_path));
+  absl::StatusOr<UniqueFd> connected = ConnectUnixSocket(socket_path);
+  if (!connected.ok()) {
+    return absl::Status(connected.status().code(),
+                        absl::StrCat("attach socket: ", connected.status().message()));
   }
-  addr.sun_family = AF_UNIX;
-  std::memcpy(addr.sun_path, socket_path.c_str(), socket_path.size() + 1);
-  UniqueFd fd(socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  if (!fd.valid()) return absl::InternalError(absl::StrCat("socket: ", std::strerror(errno)));
-  if (connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    return absl::UnavailableError(absl::StrCat("cannot connect to the attach socket ", socket_path,
-                                               ": ", std::strerror(errno)));
-  }
+  UniqueFd fd = std::move(*connected);
   // Even if the hello cannot be written, a refusal may be waiting to be read.
   const absl::Status sent = attach::SendMessage(fd.get(), attach::MessageType::kHello, token);
   absl::StatusOr<attach::Message> welcome = attach::ReceiveMessage(fd.get(), timeout);
@@ -55,23 +49,23 @@ absl::StatusOr<std::unique_ptr<AttachChannel>> AttachChannel::Connect(
   if (!wake_fd.valid()) {
     return absl::InternalError(absl::StrCat("eventfd: ", std::strerror(errno)));
   }
-  return std::unique_ptr<AttachChannel>(
-      new AttachChannel(std::move(fd), payload.session_id, std::move(wake_fd)));
+  return std::unique_ptr<AttachConnection>(
+      new AttachConnection(std::move(fd), payload.session_id, std::move(wake_fd)));
 }
 
-AttachChannel::AttachChannel(UniqueFd fd, uint64_t session_id, UniqueFd wake_fd)
+AttachConnection::AttachConnection(UniqueFd fd, uint64_t session_id, UniqueFd wake_fd)
     : fd_(std::move(fd)), session_id_(session_id), wake_fd_(std::move(wake_fd)) {
   watcher_ = std::thread([this] { Watch(); });
 }
 
-AttachChannel::~AttachChannel() {
+AttachConnection::~AttachConnection() {
   const uint64_t one = 1;
   (void)!write(wake_fd_.get(), &one, sizeof(one));
   watcher_.join();
   // The members close wake_fd_, then fd_ (which ends the session).
 }
 
-void AttachChannel::Watch() {
+void AttachConnection::Watch() {
   // POLLIN is not asked for: lease messages are ReceiveLease's to read.
   pollfd fds[2] = {{fd_.get(), POLLRDHUP, 0}, {wake_fd_.get(), POLLIN, 0}};
   while (true) {
@@ -85,10 +79,9 @@ void AttachChannel::Watch() {
   }
 }
 
-absl::StatusOr<std::vector<UniqueFd>> AttachChannel::ReceiveLease(uint64_t lease_id,
-                                                                  uint32_t segments,
-                                                                  std::chrono::milliseconds timeout,
-                                                                  std::vector<uint64_t>* stale) {
+absl::StatusOr<std::vector<UniqueFd>> AttachConnection::ReceiveLease(
+    uint64_t lease_id, uint32_t segments, std::chrono::milliseconds timeout,
+    std::vector<uint64_t>* stale) {
   std::vector<UniqueFd> fds;
   while (fds.size() < segments) {
     absl::StatusOr<attach::Message> message = attach::ReceiveMessage(fd_.get(), timeout);
@@ -112,7 +105,7 @@ absl::StatusOr<std::vector<UniqueFd>> AttachChannel::ReceiveLease(uint64_t lease
   return fds;
 }
 
-bool AttachChannel::ConfirmLost(std::chrono::milliseconds wait) {
+bool AttachConnection::ConfirmLost(std::chrono::milliseconds wait) {
   if (lost()) return true;
   // POLLIN is not asked for, as in Watch(): a lease message waiting to be
   // read is not a hang-up.
@@ -131,6 +124,6 @@ bool AttachChannel::ConfirmLost(std::chrono::milliseconds wait) {
   }
 }
 
-void AttachChannel::Shutdown() { shutdown(fd_.get(), SHUT_RDWR); }
+void AttachConnection::Shutdown() { shutdown(fd_.get(), SHUT_RDWR); }
 
 }  // namespace actstash::client_internal

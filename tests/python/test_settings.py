@@ -1,0 +1,170 @@
+"""Settings across the C ABI: the native library describes its constants, defaults
+and counters (the package reads them instead of re-declaring them), every client
+setting is reachable from connect() by name and takes effect, bad settings are
+ValueErrors that name the setting, and sizes are read by the daemon's one parser."""
+import ctypes
+import json
+import os
+import re
+import shutil
+import tempfile
+
+import pytest
+import torch
+
+import actstash
+from actstash import _lib, _stash
+from conftest import Daemon, ROOT
+
+C_API_H = os.path.join(ROOT, "client", "include", "actstash", "c_api.h")
+
+
+def _header_defines():
+    with open(C_API_H) as f:
+        text = f.read()
+    defines = {}
+    for name, value in re.findall(r"^#define ACTSTASH_(\w+) +(0x[0-9A-F]+|\(1 << \d+\)|\d+)",
+                                  text, re.M):
+        defines[name.lower()] = eval(value)  # literal integers and (1 << n) only
+    return defines
+
+
+def test_the_description_is_the_headers():
+    defines = _header_defines()
+    d = _lib.DESCRIPTION
+    assert d["c_api_version"] == defines["c_api_version"] == _lib._c.actstash_c_api_version()
+    for name, value in d["pack_flags"].items():
+        assert defines[name] == value, name
+    for name, value in d["unpack_kinds"].items():
+        assert defines["unpack_" + name] == value, name
+    for reason in ("small", "parameter", "layout", "device", "no_copy_engine"):
+        assert defines["keep_" + reason] == d["keep_reasons"].index(reason), reason
+    assert defines["keep_listed"] == d["keep_reasons"].index("keep_listed")
+    # The counters stats() shows are the described ones, one per reason kept.
+    assert list(_lib.STAT_NAMES) == d["engine_stats"]
+    assert [n[len("kept_"):] for n in d["engine_stats"] if n.startswith("kept_")] == \
+        d["keep_reasons"]
+    # The package's flag values are the described ones.
+    assert _stash._FP32 == d["pack_flags"]["fp32"]
+    assert _stash._KEEP_LAYOUT == (d["keep_reasons"].index("layout") + 1) << \
+        d["pack_flags"]["keep_shift"]
+
+
+def test_a_stash_runs_with_the_described_defaults_and_the_test_knob_rule():
+    defaults = _lib.ENGINE_DEFAULTS
+    assert defaults["inline_store_bytes"] == 1 << 20
+    assert defaults["view_min_bytes"] == 32 << 10
+    assert defaults["max_in_flight_bytes"] == 1 << 30
+    stash = actstash.Stash(None, on_unavailable="keep")
+    assert stash._inline_bytes == defaults["inline_store_bytes"]
+    assert stash._view_min_bytes == defaults["view_min_bytes"]
+    assert stash.max_in_flight_bytes == defaults["max_in_flight_bytes"]
+    settings = _lib.engine_settings(stash._engine.ptr)
+    assert settings == dict(defaults, on_failure="keep")
+    # Injected copy delays send every CPU store through the copy engine: the engine,
+    # not the package, applies that rule.
+    delayed = actstash.Stash(None, on_unavailable="keep", copy_delay_us=5,
+                             max_in_flight_bytes="512MiB")
+    assert delayed._inline_bytes == 0
+    assert delayed.max_in_flight_bytes == 512 << 20
+    assert _lib.engine_settings(delayed._engine.ptr)["copy_delay_us"] == 5
+
+
+@pytest.mark.parametrize("settings,message", [
+    ({"lease_retain": 5}, "unknown setting 'lease_retain' (settings: address, client_name,"),
+    ({"spill": "no"}, "spill: expected true or false"),
+    ({"rpc_timeout_ms": 1.5}, "rpc_timeout_ms: expected a whole number"),
+    ({"lease_batch": 0}, "lease_batch: 0 is outside 1..4294967295"),
+    ({"quota_bytes": "6 parsecs"}, "quota_bytes: unknown size unit in '6 parsecs'"),
+    ({"quota_bytes": -1}, "quota_bytes: expected a number of bytes"),
+    ({"cuda_device": -1}, "cuda_device: -1 is outside 0.."),
+])
+def test_bad_client_settings_name_the_setting(settings, message):
+    with pytest.raises(ValueError) as error:
+        _lib.Client(address="unix:///nonexistent/actstash.sock", **settings)
+    assert str(error.value).startswith(message), str(error.value)
+
+
+def test_bad_engine_settings_name_the_setting():
+    for settings, message in (({"prefetch": -1}, "prefetch: -1 is outside 0..1024"),
+                              ({"on_failure": "ignore"},
+                               "on_failure: 'ignore' is not one of raise, keep"),
+                              ({"inline_bytes": 0}, "unknown setting 'inline_bytes'")):
+        handle = ctypes.c_void_p()
+        code = _lib.engine_create(None, json.dumps(settings).encode(), None, ctypes.byref(handle))
+        with pytest.raises(ValueError, match=re.escape(message)):
+            _lib.raise_for(code)
+        assert not handle.value
+    for text in (b"[]", b"{", b'{"cpu_views": true'):
+        code = _lib.engine_create(None, text, None, ctypes.byref(ctypes.c_void_p()))
+        with pytest.raises(ValueError, match="options"):
+            _lib.raise_for(code)
+
+
+def test_sizes_are_the_daemons():
+    assert _lib.parse_size("6GiB") == _lib.parse_size("6G") == 6 << 30
+    assert _lib.parse_size("6GB") == 6_000_000_000
+    assert _lib.parse_size("25%", 1000) == 250
+    assert _lib.parse_size(4096) == 4096
+    for bad in ("25%", "six", -1, True, "1.5 parsecs"):
+        with pytest.raises(ValueError, match="^quota: "):
+            _lib.parse_size(bad, what="quota")
+    with pytest.raises(ValueError, match="^quota: not a byte size: 'lots'$"):
+        actstash.connect("unix:///nonexistent/actstash.sock", quota="lots")
+
+
+def test_connect_reaches_every_client_setting(daemon):
+    # Every setting by name: connect's own arguments cover the first ones, the rest
+    # pass through; a setting given twice is refused.
+    own = {"address", "client_name", "quota_bytes", "rpc_timeout_ms", "connect_timeout_ms",
+           "attach", "pin_leases", "cuda_device"}
+    rest = {k: v for k, v in _lib.CLIENT_DEFAULTS.items() if k not in own}
+    assert set(rest) >= {"spill", "restore_ahead", "pool_wait_ms", "lease_retain_ms",
+                         "lease_batch", "tls_root_certs", "usage_report_interval_ms"}
+    stash = actstash.connect(daemon.socket, quota="48MiB", **rest)
+    assert stash.client.quota == 48 << 20  # a size string, read by the daemon's parser
+    stash.close()
+    with pytest.raises(TypeError, match="quota_bytes"):
+        actstash.connect(daemon.socket, quota_bytes=1)
+
+
+def _offload_chain(stash, steps=6, numel=4 << 20):
+    """Saves `steps` tensors of numel floats (16 MiB each) and runs backward."""
+    torch.manual_seed(0)
+    x = torch.randn(numel, requires_grad=True)
+    with stash.offload(min_bytes=0):
+        h = x
+        for _ in range(steps):
+            h = torch.sin(h)
+        loss = h.sum()
+    loss.backward()
+    return x.grad
+
+
+def test_the_spill_setting_takes_effect():
+    """spill=False (a ClientOptions setting only reachable by name) turns the spill tier
+    off for this trainer: with activations over the pool, nothing is spilled and the
+    stores that find no room are kept; with the default, they are spilled."""
+    spill_dir = tempfile.mkdtemp(prefix="actstash-settings-")
+    d = Daemon(pool="64MiB", segment="4MiB", extra=("--spill-dir", spill_dir))
+    try:
+        plain = _offload_chain(actstash.Stash(None, on_unavailable="keep"))
+        spilling = actstash.connect(d.socket)
+        assert torch.equal(_offload_chain(spilling), plain)
+        s = spilling.stats()
+        assert s["bytes_spilled"] > 0 and s["bytes_restored"] > 0, s
+        spilling.close()
+
+        with pytest.warns(RuntimeWarning):
+            off = actstash.connect(d.socket, on_unavailable="keep", spill=False, pool_wait_ms=0)
+            assert torch.equal(_offload_chain(off), plain)
+        s = off.stats()
+        assert s["bytes_offloaded"] > 0 and s["kept_failed"] > 0, s
+        # The daemon's and the client's counts of this session: nothing went to disk.
+        mine = off.client.stats()["self"]
+        assert (mine["spill"] or {}).get("spilled_bytes", 0) == 0, mine
+        assert off.client.zero_copy_usage()["spills"] == 0
+        off.close()
+    finally:
+        d.stop()
+        shutil.rmtree(spill_dir)
