@@ -526,6 +526,46 @@ TEST_F(SavedTensorEngineTest, AsyncStoreHoldsItsSourceUntilDoneAndUnpackUsesItMe
   EXPECT_EQ(client->zero_copy_usage().objects(), 0u);
 }
 
+// A front-end that passes no owners (it keeps its sources alive itself):
+// while a store runs there is no source to serve an unpack, so the unpack
+// waits for the store and then reads exact bytes; a tensor released while
+// its store runs keeps its reservation until the copy into it ends (the
+// state is kReleasedStoring, not "no owner, so stored").
+TEST_F(SavedTensorEngineTest, StoresWithoutOwnersAreWaitedForAndOutliveTheirRelease) {
+  auto client = Connect();
+  EngineOptions options = ViewsOfAnySize();
+  options.inline_store_bytes = 0;
+  HostCopyEngineOptions slow;
+  slow.max_injected_delay = std::chrono::milliseconds(100);
+  slow.seed = 11;
+  options.host_engine = CreateHostCopyEngine(slow);
+  auto engine = Engine(client, options);
+  std::vector<std::vector<float>> sources;
+  std::vector<uint64_t> ids;
+  for (int i = 0; i < 8; ++i) sources.push_back(Iota(16 << 10, 2.0f * i));
+  for (int i = 0; i < 8; ++i) ids.push_back(engine->Pack(Dense(sources[i]), kNone, 0));
+  ASSERT_GT(engine->stats().in_flight, 0u) << "with 100 ms delays some stores are in flight";
+  // The even ones are released at once, their stores still running.
+  for (int i = 0; i < 8; i += 2) engine->Release(ids[i]);
+  EXPECT_EQ(engine->stats().live_tensors, 4u);
+  for (int i = 7; i >= 1; i -= 2) {
+    auto r = engine->UnpackBegin(ids[i], SavedTensorEngine::kUnknownVersion);
+    ASSERT_TRUE(r.ok()) << r.status();
+    ASSERT_EQ(r->kind, UnpackKind::kView) << i;
+    EXPECT_EQ(std::memcmp(r->data, sources[i].data(), sources[i].size() * 4), 0) << i;
+    engine->ViewDone(ids[i]);
+    engine->Release(ids[i]);
+  }
+  EXPECT_EQ(engine->stats().unpacked_from_source, 0u);
+  ASSERT_TRUE(engine->Reap(/*wait=*/true).ok());
+  engine->Synchronize();
+  const EngineStats stats = engine->stats();
+  EXPECT_EQ(stats.in_flight, 0u);
+  EXPECT_EQ(stats.live_bytes, 0u);
+  EXPECT_EQ(stats.store_failures, 0u);
+  EXPECT_EQ(client->zero_copy_usage().objects(), 0u);  // every reservation given back
+}
+
 TEST_F(SavedTensorEngineTest, ViewWithGapsIsGatheredInlineAndAsynchronously) {
   auto client = Connect();
   for (uint64_t inline_bytes : {uint64_t{1} << 20, uint64_t{0}}) {
