@@ -21,6 +21,43 @@ def test_meta_tensors_are_kept_not_copied(stash):
     assert after["tensors_offloaded"] == before["tensors_offloaded"]
 
 
+def _conj_and_neg_grads(stash):
+    torch.manual_seed(0)
+    a = torch.randn(64, 64, dtype=torch.cfloat, requires_grad=True)
+    b = torch.randn(64, 64, dtype=torch.cfloat, requires_grad=True)
+    c = torch.randn(64, 64, requires_grad=True)
+
+    def loss():
+        # mm saves b.conj(), a view with the conjugate bit: its bytes are b's. The
+        # negative bit (torch._neg_view) is the same kind of lazy flag.
+        left = ((a * 2) @ (b * 3).conj()).abs().sum()
+        right = ((c * 2) * torch._neg_view(c * 3)).sin().sum()
+        return left + right
+
+    if stash is None:
+        loss().backward()
+    else:
+        with stash.offload(min_bytes=0):
+            out = loss()
+        stash.synchronize()
+        out.backward()
+    return [a.grad, b.grad, c.grad]
+
+
+def test_lazily_conjugated_or_negated_tensors_are_kept(stash):
+    # Stored as raw bytes, such a tensor would come back without its flag: silently
+    # wrong gradients. Both front-ends keep it (a layout the engine does not copy).
+    expected = _conj_and_neg_grads(None)
+    before = stash.stats()
+    actual = _conj_and_neg_grads(stash)
+    after = stash.stats()
+    assert all(torch.equal(e, g) for e, g in zip(expected, actual))
+    assert after["kept_layout"] >= before["kept_layout"] + 2
+    assert after["tensors_offloaded"] > before["tensors_offloaded"]  # the others went
+    assert after["tensors_fetched"] - before["tensors_fetched"] == (
+        after["tensors_offloaded"] - before["tensors_offloaded"])
+
+
 def test_in_place_change_through_the_base_of_a_saved_view_fails_backward(stash):
     a = torch.randn(64, 64)
     w = torch.randn(64, 64, requires_grad=True)

@@ -18,7 +18,8 @@ import time
 
 import torch
 
-from actstash._stash import _aliases_parameter, _storage, _storage_address, _storage_ref
+from actstash._stash import (_aliases_parameter, _kept_layout, _storage, _storage_address,
+                             _storage_ref)
 
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 
@@ -45,7 +46,8 @@ class SavedBytes:
             self.live[key] = _storage_ref(t)
             self.held += _storage(t).nbytes()
         nbytes = t.numel() * t.element_size()
-        if nbytes >= self.min_bytes and nbytes > 0 and t.device.type in ("cpu", "cuda"):
+        if (nbytes >= self.min_bytes and nbytes > 0 and t.device.type in ("cpu", "cuda")
+                and not _kept_layout(t)):
             self.stored += nbytes
             self.tensors += 1
             self.largest = max(self.largest, nbytes)

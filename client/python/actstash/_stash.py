@@ -177,6 +177,14 @@ def _aliases_parameter(t):
     return isinstance(t, torch.nn.Parameter) or isinstance(t._base, torch.nn.Parameter)
 
 
+def _kept_layout(t):
+    """A tensor whose bytes do not say what it is, kept where it is (as the libtorch
+    adapter keeps it): not strided, more dimensions than the engine gathers, a lazy
+    conjugate or negative bit (its bytes are its base's), quantized, or nested."""
+    return (t.layout != torch.strided or t.dim() > 8 or t.is_conj() or t.is_neg()
+            or t.is_quantized or t.is_nested)
+
+
 def _is_dense(t):
     """True when t's elements fill one span of t.numel() elements exactly (any
     dimension order): its bytes can be copied raw and restored with the same strides."""
@@ -429,7 +437,7 @@ class Stash:
 
     def _keep_flag(self, t):
         """Why t must stay where it is, as engine flags (0: the engine decides)."""
-        if t.layout != torch.strided or t.dim() > 8:
+        if _kept_layout(t):
             return _KEEP_LAYOUT
         if t.device.type not in ("cpu", "cuda"):
             return _KEEP_DEVICE  # meta, xpu, mps, ...: no engine copies those
@@ -438,6 +446,14 @@ class Stash:
         if self._keep and self._kept(t):
             return _KEEP_LISTED
         return 0
+
+    def _copied_inline(self, nbytes, cuda, boundary):
+        """The engine's inline rule, with its settings read back: a CPU tensor stored in
+        leased memory is copied on the packing thread (done when pack returns, its source
+        never held) when it is a checkpoint boundary's input or at most
+        inline_store_bytes large. The owner passed to pack and the planner's model of
+        what is in flight follow it."""
+        return not cuda and self._attached and (boundary or nbytes <= self._inline_bytes)
 
     def _pack(self, t, min_bytes=None, boundary=False):
         """The pack hook (and actstash.checkpoint's boundary, which stores a detached
@@ -478,8 +494,7 @@ class Stash:
             stream = _stream_of(device)
         # The engine holds the source only while it copies asynchronously; detached so
         # that holding it does not hold its graph (which holds the _Saved).
-        owner = t if (not cuda and self._attached and nbytes <= self._inline_bytes and
-                      not boundary) else t.detach()
+        owner = t if not boundary and self._copied_inline(nbytes, cuda, False) else t.detach()
         saved = _Saved()
         if dense and not cuda:
             id_ = _lib.engine_pack_dense_cpu(engine.ptr, t.data_ptr(), nbytes, flags, t._version,
