@@ -34,18 +34,11 @@
 
 namespace actstash {
 
-// The public PinPolicy as the registrar's Tristate (same three meanings).
-inline Tristate PinPolicyTristate(PinPolicy policy) {
-  switch (policy) {
-    case PinPolicy::kOn:
-      return Tristate::kOn;
-    case PinPolicy::kOff:
-      return Tristate::kOff;
-    case PinPolicy::kAuto:
-      break;
-  }
-  return Tristate::kAuto;
-}
+// The public PinPolicy is the registrar's Tristate under another name: the
+// same enumerators with the same values, so one converts by a cast.
+static_assert(static_cast<int>(PinPolicy::kAuto) == static_cast<int>(Tristate::kAuto) &&
+              static_cast<int>(PinPolicy::kOn) == static_cast<int>(Tristate::kOn) &&
+              static_cast<int>(PinPolicy::kOff) == static_cast<int>(Tristate::kOff));
 
 struct Client::Impl final : public client_internal::LeaseBackend {
   ClientOptions options;
@@ -301,7 +294,7 @@ struct Client::Impl final : public client_internal::LeaseBackend {
       return attach_status;
     }
     absl::StatusOr<std::unique_ptr<PinnedRegistrar>> pinner = RegistrarForPolicy(
-        PinPolicyTristate(options.pin_leases), nullptr, /*only_in_cuda_threads=*/true);
+        static_cast<Tristate>(options.pin_leases), nullptr, /*only_in_cuda_threads=*/true);
     if (!pinner.ok()) {  // kOn without a usable device
       attach_status = pinner.status();
       return attach_status;

@@ -131,7 +131,7 @@ absl::StatusOr<UnpackResult> SavedTensorEngine::Impl::UnpackBegin(uint64_t id, u
 }
 
 absl::Status SavedTensorEngine::Impl::FetchInto(uint64_t id, uintptr_t dst, uint64_t capacity,
-                                                uintptr_t stream) {
+                                                StreamHandle stream) {
   absl::StatusOr<bool> copied = CopyOutNow(id, dst, capacity);
   if (!copied.ok() || *copied) return copied.status();
   CopyEngine* engine = nullptr;
@@ -141,7 +141,7 @@ absl::Status SavedTensorEngine::Impl::FetchInto(uint64_t id, uintptr_t dst, uint
 }
 
 absl::Status SavedTensorEngine::Impl::Prefetch(uint64_t id, uintptr_t dst, uint64_t capacity,
-                                               void* owner, uintptr_t stream) {
+                                               void* owner, StreamHandle stream) {
   CopyEngine* engine = nullptr;
   absl::StatusOr<std::shared_ptr<CopyEvent>> event = StartFetch(id, dst, capacity, stream, &engine);
   if (!event.ok()) return event.status();
@@ -162,7 +162,7 @@ absl::Status SavedTensorEngine::Impl::Prefetch(uint64_t id, uintptr_t dst, uint6
   return absl::OkStatus();
 }
 
-absl::Status SavedTensorEngine::Impl::Finish(uint64_t id, uintptr_t stream) {
+absl::Status SavedTensorEngine::Impl::Finish(uint64_t id, StreamHandle stream) {
   std::shared_ptr<CopyEvent> event;
   CopyEngine* engine = nullptr;
   {
@@ -370,7 +370,7 @@ void SavedTensorEngine::Impl::HandleFailureLocked(const absl::Status& status) {
 }
 
 absl::StatusOr<std::shared_ptr<CopyEvent>> SavedTensorEngine::Impl::StartFetch(
-    uint64_t id, uintptr_t dst, uint64_t capacity, uintptr_t stream, CopyEngine** engine) {
+    uint64_t id, uintptr_t dst, uint64_t capacity, StreamHandle stream, CopyEngine** engine) {
   Entry copy;
   {
     absl::MutexLock lock(&mu_);
@@ -407,9 +407,9 @@ absl::StatusOr<std::shared_ptr<CopyEvent>> SavedTensorEngine::Impl::StartFetch(
       if (copy.store != nullptr) deps.push_back(copy.store);
       event = copy.bf16 ? copy.engine->ConvertAsync(CopyStream::kFetch, out, where->data,
                                                     copy.stored_bytes / 2, Conversion::kBf16ToFp32,
-                                                    StreamHandle{stream}, deps)
+                                                    stream, deps)
                         : copy.engine->CopyAsync(CopyStream::kFetch, out, where->data,
-                                                 copy.stored_bytes, StreamHandle{stream}, deps);
+                                                 copy.stored_bytes, stream, deps);
     }
   } else {
     event = copy.engine->SubmitAsync(CopyStream::kFetch,
@@ -464,11 +464,11 @@ absl::StatusOr<bool> SavedTensorEngine::Impl::CopyOutNow(uint64_t id, uintptr_t 
 }
 
 absl::Status SavedTensorEngine::Impl::WaitFetch(uint64_t id, CopyEngine* engine,
-                                                const CopyEvent& event, uintptr_t stream) {
+                                                const CopyEvent& event, StreamHandle stream) {
   // Ordered (CPU: waited for) even if `id` was released meanwhile: the
   // caller's destination must not be freed under the copy.
   const Clock::time_point start = Clock::now();
-  absl::Status status = engine->OrderAfterAsync(StreamHandle{stream}, event);
+  absl::Status status = engine->OrderAfterAsync(stream, event);
   const uint64_t waited =
       std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count();
   absl::MutexLock lock(&mu_);
@@ -561,14 +561,14 @@ absl::StatusOr<UnpackResult> SavedTensorEngine::UnpackBegin(uint64_t id, uint64_
   return impl_->UnpackBegin(id, version, max_prefetch);
 }
 absl::Status SavedTensorEngine::FetchInto(uint64_t id, uintptr_t dst, uint64_t capacity,
-                                          uintptr_t stream) {
+                                          StreamHandle stream) {
   return impl_->FetchInto(id, dst, capacity, stream);
 }
 absl::Status SavedTensorEngine::Prefetch(uint64_t id, uintptr_t dst, uint64_t capacity, void* owner,
-                                         uintptr_t stream) {
+                                         StreamHandle stream) {
   return impl_->Prefetch(id, dst, capacity, owner, stream);
 }
-absl::Status SavedTensorEngine::Finish(uint64_t id, uintptr_t stream) {
+absl::Status SavedTensorEngine::Finish(uint64_t id, StreamHandle stream) {
   return impl_->Finish(id, stream);
 }
 void SavedTensorEngine::ViewDone(uint64_t id) { impl_->ViewDone(id); }

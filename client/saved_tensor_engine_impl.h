@@ -37,10 +37,10 @@ class SavedTensorEngine::Impl {
 
   // saved_tensor_engine.cc
   absl::StatusOr<UnpackResult> UnpackBegin(uint64_t id, uint64_t version, int max_prefetch);
-  absl::Status FetchInto(uint64_t id, uintptr_t dst, uint64_t capacity, uintptr_t stream);
+  absl::Status FetchInto(uint64_t id, uintptr_t dst, uint64_t capacity, StreamHandle stream);
   absl::Status Prefetch(uint64_t id, uintptr_t dst, uint64_t capacity, void* owner,
-                        uintptr_t stream);
-  absl::Status Finish(uint64_t id, uintptr_t stream);
+                        StreamHandle stream);
+  absl::Status Finish(uint64_t id, StreamHandle stream);
   void ViewDone(uint64_t id) { Unuse(id); }
   void Release(uint64_t id);
   absl::Status Reap(bool wait);
@@ -107,12 +107,13 @@ class SavedTensorEngine::Impl {
   void HandleFailureLocked(const absl::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The fetch's event, and the engine it runs on in *engine.
   absl::StatusOr<std::shared_ptr<CopyEvent>> StartFetch(uint64_t id, uintptr_t dst,
-                                                        uint64_t capacity, uintptr_t stream,
+                                                        uint64_t capacity, StreamHandle stream,
                                                         CopyEngine** engine);
   // A CPU tensor whose store is done: copied (or converted) into `dst` on
   // the calling thread. False when it must go through the engine.
   absl::StatusOr<bool> CopyOutNow(uint64_t id, uintptr_t dst, uint64_t capacity);
-  absl::Status WaitFetch(uint64_t id, CopyEngine* engine, const CopyEvent& event, uintptr_t stream);
+  absl::Status WaitFetch(uint64_t id, CopyEngine* engine, const CopyEvent& event,
+                         StreamHandle stream);
   void OfferPrefetch(uint64_t id, int depth, UnpackResult* result)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A view or a fetch of `id` no longer uses its bytes.

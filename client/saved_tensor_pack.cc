@@ -240,7 +240,7 @@ absl::Status SavedTensorEngine::Impl::StoreLeased(const SavedTensorInfo& info, C
     // Not silent: a device copy into unregistered memory is synchronous
     // (staged by the driver).
     if (info.device >= 0 && !registered) NoteUnpinnedDeviceStore();
-    const StreamHandle after{info.stream};
+    const StreamHandle after = info.stream;
     void* dst = reserved->data;
     const void* src = reinterpret_cast<const void*>(info.data);
     absl::StatusOr<std::shared_ptr<CopyEvent>> event =

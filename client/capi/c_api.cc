@@ -73,6 +73,7 @@ char* actstash_describe_json(void) {
   actstash::capi::JsonWriter w;
   w.Begin();
   w.Field("c_api_version", uint64_t{ACTSTASH_C_API_VERSION});
+  w.Field("default_min_bytes", uint64_t{actstash::kDefaultMinBytes});
   w.Key("pack_flags");
   w.Begin();
   w.Field("element_size_mask", uint64_t{ACTSTASH_ELEMENT_SIZE_MASK});
@@ -243,7 +244,7 @@ uint64_t actstash_engine_pack(actstash_engine* e, uintptr_t data, uint64_t nbyte
   info.sizes = sizes;
   info.strides = strides;
   info.device = static_cast<int>((flags >> ACTSTASH_DEVICE_SHIFT) & 0xFFFF) - 1;
-  info.stream = stream;
+  info.stream = actstash::StreamHandle{stream};
   info.version = version;
   info.owner = owner;
   info.cookie = cookie;
@@ -292,23 +293,27 @@ int actstash_engine_unpack_into(actstash_engine* e, uint64_t id, uint64_t versio
       out[0] != static_cast<uint64_t>(actstash::UnpackKind::kDestination)) {
     return code;
   }
-  const int fetched = Code(e->engine->FetchInto(id, dst, capacity, 0));
+  const int fetched = Code(e->engine->FetchInto(id, dst, capacity, actstash::StreamHandle{}));
   if (fetched == 0) out[0] = ACTSTASH_UNPACK_COPIED;
   return fetched;
 }
 
 int actstash_engine_fetch_into(actstash_engine* e, uint64_t id, uintptr_t dst, uint64_t capacity,
                                uintptr_t stream) {
-  return e == nullptr ? NullHandle() : Code(e->engine->FetchInto(id, dst, capacity, stream));
+  return e == nullptr
+             ? NullHandle()
+             : Code(e->engine->FetchInto(id, dst, capacity, actstash::StreamHandle{stream}));
 }
 
 int actstash_engine_prefetch(actstash_engine* e, uint64_t id, uintptr_t dst, uint64_t capacity,
                              void* owner, uintptr_t stream) {
-  return e == nullptr ? NullHandle() : Code(e->engine->Prefetch(id, dst, capacity, owner, stream));
+  return e == nullptr
+             ? NullHandle()
+             : Code(e->engine->Prefetch(id, dst, capacity, owner, actstash::StreamHandle{stream}));
 }
 
 int actstash_engine_finish(actstash_engine* e, uint64_t id, uintptr_t stream) {
-  return e == nullptr ? NullHandle() : Code(e->engine->Finish(id, stream));
+  return e == nullptr ? NullHandle() : Code(e->engine->Finish(id, actstash::StreamHandle{stream}));
 }
 
 // Null handles are ignored (void) or INVALID_ARGUMENT: a front-end being torn

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdint>
 #include <functional>
+#include <iterator>
 #include <limits>
 #include <string>
 #include <vector>
@@ -15,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/choice.h"
+#include "common/tristate.h"
 #include "common/units.h"
 
 namespace actstash::capi {
@@ -147,9 +149,13 @@ Setting<T> OneOf(absl::string_view name, E T::*member, const Choice<E> (&choices
 
 constexpr Choice<AttachMode> kAttachNames[] = {
     {"auto", AttachMode::kAuto}, {"required", AttachMode::kRequired}, {"off", AttachMode::kOff}};
-// Spelled like every auto/on/off setting (common/tristate.h).
-constexpr Choice<PinPolicy> kPinNames[] = {
-    {"auto", PinPolicy::kAuto}, {"on", PinPolicy::kOn}, {"off", PinPolicy::kOff}};
+// PinPolicy has Tristate's enumerators and values (asserted in the client,
+// client/client_impl.h): it is spelled like every auto/on/off setting.
+constexpr Choice<PinPolicy> kPinPolicyNames[] = {
+    {kTristateNames[0].name, static_cast<PinPolicy>(kTristateNames[0].value)},
+    {kTristateNames[1].name, static_cast<PinPolicy>(kTristateNames[1].value)},
+    {kTristateNames[2].name, static_cast<PinPolicy>(kTristateNames[2].value)}};
+static_assert(std::size(kPinPolicyNames) == std::size(kTristateNames));
 constexpr Choice<FailurePolicy> kFailureNames[] = {{"raise", FailurePolicy::kRaise},
                                                    {"keep", FailurePolicy::kKeep}};
 
@@ -170,7 +176,7 @@ const std::vector<Setting<ClientOptions>>& ClientRows() {
       Text("tls_root_certs", &O::tls_root_certs),
       Text("tls_cert_chain", &O::tls_cert_chain),
       Text("tls_private_key", &O::tls_private_key),
-      OneOf("pin_leases", &O::pin_leases, kPinNames),
+      OneOf("pin_leases", &O::pin_leases, kPinPolicyNames),
       Whole("cuda_device", &O::cuda_device, 0, kMaxInt),
       Flag("spill", &O::spill),
       Whole("restore_ahead", &O::restore_ahead, 0, kMaxU32),

@@ -191,7 +191,7 @@ class OffloadHooks final : public SavedVariableHooks {
     if (r->kind == UnpackKind::kSource || r->kind == UnpackKind::kPrefetched) {
       handed = TakeTensor(r->owner);
     }
-    const uintptr_t stream = StreamOf(device_);
+    const StreamHandle stream = StreamOf(device_);
     switch (r->kind) {
       case UnpackKind::kSource:
         Prefetch(*r);
@@ -257,9 +257,9 @@ class OffloadHooks final : public SavedVariableHooks {
     return KeepReason::kCount;
   }
 
-  uintptr_t StreamOf(const c10::Device& device) const {
-    if (!device.is_cuda() || !offloader_->options_.current_stream) return 0;
-    return offloader_->options_.current_stream(device.index());
+  StreamHandle StreamOf(const c10::Device& device) const {
+    if (!device.is_cuda() || !offloader_->options_.current_stream) return StreamHandle{};
+    return StreamHandle{offloader_->options_.current_stream(device.index())};
   }
 
   // Starts the fetches the engine offered (the next tensors backward reads).
@@ -388,26 +388,7 @@ std::unique_ptr<SavedVariableHooks> Offloader::MakeBoundaryHooks() {
   return std::make_unique<internal::OffloadHooks>(shared_from_this(), /*check_version=*/false);
 }
 
-OffloadStats Offloader::stats() const {
-  const EngineStats e = engine_->stats();
-  OffloadStats s;
-  s.tensors_offloaded = e.tensors_offloaded;
-  s.bytes_offloaded = e.bytes_offloaded;
-  s.tensors_kept = e.tensors_kept;
-  s.bytes_kept = e.bytes_kept;
-  s.tensors_fetched = e.tensors_fetched;
-  s.bytes_fetched = e.bytes_fetched;
-  s.views = e.views;
-  s.prefetch_issued = e.prefetch_issued;
-  s.prefetch_hits = e.prefetch_hits;
-  s.unpacked_from_source = e.unpacked_from_source;
-  s.store_failures = e.store_failures + e.kept_by_reason[static_cast<int>(KeepReason::kFailed)];
-  s.live_tensors = e.live_tensors;
-  s.live_bytes = e.live_bytes;
-  s.peak_live_bytes = e.peak_live_bytes;
-  s.engine = e;
-  return s;
-}
+OffloadStats Offloader::stats() const { return engine_->stats(); }
 
 OffloadScope::OffloadScope(std::shared_ptr<Offloader> offloader)
     : scope_(std::move(offloader)), active_(HookEngineIsDefault()) {}

@@ -254,7 +254,7 @@ TEST_F(SavedTensorEngineTest, PackWaitsWithTheCallersLockLetGo) {
   for (size_t i = 0; i < tensors.size(); ++i) {
     SavedTensorInfo info = Dense(tensors[i], &owners[i]);
     info.device = 0;  // on the simulated device, produced on `compute`
-    info.stream = compute;
+    info.stream = StreamHandle{compute};
     EXPECT_GT(engine->Pack(info, kNone, 0), 0u);
     EXPECT_TRUE(g_caller_holds) << "Pack returned without the caller's lock";
   }
@@ -363,7 +363,7 @@ TEST_F(SavedTensorEngineTest, DeviceTensorsThroughTheGpuEngineOnASimulatedDevice
                     .ok());
     SavedTensorInfo info = Dense(slot, &owners[i]);
     info.device = 0;
-    info.stream = compute;
+    info.stream = StreamHandle{compute};
     info.cookie = &cookies[i];
     ids.push_back(engine->Pack(info, kNone, 0));
     ASSERT_GT(ids.back(), 0u) << i;
@@ -384,20 +384,20 @@ TEST_F(SavedTensorEngineTest, DeviceTensorsThroughTheGpuEngineOnASimulatedDevice
     }
     if (r->kind == UnpackKind::kPrefetched) {
       ReleaseOwner(r->owner);
-      ASSERT_TRUE(engine->Finish(ids[i], compute).ok());
+      ASSERT_TRUE(engine->Finish(ids[i], StreamHandle{compute}).ok());
     } else {
       ASSERT_EQ(r->kind, UnpackKind::kDestination) << i;
-      ASSERT_TRUE(
-          engine
-              ->FetchInto(ids[i], reinterpret_cast<uintptr_t>(back[i].data()), kFloats * 4, compute)
-              .ok());
+      ASSERT_TRUE(engine
+                      ->FetchInto(ids[i], reinterpret_cast<uintptr_t>(back[i].data()), kFloats * 4,
+                                  StreamHandle{compute})
+                      .ok());
     }
     for (size_t k = 0; k < r->prefetch_ids.size(); ++k) {
       const int j = static_cast<int>(r->prefetch_ids[k] - ids[0]);
       ReleaseOwner(r->prefetch_cookies[k]);
       ASSERT_TRUE(engine
                       ->Prefetch(r->prefetch_ids[k], reinterpret_cast<uintptr_t>(back[j].data()),
-                                 kFloats * 4, &dst_owners[j], compute)
+                                 kFloats * 4, &dst_owners[j], StreamHandle{compute})
                       .ok());
     }
     const float* got = back[i].data();
@@ -473,10 +473,14 @@ TEST_F(SavedTensorEngineTest, SmallCpuTensorsAreCopiedBackOnTheUnpackingThread) 
   ASSERT_TRUE(r.ok()) << r.status();
   ASSERT_EQ(r->kind, UnpackKind::kDestination);
   std::vector<float> out(1024);
-  ASSERT_TRUE(engine->FetchInto(small_id, reinterpret_cast<uintptr_t>(out.data()), 4096, 0).ok());
+  ASSERT_TRUE(
+      engine->FetchInto(small_id, reinterpret_cast<uintptr_t>(out.data()), 4096, StreamHandle{})
+          .ok());
   EXPECT_EQ(out, small);
-  EXPECT_EQ(engine->FetchInto(small_id, reinterpret_cast<uintptr_t>(out.data()), 4092, 0).code(),
-            absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(
+      engine->FetchInto(small_id, reinterpret_cast<uintptr_t>(out.data()), 4092, StreamHandle{})
+          .code(),
+      absl::StatusCode::kOutOfRange);
   const EngineStats s = engine->stats();
   EXPECT_EQ(s.views, 1u);
   EXPECT_EQ(s.tensors_fetched, 2u);
@@ -638,19 +642,21 @@ TEST_F(SavedTensorEngineTest, FetchIntoAndPrefetchInReverseSaveOrder) {
       prefetched[j].resize(2048);
       ASSERT_TRUE(engine
                       ->Prefetch(pid, reinterpret_cast<uintptr_t>(prefetched[j].data()), 2048 * 4,
-                                 &dst_owners[j], 0)
+                                 &dst_owners[j], StreamHandle{})
                       .ok());
     }
     std::vector<float> out(2048);
     if (i == 5) {
       ASSERT_EQ(r->kind, UnpackKind::kDestination);
       ASSERT_TRUE(
-          engine->FetchInto(ids[i], reinterpret_cast<uintptr_t>(out.data()), 2048 * 4, 0).ok());
+          engine
+              ->FetchInto(ids[i], reinterpret_cast<uintptr_t>(out.data()), 2048 * 4, StreamHandle{})
+              .ok());
     } else {
       ASSERT_EQ(r->kind, UnpackKind::kPrefetched) << i;
       EXPECT_EQ(r->owner, &dst_owners[i]);
       ReleaseOwner(r->owner);
-      ASSERT_TRUE(engine->Finish(ids[i], 0).ok());
+      ASSERT_TRUE(engine->Finish(ids[i], StreamHandle{}).ok());
       out = prefetched[i];
     }
     EXPECT_EQ(out, sources[i]) << i;
@@ -690,7 +696,9 @@ TEST_F(SavedTensorEngineTest, ReleasedBeforeItsPrefetchFinishedKeepsTheDestinati
   std::vector<float> dst(1024);
   Owner dst_owner;
   ASSERT_TRUE(
-      engine->Prefetch(id, reinterpret_cast<uintptr_t>(dst.data()), 4096, &dst_owner, 0).ok());
+      engine
+          ->Prefetch(id, reinterpret_cast<uintptr_t>(dst.data()), 4096, &dst_owner, StreamHandle{})
+          .ok());
   engine->Release(id);
   EXPECT_EQ(dst_owner.refs, 1) << "the copy may still write it";
   engine->Synchronize();
@@ -729,7 +737,8 @@ TEST_F(SavedTensorEngineTest, Bf16DowncastStoresHalfAndRestoresRounded) {
     ASSERT_EQ(r->kind, UnpackKind::kDestination);
     EXPECT_TRUE(r->downcast);
     std::vector<float> out(1000);
-    ASSERT_TRUE(engine->FetchInto(id, reinterpret_cast<uintptr_t>(out.data()), 4000, 0).ok());
+    ASSERT_TRUE(
+        engine->FetchInto(id, reinterpret_cast<uintptr_t>(out.data()), 4000, StreamHandle{}).ok());
     std::vector<uint16_t> bf16(1000);
     std::vector<float> expected(1000);
     kernels::Fp32ToBf16Cpu(v.data(), bf16.data(), 1000);

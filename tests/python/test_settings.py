@@ -70,6 +70,26 @@ def test_a_stash_runs_with_the_described_defaults_and_the_test_knob_rule():
     assert _lib.engine_settings(delayed._engine.ptr)["copy_delay_us"] == 5
 
 
+def test_the_default_size_threshold_is_the_engines(daemon):
+    # offload() and wrap() without min_bytes use the engine's default_min_bytes.
+    threshold = _lib.DESCRIPTION["default_min_bytes"]
+    assert threshold == _lib.DEFAULT_MIN_BYTES == 64 << 10
+    stash = actstash.connect(daemon.socket)
+    try:
+        w = torch.randn(4, requires_grad=True)
+        before = stash.stats()
+        with stash.offload():
+            below = (torch.ones(threshold // 4 - 1) * w[0]).sin()  # sin saves its input
+            at = (torch.ones(threshold // 4) * w[1]).sin()
+        after = stash.stats()
+        assert after["kept_small"] - before["kept_small"] >= 1
+        assert after["tensors_offloaded"] - before["tensors_offloaded"] >= 1
+        assert after["bytes_offloaded"] - before["bytes_offloaded"] >= threshold
+        (below.sum() + at.sum()).backward()
+    finally:
+        stash.close()
+
+
 @pytest.mark.parametrize("settings,message", [
     ({"lease_retain": 5}, "unknown setting 'lease_retain' (settings: address, client_name,"),
     ({"spill": "no"}, "spill: expected true or false"),

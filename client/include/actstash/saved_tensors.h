@@ -65,7 +65,7 @@ struct SavedTensorInfo {
   const int64_t* sizes = nullptr;
   const int64_t* strides = nullptr;
   int device = -1;         // -1: CPU; else a CUDA ordinal
-  uintptr_t stream = 0;    // the producer's stream (CUDA), ignored on the CPU
+  StreamHandle stream;     // the producer's stream (CUDA), ignored on the CPU
   uint64_t version = 0;    // the tensor's version counter when saved
   void* owner = nullptr;   // reference to the source; acquired while the engine reads it
   void* cookie = nullptr;  // the front-end's saved object (prefetch candidates name it)
@@ -74,6 +74,12 @@ struct SavedTensorInfo {
   // on the calling thread; CUDA: the producer's stream waits for the copy.
   bool sync = false;
 };
+
+// Saved tensors smaller than this stay where they are unless a scope says
+// otherwise (Python's offload() and wrap(), the libtorch adapter's
+// OffloadOptions::min_bytes; exported by actstash_describe_json): below it a
+// copy and its bookkeeping cost more than the memory is worth.
+inline constexpr uint64_t kDefaultMinBytes = 64 << 10;
 
 enum class FailurePolicy { kRaise, kKeep };
 
@@ -208,13 +214,13 @@ class SavedTensorEngine {
   // Copies `id`'s bytes into `dst` (capacity bytes; the front-end keeps it
   // alive) after `stream`, then orders `stream` after the copy (CPU: waits;
   // CUDA: no host wait).
-  absl::Status FetchInto(uint64_t id, uintptr_t dst, uint64_t capacity, uintptr_t stream);
+  absl::Status FetchInto(uint64_t id, uintptr_t dst, uint64_t capacity, StreamHandle stream);
   // Starts a fetch of `id` into `dst` whose `owner` the engine holds until
   // the unpack of `id` takes it (kPrefetched) or `id` is released.
   absl::Status Prefetch(uint64_t id, uintptr_t dst, uint64_t capacity, void* owner,
-                        uintptr_t stream);
+                        StreamHandle stream);
   // Orders `stream` after the prefetch of `id` (CPU: waits for it).
-  absl::Status Finish(uint64_t id, uintptr_t stream);
+  absl::Status Finish(uint64_t id, StreamHandle stream);
   // A view handed out by UnpackBegin is gone.
   void ViewDone(uint64_t id);
   // Autograd dropped the saved variable: its bytes are freed once no copy

@@ -51,6 +51,7 @@ _MAX_CORRECTIONS = 2
 # that the next step does not repeat.
 _MAX_PROFILES = 2
 _PROBE_BYTES = 64 << 20
+_PROBE_RUNS = 3
 _CPU_HEADROOM = 0.05  # sampled RssAnon misses short peaks and varies by step
 
 
@@ -205,6 +206,10 @@ class AutoPlanner:
     def _solve_profile(self, entry, step, peaks):
         blocks, tail_s, tail_peak, step_s = self._phases(step, peaks)
         costs, held = [], 0
+
+        def inline(sizes, boundary):
+            return sum(n for n in sizes if self.stash._copied_inline(n, step.cuda, boundary))
+
         for j, (b, saved, inputs) in enumerate(zip(blocks, step.saved, step.inputs)):
             cost = _planner.BlockCost(
                 name=self.names[j], forward_s=b["forward_s"],
@@ -213,7 +218,9 @@ class AutoPlanner:
                 saved_bytes=saved.held, offload_bytes=saved.stored,
                 offload_tensors=saved.tensors, largest_tensor=saved.largest,
                 input_bytes=inputs.held, input_offload_bytes=inputs.stored,
-                input_tensors=inputs.tensors)
+                input_tensors=inputs.tensors,
+                offload_inline_bytes=inline(saved.sizes, False),
+                input_inline_bytes=inline(inputs.sizes, True))
             cost.forward_work = max(0, b["forward_peak"] - held)
             cost.backward_work = max(0, b["backward_peak"] - held)
             held += cost.held(step.choices[j])
@@ -242,7 +249,15 @@ class AutoPlanner:
             log.info("actstash: %s; profiling once more before refusing it", error)
 
     def _probe(self, machine, sizes, step):
-        """Stores and fetches tensors of these sizes through the stash, timed."""
+        """Stores and fetches tensors of these sizes through the stash, timed: the copy
+        rates and the hook's cost per tensor. Tensors the engine would copy on the
+        packing thread are probed one page above that size, through the copy engine: the
+        model adds inline copies (at the store rate) to the compute thread itself. Three
+        runs, the median of each figure: one run's rate on a loaded machine can be off
+        by 2-4x, and the plan must not follow it."""
+        if not step.cuda:
+            sizes = [n if not self.stash._copied_inline(n, False, False)
+                     else self.stash._inline_bytes + 4096 for n in sizes]
         picked, total = [], 0
         for size in sorted(sizes, reverse=True):
             if total + size > _PROBE_BYTES and picked:
@@ -252,8 +267,8 @@ class AutoPlanner:
         if not picked:
             return
         tensors = [torch.ones(max(1, size // 4), device=step.device) for size in picked]
-        stash, best = self.stash, None
-        for _ in range(2):
+        stash, runs = self.stash, []
+        for _ in range(_PROBE_RUNS):
             stash.synchronize()
             start = time.perf_counter()
             saved = [stash._pack(t, 0, boundary=False) for t in tensors]
@@ -266,10 +281,10 @@ class AutoPlanner:
             fetched = time.perf_counter()
             del out, saved
             stash.synchronize()
-            run = ((packed - start) / len(picked), total / max(stored - start, 1e-9),
-                   total / max(fetched - stored, 1e-9))
-            best = run if best is None or run[1] > best[1] else best
-        machine.per_tensor_s, machine.store_bps, machine.fetch_bps = best
+            runs.append(((packed - start) / len(picked), total / max(stored - start, 1e-9),
+                         total / max(fetched - stored, 1e-9)))
+        machine.per_tensor_s, machine.store_bps, machine.fetch_bps = (
+            sorted(figure)[len(figure) // 2] for figure in zip(*runs))
 
     def _solve(self, entry, why, final=True):
         """Solves for the entry's costs. BudgetError when no plan fits; `final`: the

@@ -162,6 +162,8 @@ DESCRIPTION = json.loads(_string(_describe_json()))
 STAT_NAMES = tuple(DESCRIPTION["engine_stats"])
 CLIENT_DEFAULTS = DESCRIPTION["client_options"]
 ENGINE_DEFAULTS = DESCRIPTION["engine_options"]
+# Saved tensors below this stay in the trainer unless a scope says otherwise.
+DEFAULT_MIN_BYTES = DESCRIPTION["default_min_bytes"]
 
 
 def parse_size(text, percent_base=0, what=None):

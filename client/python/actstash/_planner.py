@@ -6,7 +6,10 @@ peak memory of the step within a budget. Pure Python (no torch): the profiler
 The model of one training step (all times in seconds, memory in bytes):
 
 * Forward runs the blocks in order on one compute timeline. A block takes its
-  forward time, plus a per-tensor hook cost for each tensor it stores. Stores go
+  forward time, plus a per-tensor hook cost for each tensor it stores, plus the
+  copies the engine makes on the packing thread (small CPU tensors and a
+  checkpoint boundary's CPU input: `BlockCost.*_inline_bytes`), which are done
+  when the hook returns and are never in flight. The other stores go
   to one copy queue at the measured store throughput: a store starts when its
   block's forward ends and the queue is free, so it costs nothing while it hides
   behind the compute of the blocks after it, and its source stays in memory
@@ -67,6 +70,11 @@ class BlockCost:
     input_bytes: int = 0      # the block's tensor inputs: what checkpoint holds
     input_offload_bytes: int = 0  # of those, what checkpoint+offload stores
     input_tensors: int = 0
+    # Of offload_bytes / input_offload_bytes: what the engine copies on the packing
+    # thread (small CPU tensors, and a checkpoint boundary's CPU input): done when its
+    # hook returns, never in flight; its copy is compute-thread time.
+    offload_inline_bytes: int = 0
+    input_inline_bytes: int = 0
     forward_work: int = 0     # transient memory of its forward, above what is held
     backward_work: int = 0    # its backward's working set, above what is held
     recompute_s: float = None  # recomputation (default: forward_s)
@@ -94,6 +102,14 @@ class BlockCost:
         if choice == CHECKPOINT_OFFLOAD:
             return self.input_offload_bytes, self.input_tensors
         return 0, 0
+
+    def stored_inline(self, choice):
+        """Of what a choice stores, the bytes copied on the packing thread."""
+        if choice == OFFLOAD:
+            return min(self.offload_inline_bytes, self.offload_bytes)
+        if choice == CHECKPOINT_OFFLOAD:
+            return min(self.input_inline_bytes, self.input_offload_bytes)
+        return 0
 
 
 @dataclasses.dataclass
@@ -138,18 +154,20 @@ def simulate(costs, machine, plan):
     for j, (c, choice) in enumerate(zip(costs, plan)):
         start = t
         nbytes, ntensors = c.stored(choice)
-        t += c.forward_s + ntensors * machine.per_tensor_s
+        inline = c.stored_inline(choice)
+        queued = nbytes - inline
+        t += c.forward_s + ntensors * machine.per_tensor_s + inline / machine.store_bps
         # At its end (what it holds is all there), with the stores still copying.
         flying = sum(b for done, b in in_flight if done > t)
         phase_peak[j] = held_prefix[j] + flying + max(c.forward_work, held[j])
-        if nbytes:
+        if queued:
             begin = max(copy_free, t)
-            copy_free = begin + nbytes / machine.store_bps
+            copy_free = begin + queued / machine.store_bps
             store_done[j] = copy_free
             slow_copy_free = max(slow_copy_free, t) + (
-                nbytes * machine.store_slowdown / machine.store_bps)
-            in_flight.append((slow_copy_free, nbytes))
-            stored += nbytes
+                queued * machine.store_slowdown / machine.store_bps)
+            in_flight.append((slow_copy_free, queued))
+        stored += nbytes
         fwd[j] = t - start
         held_prefix[j + 1] = held_prefix[j] + held[j]
     t += machine.tail_s

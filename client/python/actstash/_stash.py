@@ -325,9 +325,10 @@ class Stash:
     def client(self):
         return self._client
 
-    def offload(self, min_bytes=64 << 10):
-        """Context manager: saved tensors of at least min_bytes are offloaded."""
-        return self._hooks(min_bytes)
+    def offload(self, min_bytes=None):
+        """Context manager: saved tensors of at least min_bytes (default 64 KiB, the
+        engine's default_min_bytes) are offloaded."""
+        return self._hooks(_lib.DEFAULT_MIN_BYTES if min_bytes is None else min_bytes)
 
     def plan(self):
         """The automatic plan (wrap(..., policy="auto")) of the latest input shape: a

@@ -4,6 +4,7 @@ import inspect
 
 import torch
 
+from actstash import _lib
 from actstash._checkpoint import checkpoint, compiling, without_caches
 
 _MODES = ("offload", "checkpoint", "checkpoint+offload")
@@ -37,7 +38,7 @@ def _repeated_blocks(model):
     return max(lists, key=lambda m: (len(m), sum(p.numel() for p in m.parameters())))
 
 
-def wrap(model, stash, blocks=None, mode="checkpoint+offload", min_bytes=64 << 10,
+def wrap(model, stash, blocks=None, mode="checkpoint+offload", min_bytes=None,
          policy="manual", budget=None, memory_limit=None):
     """Makes each selected block offload its saved tensors ("offload"), recompute its
     interior ("checkpoint"), or recompute its interior and offload its inputs
@@ -58,6 +59,8 @@ def wrap(model, stash, blocks=None, mode="checkpoint+offload", min_bytes=64 << 1
     shows the plan; actstash.BudgetError is raised from forward when no plan fits."""
     if policy not in _POLICIES:
         raise ValueError(f"policy must be one of {_POLICIES}")
+    if min_bytes is None:  # saved tensors below it stay: the engine's default_min_bytes
+        min_bytes = _lib.DEFAULT_MIN_BYTES
     if policy == "auto":
         return _wrap_auto(model, stash, blocks, min_bytes, budget, memory_limit)
     if mode not in _MODES:
@@ -113,7 +116,7 @@ def _refuse_double_checkpoint(blocks, what):
                 "with actstash's checkpoint")
 
 
-def use_for_gradient_checkpointing(model, stash=None, min_bytes=64 << 10, **checkpoint_kwargs):
+def use_for_gradient_checkpointing(model, stash=None, min_bytes=None, **checkpoint_kwargs):
     """Turns on a Hugging Face transformers model's own gradient checkpointing (the
     route Trainer(gradient_checkpointing=True) and accelerate take) with
     actstash.checkpoint in place of torch.utils.checkpoint: with `stash`, each layer's
@@ -138,6 +141,8 @@ def use_for_gradient_checkpointing(model, stash=None, min_bytes=64 << 10, **chec
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if stash is not None:
         stash.keep(model)
+    if min_bytes is None:  # the engine's default_min_bytes
+        min_bytes = _lib.DEFAULT_MIN_BYTES
     function = functools.partial(checkpoint, stash=stash, min_bytes=min_bytes,
                                  **checkpoint_kwargs)
     model._set_gradient_checkpointing(enable=True, gradient_checkpointing_func=function)

@@ -71,7 +71,7 @@ absl::Status InstallSavedVariableHooks();
 // The engine's settings among these default to EngineOptions' (one place).
 struct OffloadOptions {
   // Saved tensors smaller than this stay in the trainer's memory.
-  size_t min_bytes = 64 << 10;
+  size_t min_bytes = kDefaultMinBytes;
   // Copies CPU tensors: stores, fetches and the releases queued behind them.
   // Null: a HostCopyEngine owned by the Offloader.
   std::shared_ptr<CopyEngine> copy_engine;
@@ -103,25 +103,11 @@ struct OffloadOptions {
   int device_pool = EngineOptions{}.device_pool;
 };
 
-// The engine's counters (SavedTensorEngine), for this offloader.
-struct OffloadStats {
-  uint64_t tensors_offloaded = 0;  // stores started
-  uint64_t bytes_offloaded = 0;
-  uint64_t tensors_kept = 0;  // saved tensors left in memory (not eligible, or failed)
-  uint64_t bytes_kept = 0;
-  uint64_t tensors_fetched = 0;  // unpacks served from the daemon (views or copies)
-  uint64_t bytes_fetched = 0;
-  uint64_t views = 0;  // of those, read in place
-  uint64_t prefetch_issued = 0;
-  uint64_t prefetch_hits = 0;
-  uint64_t unpacked_from_source = 0;  // store still in flight: the source served it
-  uint64_t store_failures = 0;        // stores that failed: the tensor stayed in memory
-  // Offloaded (store queued or done, not failed) and not yet released.
-  uint64_t live_tensors = 0;
-  uint64_t live_bytes = 0;
-  uint64_t peak_live_bytes = 0;
-  EngineStats engine;  // everything, kept reasons included
-};
+// The engine's counters (SavedTensorEngine), for this offloader: the one
+// schema of actstash/saved_tensors.h (store_failures: stores that failed
+// after they started; a tensor kept because offload is off after a failure
+// counts in kept_by_reason[KeepReason::kFailed]).
+using OffloadStats = EngineStats;
 
 namespace internal {
 class OffloadHooks;
