@@ -75,6 +75,18 @@ class SavedTensorEngineTest : public ::testing::Test {
     return options;
   }
 
+  // Every CPU store through a host copy engine that sleeps a random time up
+  // to `max_delay` (seeded) before each copy: stores stay in flight.
+  static EngineOptions SlowStores(std::chrono::microseconds max_delay, uint64_t seed = 0) {
+    EngineOptions options = ViewsOfAnySize();
+    options.inline_store_bytes = 0;
+    HostCopyEngineOptions slow;
+    slow.max_injected_delay = max_delay;
+    slow.seed = seed;
+    options.host_engine = CreateHostCopyEngine(slow);
+    return options;
+  }
+
   static SavedTensorInfo Dense(const std::vector<float>& v, Owner* owner = nullptr,
                                uint64_t version = 0) {
     SavedTensorInfo info;
@@ -130,11 +142,7 @@ void RelockCaller(void* token) {
 // oldest (counted), and every byte still arrives.
 TEST_F(SavedTensorEngineTest, SourcesInFlightStayWithinTheByteBound) {
   auto client = Connect();
-  EngineOptions options = ViewsOfAnySize();
-  options.inline_store_bytes = 0;  // every store goes through the (slow) copy engine
-  HostCopyEngineOptions slow;
-  slow.max_injected_delay = std::chrono::milliseconds(4);
-  options.host_engine = CreateHostCopyEngine(slow);
+  EngineOptions options = SlowStores(std::chrono::milliseconds(4));
   constexpr uint64_t kTensorBytes = 256 << 10;
   options.max_in_flight_bytes = 3 * kTensorBytes;
   auto engine = Engine(client, options);
@@ -182,11 +190,7 @@ TEST_F(SavedTensorEngineTest, SourcesInFlightStayWithinTheByteBound) {
 // prevents.
 TEST_F(SavedTensorEngineTest, WithoutTheBoundSourcesPileUp) {
   auto client = Connect();
-  EngineOptions options = ViewsOfAnySize();
-  options.inline_store_bytes = 0;
-  HostCopyEngineOptions slow;
-  slow.max_injected_delay = std::chrono::milliseconds(4);
-  options.host_engine = CreateHostCopyEngine(slow);
+  EngineOptions options = SlowStores(std::chrono::milliseconds(4));
   options.max_in_flight_bytes = 0;
   options.max_in_flight_stores = 0;
   auto engine = Engine(client, options);
@@ -492,12 +496,7 @@ TEST_F(SavedTensorEngineTest, SmallCpuTensorsAreCopiedBackOnTheUnpackingThread) 
 
 TEST_F(SavedTensorEngineTest, AsyncStoreHoldsItsSourceUntilDoneAndUnpackUsesItMeanwhile) {
   auto client = Connect();
-  EngineOptions options = ViewsOfAnySize();
-  options.inline_store_bytes = 0;
-  HostCopyEngineOptions slow;
-  slow.max_injected_delay = std::chrono::milliseconds(200);
-  slow.seed = 7;
-  options.host_engine = CreateHostCopyEngine(slow);
+  EngineOptions options = SlowStores(std::chrono::milliseconds(200), 7);
   auto engine = Engine(client, options);
   std::vector<std::vector<float>> sources;
   std::vector<Owner> owners(20);
@@ -537,12 +536,7 @@ TEST_F(SavedTensorEngineTest, AsyncStoreHoldsItsSourceUntilDoneAndUnpackUsesItMe
 // state is kReleasedStoring, not "no owner, so stored").
 TEST_F(SavedTensorEngineTest, StoresWithoutOwnersAreWaitedForAndOutliveTheirRelease) {
   auto client = Connect();
-  EngineOptions options = ViewsOfAnySize();
-  options.inline_store_bytes = 0;
-  HostCopyEngineOptions slow;
-  slow.max_injected_delay = std::chrono::milliseconds(100);
-  slow.seed = 11;
-  options.host_engine = CreateHostCopyEngine(slow);
+  EngineOptions options = SlowStores(std::chrono::milliseconds(100), 11);
   auto engine = Engine(client, options);
   std::vector<std::vector<float>> sources;
   std::vector<uint64_t> ids;
