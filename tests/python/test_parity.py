@@ -1,14 +1,18 @@
-"""The parity table, as tests/torch/torch_offload_test.cc runs it against the C++
-front-end: model × mode × injected copy delay × how backward reads CPU tensors.
+"""The parity table (tests/parity_table.inc, which tests/torch/torch_offload_test.cc
+runs against the C++ front-end): model × mode × injected copy delay × how backward
+reads CPU tensors.
 Every row: parameter gradients bitwise equal to plain autograd on the same seed, and
 the bytes really went to the daemon and came back (the engine's counters)."""
 import gc
+import os
+import re
 
 import pytest
 import torch
 
 import actstash
 from gpt import GPT, Block, loss_fn
+from conftest import ROOT
 from test_offload import Weird
 
 torch.set_num_threads(1)
@@ -18,12 +22,17 @@ MODELS = {
             lambda m, g: loss_fn(m, torch.randint(0, 256, (4, 33), generator=g)), Block),
     "weird": (Weird, lambda m, g: m(torch.randn(32, 64, generator=g)), torch.nn.Linear),
 }
-TABLE = [(model, mode, delay, views)
-         for model in MODELS
-         for mode in ("offload", "checkpoint", "checkpoint+offload")
-         for delay in (0, 2000)
-         for views in (True, False)
-         if not (mode == "checkpoint" and (delay or not views))]
+
+
+def _shared_rows():
+    """The rows of tests/parity_table.inc, which the C++ suite includes."""
+    with open(os.path.join(ROOT, "tests", "parity_table.inc")) as f:
+        rows = re.findall(r'^PARITY_ROW\("([a-z+]+)", (\d+), (true|false)\)$', f.read(), re.M)
+    assert rows, "no PARITY_ROW in tests/parity_table.inc"
+    return [(mode, int(delay), views == "true") for mode, delay, views in rows]
+
+
+TABLE = [(model, *row) for model in MODELS for row in _shared_rows()]
 
 
 def _grads(model_name, step):

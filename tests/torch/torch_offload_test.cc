@@ -350,8 +350,9 @@ TEST_F(TorchOffloadTest, ACudaEngineNeedsTheCurrentStreamAndOnlyTakesItsDevice) 
 namespace actstash::torch {
 namespace {
 
-// The parity table (the Python suite, tests/python/test_parity.py, runs the
-// same one): mode × injected store delay × how backward reads CPU tensors.
+// The parity table (tests/parity_table.inc, which the Python suite,
+// tests/python/test_parity.py, reads too): mode × injected store delay × how
+// backward reads CPU tensors.
 // Every row: gradients bitwise equal to plain autograd, and the bytes really
 // went to the daemon and came back.
 struct ParityCase {
@@ -409,14 +410,13 @@ TEST_P(TorchParityTest, BitwiseEqualAndMovedThroughTheDaemon) {
   ExpectAllReleased(*offloader);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Table, TorchParityTest,
-    ::testing::Values(ParityCase{"offload", 0, true}, ParityCase{"offload", 0, false},
-                      ParityCase{"offload", 2000, true}, ParityCase{"offload", 2000, false},
-                      ParityCase{"checkpoint", 0, true}, ParityCase{"checkpoint+offload", 0, true},
-                      ParityCase{"checkpoint+offload", 0, false},
-                      ParityCase{"checkpoint+offload", 2000, true},
-                      ParityCase{"checkpoint+offload", 2000, false}));
+#define PARITY_ROW(mode, delay_us, cpu_views) ParityCase{mode, delay_us, cpu_views},
+constexpr ParityCase kParityTable[] = {
+#include "tests/parity_table.inc"
+};
+#undef PARITY_ROW
+
+INSTANTIATE_TEST_SUITE_P(Table, TorchParityTest, ::testing::ValuesIn(kParityTable));
 
 TEST_F(TorchOffloadTest, CheckpointKeepsNothingInsideAndRecomputesOnce) {
   int calls = 0;
