@@ -62,10 +62,10 @@ class SavedTensorEngine::Impl {
   // copied on the packing thread (no hand-off, never in flight).
   static bool CopiesOnPackingThread(const EngineOptions& options, const SavedTensorInfo& info,
                                     const Entry& e);
-  // The reason to keep `info`, or kCount to store it (with the engine for
-  // its device in *engine).
-  KeepReason Decide(const SavedTensorInfo& info, uint64_t min_bytes, CopyEngine** engine)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The reason to keep `info` (`keep`: the front-end's, kCount for none), or
+  // kCount to store it (with the engine for its device in *engine).
+  KeepReason Decide(const SavedTensorInfo& info, KeepReason keep, uint64_t min_bytes,
+                    CopyEngine** engine) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   CopyEngine* CudaEngineLocked(int device) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The in-flight bound (EngineOptions::max_in_flight_bytes): waits for the
   // oldest stores until `info` fits. True when it waited.

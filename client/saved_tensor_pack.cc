@@ -53,11 +53,10 @@ TensorLayout LayoutOf(const SavedTensorInfo& info) {
 uint64_t SavedTensorEngine::Impl::Pack(const SavedTensorInfo& info, KeepReason keep,
                                        uint64_t min_bytes) {
   ReapNoError();
-  KeepReason reason = keep;
   CopyEngine* engine = nullptr;
   {
     absl::MutexLock lock(&mu_);
-    if (reason == KeepReason::kCount) reason = Decide(info, min_bytes, &engine);
+    const KeepReason reason = Decide(info, keep, min_bytes, &engine);
     if (reason != KeepReason::kCount) {
       CountKept(info.nbytes, reason);
       return 0;
@@ -100,13 +99,16 @@ bool SavedTensorEngine::Impl::CopiesOnPackingThread(const EngineOptions& options
          (info.sync || e.stored_bytes <= options.inline_store_bytes);
 }
 
-KeepReason SavedTensorEngine::Impl::Decide(const SavedTensorInfo& info, uint64_t min_bytes,
-                                           CopyEngine** engine) {
-  if (client_ == nullptr) return KeepReason::kUnavailable;
-  if (!available_ || !pending_error_.ok()) return KeepReason::kFailed;
+KeepReason SavedTensorEngine::Impl::Decide(const SavedTensorInfo& info, KeepReason keep,
+                                           uint64_t min_bytes, CopyEngine** engine) {
+  // The one order of the reasons, whichever front-end asks: size, then what
+  // only the front-end sees, then the engine's own state, layout and device.
   if (info.nbytes == 0 || info.nbytes < std::max<uint64_t>(min_bytes, 1)) {
     return KeepReason::kSmall;
   }
+  if (keep != KeepReason::kCount) return keep;
+  if (client_ == nullptr) return KeepReason::kUnavailable;
+  if (!available_ || !pending_error_.ok()) return KeepReason::kFailed;
   if (!info.dense &&
       (info.ndim > kernels::kMaxDims || info.sizes == nullptr || info.strides == nullptr)) {
     return KeepReason::kLayout;

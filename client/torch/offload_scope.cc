@@ -133,13 +133,15 @@ class OffloadHooks final : public SavedVariableHooks {
     const uint64_t nbytes = static_cast<uint64_t>(tensor.numel()) * tensor.element_size();
     const OffloadOptions& options = offloader_->options_;
     SavedTensorEngine& engine = *offloader_->engine_;
-    const KeepReason keep = KeepReasonOf(tensor);
     saved_version_ = saved_version;
-    if (keep != KeepReason::kCount || nbytes < options.min_bytes) {
+    // Below min_bytes the engine reads nothing but the size (and counts it as
+    // small before any other reason, as for Python): no metadata is made.
+    const KeepReason keep = nbytes < options.min_bytes ? KeepReason::kSmall : KeepReasonOf(tensor);
+    if (keep != KeepReason::kCount) {
       kept_ = tensor.detach();  // detached: no cycle through its grad_fn
       SavedTensorInfo info;
       info.nbytes = nbytes;
-      engine.Pack(info, keep == KeepReason::kCount ? KeepReason::kSmall : keep, options.min_bytes);
+      engine.Pack(info, keep, options.min_bytes);
       return;
     }
     meta_ = c10::make_intrusive<SavedMeta>();
@@ -242,17 +244,18 @@ class OffloadHooks final : public SavedVariableHooks {
         t.is_neg() || !t.has_storage() || !NonOverlapping(t)) {
       return KeepReason::kLayout;
     }
-    if (t.is_leaf() && t.requires_grad()) return KeepReason::kParameter;  // kept anyway
-    if (t.is_view()) {
-      const at::TensorBase& base = t._base();  // e.g. weight.t(): aliases a parameter
-      if (base.is_leaf() && base.requires_grad()) return KeepReason::kParameter;
-    }
+    // The order of Python's _keep_flag: layout, device, parameter.
     // A CUDA tensor only on the engine's own device: its streams and events
     // order copies against that device's streams, not another's.
     if (!t.device().is_cpu() &&
         !(t.device().is_cuda() && options.cuda_engine != nullptr &&
           t.device().index() == options.cuda_engine->device() && offloader_->client_->attached())) {
       return KeepReason::kDevice;
+    }
+    if (t.is_leaf() && t.requires_grad()) return KeepReason::kParameter;  // kept anyway
+    if (t.is_view()) {
+      const at::TensorBase& base = t._base();  // e.g. weight.t(): aliases a parameter
+      if (base.is_leaf() && base.requires_grad()) return KeepReason::kParameter;
     }
     return KeepReason::kCount;
   }

@@ -2,7 +2,8 @@
 runs against the C++ front-end): model × mode × injected copy delay × how backward
 reads CPU tensors.
 Every row: parameter gradients bitwise equal to plain autograd on the same seed, and
-the bytes really went to the daemon and came back (the engine's counters)."""
+the bytes really went to the daemon and came back (the engine's counters). Its keep
+rows: the reason each front-end counts for a tensor it keeps, the same in both."""
 import gc
 import os
 import re
@@ -11,6 +12,7 @@ import pytest
 import torch
 
 import actstash
+from actstash import _lib
 from gpt import GPT, Block, loss_fn
 from conftest import ROOT
 from test_offload import Weird
@@ -85,3 +87,51 @@ def test_parity(daemon, model_name, mode, delay_us, cpu_views):
             assert s["inline_stores"] == 0
     assert s["live_bytes"] == 0 and s["in_flight"] == 0
     stash.close()
+
+
+def _keep_rows():
+    """The KEEP_ROW lines of tests/parity_table.inc, which the C++ suite includes."""
+    with open(os.path.join(ROOT, "tests", "parity_table.inc")) as f:
+        rows = re.findall(r'^KEEP_ROW\("(\w+)", "(\w*)"\)$', f.read(), re.M)
+    assert rows, "no KEEP_ROW in tests/parity_table.inc"
+    return rows
+
+
+def _keep_case_tensor(name):
+    """The tensor a KEEP_ROW names, made outside the scope (only sin's save of it is
+    counted inside)."""
+    a = torch.randn(64, 64)
+    return {
+        "activation": lambda: a.requires_grad_() * 2,
+        "small_activation": lambda: torch.randn(16).requires_grad_() * 2,
+        "small_parameter": lambda: torch.nn.Parameter(torch.randn(16)),
+        "parameter": lambda: torch.nn.Parameter(a),
+        "transposed_parameter": lambda: torch.nn.Parameter(a).t(),
+        "conjugate": lambda: (torch.randn(64, 64, dtype=torch.cfloat).requires_grad_() * 2).conj(),
+        "meta": lambda: torch.empty(64, 64, device="meta").requires_grad_(),
+    }[name]()
+
+
+@pytest.mark.parametrize("name,reason", _keep_rows())
+def test_keep_parity(daemon, name, reason):
+    stash = actstash.connect(daemon.socket)
+    try:
+        x = _keep_case_tensor(name)
+        before = stash.stats()
+        with stash.offload(min_bytes=4 << 10):
+            y = x.sin()
+        after = stash.stats()
+        assert (after["tensors_kept"] + after["tensors_offloaded"]
+                == before["tensors_kept"] + before["tensors_offloaded"] + 1)  # sin: its input
+        if not reason:
+            assert after["tensors_offloaded"] == before["tensors_offloaded"] + 1, name
+        else:
+            for r in _lib.DESCRIPTION["keep_reasons"]:
+                key = "kept_" + r
+                assert after[key] == before[key] + (r == reason), (name, key)
+        del y
+        gc.collect()
+        stash.synchronize()
+        assert stash.stats()["live_bytes"] == 0
+    finally:
+        stash.close()

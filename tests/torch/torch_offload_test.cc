@@ -411,10 +411,81 @@ TEST_P(TorchParityTest, BitwiseEqualAndMovedThroughTheDaemon) {
 }
 
 #define PARITY_ROW(mode, delay_us, cpu_views) ParityCase{mode, delay_us, cpu_views},
+#define KEEP_ROW(name, reason)
 constexpr ParityCase kParityTable[] = {
 #include "tests/parity_table.inc"
 };
 #undef PARITY_ROW
+#undef KEEP_ROW
+
+struct KeepCase {
+  const char* name;
+  const char* reason;  // a KeepReasonName, or "" when offloaded
+};
+#define PARITY_ROW(mode, delay_us, cpu_views)
+#define KEEP_ROW(name, reason) KeepCase{name, reason},
+constexpr KeepCase kKeepTable[] = {
+#include "tests/parity_table.inc"
+};
+#undef PARITY_ROW
+#undef KEEP_ROW
+
+// The tensor a KEEP_ROW names, made outside the scope (so that only sin's
+// save of it is counted inside).
+at::Tensor KeepCaseTensor(const std::string& name) {
+  const at::Tensor a = at::randn({64, 64});
+  if (name == "activation") return a.requires_grad_() * 2;
+  if (name == "small_activation") return at::randn({16}).requires_grad_() * 2;
+  if (name == "small_parameter") return at::randn({16}).requires_grad_();
+  if (name == "parameter") return a.requires_grad_();
+  if (name == "transposed_parameter") return a.requires_grad_().t();
+  if (name == "conjugate")
+    return (at::randn({64, 64}, at::kComplexFloat).requires_grad_() * 2).conj();
+  if (name == "meta")
+    return at::empty({64, 64}, at::TensorOptions().device(at::kMeta)).requires_grad_();
+  ADD_FAILURE() << "no tensor for KEEP_ROW " << name;
+  return a;
+}
+
+class TorchKeepParityTest : public TorchOffloadTest,
+                            public ::testing::WithParamInterface<KeepCase> {};
+
+TEST_P(TorchKeepParityTest, KeepsForTheSharedReason) {
+  const KeepCase& c = GetParam();
+  auto client = Connect();
+  ASSERT_NE(client, nullptr);
+  OffloadOptions options;
+  options.min_bytes = 4 << 10;
+  auto created = Offloader::Create(client, options);
+  ASSERT_TRUE(created.ok()) << created.status();
+  std::shared_ptr<Offloader> offloader = *created;
+  const at::Tensor x = KeepCaseTensor(c.name);
+  const OffloadStats before = offloader->stats();
+  at::Tensor y;
+  {
+    OffloadScope scope(offloader);
+    y = x.sin();
+  }
+  const OffloadStats after = offloader->stats();
+  EXPECT_EQ(after.tensors_kept + after.tensors_offloaded,
+            before.tensors_kept + before.tensors_offloaded + 1)
+      << "sin saves exactly its input";
+  const std::string reason = c.reason;
+  if (reason.empty()) {
+    EXPECT_EQ(after.tensors_offloaded, before.tensors_offloaded + 1) << c.name;
+  } else {
+    for (int r = 0; r < static_cast<int>(KeepReason::kCount); ++r) {
+      const bool named = reason == KeepReasonName(static_cast<KeepReason>(r));
+      EXPECT_EQ(after.kept_by_reason[r], before.kept_by_reason[r] + (named ? 1 : 0))
+          << c.name << ": kept_" << KeepReasonName(static_cast<KeepReason>(r));
+    }
+  }
+  y = at::Tensor();
+  offloader->Synchronize();
+  ExpectAllReleased(*offloader);
+}
+
+INSTANTIATE_TEST_SUITE_P(Table, TorchKeepParityTest, ::testing::ValuesIn(kKeepTable));
 
 INSTANTIATE_TEST_SUITE_P(Table, TorchParityTest, ::testing::ValuesIn(kParityTable));
 

@@ -200,6 +200,9 @@ class SavedTensorEngine {
   // Saves a tensor. Returns its id (> 0) when offloaded, 0 when kept (the
   // front-end keeps the tensor as autograd would). `keep` is the front-end's
   // reason to keep it (kCount: none); `min_bytes` is the scope's threshold.
+  // The reason counted is the first that applies of: small (below
+  // min_bytes; info.nbytes is all the engine reads then), `keep`, no daemon,
+  // offload off after a failure, layout, device.
   // Errors from reserving memory are not returned: with kRaise they are held
   // for TakeError, with kKeep offload turns off; either way the tensor is kept.
   uint64_t Pack(const SavedTensorInfo& info, KeepReason keep, uint64_t min_bytes);
