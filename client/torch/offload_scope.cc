@@ -50,13 +50,14 @@ bool HookEngineIsDefault() {
   return installed.load() && &Engine::get_default_engine() == &HookEngine::Get();
 }
 
-// Whether the elements of `t` are distinct (a dense tensor or a view with
-// gaps, not a broadcast or an as_strided overlap).
-bool NonOverlapping(const at::Tensor& t) {
+// Whether the elements of `t` are distinct apart from broadcast dimensions
+// (stride 0): a dense tensor, a view with gaps, or a broadcast of one — not
+// an as_strided overlap. Python's _overlapping is the same rule.
+bool DistinctButForBroadcasts(const at::Tensor& t) {
   if (t.is_non_overlapping_and_dense()) return true;
   std::vector<std::pair<int64_t, int64_t>> dims;  // (stride, size) of dims with size > 1
   for (int64_t d = 0; d < t.dim(); ++d) {
-    if (t.size(d) > 1) dims.emplace_back(t.stride(d), t.size(d));
+    if (t.size(d) > 1 && t.stride(d) != 0) dims.emplace_back(t.stride(d), t.size(d));
   }
   std::sort(dims.begin(), dims.end());
   int64_t span = 1;  // elements covered by the dims so far
@@ -98,13 +99,30 @@ struct SavedMeta : c10::intrusive_ptr_target {
   at::Tensor Allocate() const {
     return dense ? at::empty_strided(sizes, strides, options) : at::empty(sizes, options);
   }
-  // Gives a contiguous copy of a view with gaps that view's strides back, so
-  // backward's kernels see the layout they would have seen.
+  // Gives a contiguous copy of a view with gaps or a broadcast that view's
+  // strides back, so backward's kernels see the layout they would have seen
+  // (and produce the same bits). A broadcast keeps one copy along its
+  // stride-0 dimensions, viewed with the saved strides.
   at::Tensor Restride(const at::Tensor& t) const {
     if (dense || t.strides() == at::IntArrayRef(strides)) return t;
-    at::Tensor out = at::empty_strided(sizes, strides, options);
-    out.copy_(t);
-    return out;
+    at::Tensor compact = t.reshape(sizes);
+    std::vector<int64_t> base_strides = strides;
+    bool broadcast = false;
+    for (size_t d = 0; d < sizes.size(); ++d) {
+      if (strides[d] == 0 && sizes[d] > 1) {
+        compact = compact.narrow(static_cast<int64_t>(d), 0, 1);
+        broadcast = true;
+      }
+      if (base_strides[d] == 0) base_strides[d] = 1;
+    }
+    if (!broadcast) {
+      at::Tensor out = at::empty_strided(sizes, strides, options);
+      out.copy_(t);
+      return out;
+    }
+    at::Tensor base = at::empty_strided(compact.sizes(), base_strides, options);
+    base.copy_(compact);
+    return base.as_strided(sizes, strides);
   }
 };
 
@@ -241,7 +259,7 @@ class OffloadHooks final : public SavedVariableHooks {
   KeepReason KeepReasonOf(const at::Tensor& t) const {
     const OffloadOptions& options = offloader_->options_;
     if (t.layout() != at::kStrided || t.is_quantized() || t.is_nested() || t.is_conj() ||
-        t.is_neg() || !t.has_storage() || !NonOverlapping(t)) {
+        t.is_neg() || !t.has_storage() || !DistinctButForBroadcasts(t)) {
       return KeepReason::kLayout;
     }
     // The order of Python's _keep_flag: layout, device, parameter.

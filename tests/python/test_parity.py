@@ -109,6 +109,9 @@ def _keep_case_tensor(name):
         "transposed_parameter": lambda: torch.nn.Parameter(a).t(),
         "conjugate": lambda: (torch.randn(64, 64, dtype=torch.cfloat).requires_grad_() * 2).conj(),
         "meta": lambda: torch.empty(64, 64, device="meta").requires_grad_(),
+        "broadcast": lambda: (torch.randn(1, 64).requires_grad_() * 2).expand(64, 64),
+        "overlapping": lambda: (torch.randn(4096).requires_grad_() * 2).as_strided((4095, 2),
+                                                                                   (1, 1)),
     }[name]()
 
 

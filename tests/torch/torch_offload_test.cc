@@ -6,6 +6,7 @@
 
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -311,6 +312,40 @@ TEST_F(TorchOffloadTest, InPlaceChangeOfOffloadedTensorFailsBackward) {
   }
 }
 
+// A broadcast view (expand) saved for backward is gathered, restored with
+// its saved strides, and gives the same gradients bit for bit (as in
+// Python); as_strided overlaps are kept (the KEEP_ROWs of the parity table).
+TEST_F(TorchOffloadTest, BroadcastViewsAreGatheredAndRestoredBitwise) {
+  auto grads = [](const std::shared_ptr<Offloader>& offloader) {
+    at::manual_seed(0);
+    at::Tensor w = at::randn({256, 256}).requires_grad_();
+    at::Tensor x = at::randn({1, 256}).requires_grad_();
+    at::Tensor loss;
+    {
+      std::optional<OffloadScope> scope;
+      if (offloader != nullptr) scope.emplace(offloader);
+      const at::Tensor expanded = (x * 2).expand({256, 256});  // strides {0, 1}
+      loss = (expanded * w).sin().sum();                       // mul saves the broadcast view
+    }
+    if (offloader != nullptr) offloader->Synchronize();  // backward must fetch
+    loss.backward();
+    return std::vector<at::Tensor>{w.grad().clone(), x.grad().clone()};
+  };
+  const std::vector<at::Tensor> plain = grads(nullptr);
+  auto client = Connect();
+  ASSERT_NE(client, nullptr);
+  auto offloader = MakeOffloader(client);
+  ASSERT_NE(offloader, nullptr);
+  const std::vector<at::Tensor> offloaded = grads(offloader);
+  for (size_t i = 0; i < plain.size(); ++i) EXPECT_TRUE(at::equal(plain[i], offloaded[i])) << i;
+  offloader->Synchronize();
+  const OffloadStats s = offloader->stats();
+  EXPECT_EQ(s.kept_by_reason[static_cast<int>(KeepReason::kLayout)], 0u);
+  EXPECT_GE(s.tensors_offloaded, 2u);  // the broadcast view and sin's input
+  EXPECT_EQ(s.tensors_fetched + s.unpacked_from_source, s.tensors_offloaded);
+  ExpectAllReleased(*offloader);
+}
+
 TEST_F(TorchOffloadTest, FailedStoresKeepTensorsInMemory) {
   const Result plain = Train(mlp_, false, nullptr);
   auto client = Connect(AttachMode::kOff, /*quota=*/64 << 10);  // room for a couple at most
@@ -441,6 +476,9 @@ at::Tensor KeepCaseTensor(const std::string& name) {
   if (name == "transposed_parameter") return a.requires_grad_().t();
   if (name == "conjugate")
     return (at::randn({64, 64}, at::kComplexFloat).requires_grad_() * 2).conj();
+  if (name == "broadcast") return (at::randn({1, 64}).requires_grad_() * 2).expand({64, 64});
+  if (name == "overlapping")
+    return (at::randn({4096}).requires_grad_() * 2).as_strided({4095, 2}, {1, 1});
   if (name == "meta")
     return at::empty({64, 64}, at::TensorOptions().device(at::kMeta)).requires_grad_();
   ADD_FAILURE() << "no tensor for KEEP_ROW " << name;

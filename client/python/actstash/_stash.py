@@ -180,9 +180,21 @@ def _aliases_parameter(t):
 def _kept_layout(t):
     """A tensor whose bytes do not say what it is, kept where it is (as the libtorch
     adapter keeps it): not strided, more dimensions than the engine gathers, a lazy
-    conjugate or negative bit (its bytes are its base's), quantized, or nested."""
+    conjugate or negative bit (its bytes are its base's), quantized, nested, or
+    elements that overlap other than by broadcasting (an as_strided overlap)."""
     return (t.layout != torch.strided or t.dim() > 8 or t.is_conj() or t.is_neg()
-            or t.is_quantized or t.is_nested)
+            or t.is_quantized or t.is_nested or (not t.is_contiguous() and _overlapping(t)))
+
+
+def _overlapping(t):
+    """Elements that overlap apart from broadcast (stride 0) dimensions: the libtorch
+    adapter's DistinctButForBroadcasts, negated."""
+    span = 1
+    for st, sz in sorted((st, sz) for st, sz in zip(t.stride(), t.shape) if sz > 1 and st):
+        if st < span:
+            return True
+        span = st * sz
+    return False
 
 
 def _is_dense(t):
@@ -633,7 +645,7 @@ class Stash:
             base.copy_(compact)
             return base.as_strided(p.shape, p.stride)
         except RuntimeError:
-            return t.reshape(p.shape)  # an unusual overlap: same values, contiguous
+            return t.reshape(p.shape)  # not expected: overlaps other than broadcasts are kept
 
 
 def _take_offers(out):
