@@ -105,20 +105,19 @@ struct SavedMeta : c10::intrusive_ptr_target {
   // stride-0 dimensions, viewed with the saved strides.
   at::Tensor Restride(const at::Tensor& t) const {
     if (dense || t.strides() == at::IntArrayRef(strides)) return t;
-    at::Tensor compact = t.reshape(sizes);
-    std::vector<int64_t> base_strides = strides;
     bool broadcast = false;
-    for (size_t d = 0; d < sizes.size(); ++d) {
-      if (strides[d] == 0 && sizes[d] > 1) {
-        compact = compact.narrow(static_cast<int64_t>(d), 0, 1);
-        broadcast = true;
-      }
-      if (base_strides[d] == 0) base_strides[d] = 1;
-    }
+    for (size_t d = 0; d < sizes.size(); ++d) broadcast |= strides[d] == 0 && sizes[d] > 1;
     if (!broadcast) {
       at::Tensor out = at::empty_strided(sizes, strides, options);
       out.copy_(t);
       return out;
+    }
+    at::Tensor compact = t.reshape(sizes);
+    std::vector<int64_t> base_strides = strides;
+    for (size_t d = 0; d < sizes.size(); ++d) {
+      if (strides[d] != 0) continue;
+      if (sizes[d] > 1) compact = compact.narrow(static_cast<int64_t>(d), 0, 1);
+      base_strides[d] = 1;
     }
     at::Tensor base = at::empty_strided(compact.sizes(), base_strides, options);
     base.copy_(compact);
