@@ -29,6 +29,11 @@ absl::Status Gone(uint64_t id) {
   return absl::NotFoundError(absl::StrCat("saved tensor ", id, " is gone"));
 }
 
+absl::Status NotStored(uint64_t id) {
+  return absl::FailedPreconditionError(
+      absl::StrCat("saved tensor ", id, " was not stored (its store failed)"));
+}
+
 }  // namespace
 
 SavedTensorEngine::Impl::Impl(std::shared_ptr<Client> client, EngineOptions options)
@@ -96,8 +101,7 @@ absl::StatusOr<UnpackResult> SavedTensorEngine::Impl::UnpackBegin(uint64_t id, u
         return result;
       }
       if (done) {
-        return absl::FailedPreconditionError(
-            absl::StrCat("saved tensor ", id, " was not stored (its store failed)"));
+        return NotStored(id);
       }
       wait_for = e->store;
     }
@@ -377,8 +381,7 @@ absl::StatusOr<std::shared_ptr<CopyEvent>> SavedTensorEngine::Impl::StartFetch(
     Entry* e = Find(id);
     if (e == nullptr) return Gone(id);
     if (IsFailed(e->state)) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("saved tensor ", id, " was not stored (its store failed)"));
+      return NotStored(id);
     }
     if (capacity < e->nbytes) {
       return absl::OutOfRangeError(absl::StrCat("saved tensor ", id, " holds ", e->nbytes,
