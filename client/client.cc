@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <functional>
 #include <thread>
@@ -224,6 +225,26 @@ absl::StatusOr<v1::StatsReply> Client::Stats(bool all_sessions) {
   v1::StatsReply reply;
   grpc::Status status = impl_->stub->Stats(&ctx, request, &reply);
   if (!status.ok()) return impl_->Fail(status, "Stats");
+  return reply;
+}
+
+absl::StatusOr<v1::CopyShareReply> Client::CopyShare(double probe_store_bytes_per_second,
+                                                     double probe_fetch_bytes_per_second) {
+  if (absl::Status s = impl_->CheckOpen(); !s.ok()) return s;
+  for (double rate : {probe_store_bytes_per_second, probe_fetch_bytes_per_second}) {
+    if (!std::isfinite(rate) || rate < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("CopyShare: ", rate, " is not a rate in bytes per second (finite, >= 0)"));
+    }
+  }
+  grpc::ClientContext ctx;
+  impl_->Prepare(&ctx);
+  v1::CopyShareRequest request;
+  request.set_probe_store_bytes_per_second(probe_store_bytes_per_second);
+  request.set_probe_fetch_bytes_per_second(probe_fetch_bytes_per_second);
+  v1::CopyShareReply reply;
+  grpc::Status status = impl_->stub->CopyShare(&ctx, request, &reply);
+  if (!status.ok()) return impl_->Fail(status, "CopyShare");
   return reply;
 }
 

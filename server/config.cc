@@ -95,6 +95,11 @@ constexpr Setting kSettings[] = {
     {"spill_size",
      "Most bytes the spill tier may hold on disk, all sessions together (e.g. 200GiB); "
      "default: the file system's free space"},
+    {"copy_bandwidth",
+     "The node's copy bandwidth, all trainers together, which the daemon divides among the "
+     "sessions copying at once so that auto plans count on their share: a rate (e.g. "
+     "150GB/s: the host memory bandwidth of the GPUs' socket), auto (measure memcpy over "
+     "every core, at the first request) or off (default auto)"},
     {"exit_with_parent",
      "Shut down (as on SIGTERM) when the process that started the daemon exits, for a "
      "private daemon that lives as long as its trainer (true/false; the flag alone means "
@@ -318,6 +323,11 @@ absl::StatusOr<DaemonConfig> Resolve(const std::map<std::string, std::string>& v
                                                      FormatBytes(config.segment_bytes), ")"));
     }
     config.spill_bytes = *parsed;
+  }
+  if (const std::string* v = get("copy_bandwidth")) {
+    absl::StatusOr<CopyBandwidthSetting> parsed = ParseCopyBandwidth(*v);
+    if (!parsed.ok()) return bad("copy_bandwidth", parsed.status());
+    config.copy_bandwidth = *parsed;
   }
   if (const std::string* v = get("tls_cert")) config.tls_cert = *v;
   if (const std::string* v = get("tls_key")) config.tls_key = *v;

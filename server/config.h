@@ -10,6 +10,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/tristate.h"
+#include "server/copy_share.h"
 #include "server/device_pool_config.h"
 #include "server/host_pool.h"
 
@@ -53,6 +54,8 @@ struct DaemonConfig {
   // bytes it may hold (0: the file system's free space).
   std::string spill_dir;
   uint64_t spill_bytes = 0;
+  // The node's copy bandwidth, shared by the copying sessions (CopyShare).
+  CopyBandwidthSetting copy_bandwidth;
   // Shut down when the parent process exits (a private daemon started by a
   // trainer, e.g. actstash.connect(start="auto")).
   bool exit_with_parent = false;

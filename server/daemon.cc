@@ -103,6 +103,7 @@ Daemon::Daemon(const DaemonConfig& config, Parts parts)
       device_pools_(std::move(parts.device_pools)),
       sessions_(SessionManagerOptions{config.default_session_quota, config.max_session_quota,
                                       config.max_sessions}),
+      copy_bandwidth_(config.copy_bandwidth, &work_),
       leases_(pool_.get(), &work_),
       device_leases_(DeviceLeaseManagers(device_pools_, &work_)),
       spill_(std::move(parts.spill)),
@@ -110,7 +111,8 @@ Daemon::Daemon(const DaemonConfig& config, Parts parts)
               [this](uint64_t session_id) { ReclaimDisconnected(session_id); }),
       core_(StashParts{pool_.get(), pool_.get(), &sessions_, &catalog_, &leases_,
                        DeviceTiers(device_pools_, device_leases_), &work_, spill_.get(), &attach_,
-                       attach_.socket_path().substr(attach_.socket_path().find_last_of('/') + 1)}),
+                       attach_.socket_path().substr(attach_.socket_path().find_last_of('/') + 1),
+                       &copy_bandwidth_}),
       service_(&core_) {}
 
 absl::Status Daemon::CreateMemory(const DaemonConfig& config,
@@ -298,6 +300,18 @@ absl::Status Daemon::Serve() {
                FormatBytes(config_.max_session_quota), config_.max_sessions);
   spdlog::info("attach socket {}; idle sessions without one close after {} s",
                attach_.socket_path(), config_.session_idle_ttl_seconds);
+  switch (config_.copy_bandwidth.mode) {
+    case CopyBandwidthSetting::Mode::kFixed:
+      spdlog::info("node copy bandwidth {:.2f} GB/s (configured), shared by copying sessions",
+                   config_.copy_bandwidth.bytes_per_second / 1e9);
+      break;
+    case CopyBandwidthSetting::Mode::kOff:
+      spdlog::info("node copy bandwidth off: sessions plan with what they measure alone");
+      break;
+    case CopyBandwidthSetting::Mode::kAuto:
+      spdlog::info("node copy bandwidth: measured at the first CopyShare request");
+      break;
+  }
   return absl::OkStatus();
 }
 

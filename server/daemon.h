@@ -17,6 +17,7 @@
 #include "server/attach_server.h"
 #include "server/catalog.h"
 #include "server/config.h"
+#include "server/copy_share.h"
 #include "server/device_memory.h"
 #include "server/device_pool.h"
 #include "server/host_pool.h"
@@ -85,6 +86,7 @@ class Daemon {
   // (which post to it) as an object; Shutdown stops it while everything its
   // tasks use is alive.
   WorkQueue work_;
+  NodeCopyBandwidth copy_bandwidth_;  // measures on work_ (auto)
   LeaseManager leases_;
   std::vector<std::unique_ptr<LeaseManager>> device_leases_;  // one per device pool
   // Reset first in ~Daemon (its last operations' callbacks use the core),

@@ -113,6 +113,12 @@ class StashCollector final : public prometheus::Collectable {
         {"actstash_sessions_reclaimed_total",
          "Sessions closed because their client vanished or idled out", MetricType::Counter,
          static_cast<double>(stats.sessions_reclaimed())},
+        {"actstash_copying_sessions",
+         "Sessions that copied within the copy window (they share the node's copy bandwidth)",
+         MetricType::Gauge, static_cast<double>(stats.copy().copying_sessions())},
+        {"actstash_node_copy_bytes_per_second",
+         "The node's copy bandwidth, all sessions together (--copy-bandwidth; 0: unknown)",
+         MetricType::Gauge, stats.copy().node_bytes_per_second()},
     };
     for (const auto& [name, help, type, value] : simple) {
       MetricFamily family = Family(name, help, type);

@@ -62,18 +62,30 @@ uint64_t Session::used_bytes() const {
 }
 
 void Session::RecordStore(uint64_t bytes) {
+  MarkCopying();
   bytes_stored_.fetch_add(bytes, std::memory_order_relaxed);
   puts_.fetch_add(1, std::memory_order_relaxed);
 }
 
 void Session::RecordFetch(uint64_t bytes) {
+  MarkCopying();
   bytes_fetched_.fetch_add(bytes, std::memory_order_relaxed);
   gets_.fetch_add(1, std::memory_order_relaxed);
 }
 
 void Session::RecordClientUsage(const v1::ClientUsage& usage) {
   absl::MutexLock lock(&mu_);
+  if (usage.bytes_stored() != client_usage_.bytes_stored() ||
+      usage.bytes_fetched() != client_usage_.bytes_fetched()) {
+    MarkCopying();
+  }
   client_usage_ = usage;
+}
+
+void Session::SetCopyProbe(double store_bytes_per_second, double fetch_bytes_per_second) {
+  absl::MutexLock lock(&mu_);
+  probe_store_bps_ = store_bytes_per_second;
+  probe_fetch_bps_ = fetch_bytes_per_second;
 }
 
 uint64_t Session::leased_bytes() const {
@@ -130,6 +142,8 @@ void Session::FillStats(v1::SessionStats* out) const {
   out->set_leases(leases_);
   out->set_leased_bytes(leased_bytes_);
   *out->mutable_client() = client_usage_;
+  out->set_probe_store_bytes_per_second(probe_store_bps_);
+  out->set_probe_fetch_bytes_per_second(probe_fetch_bps_);
 }
 
 }  // namespace actstash::server

@@ -86,9 +86,21 @@ class Session : public std::enable_shared_from_this<Session> {
   // creation: immune to wall-clock steps.
   int64_t last_active_ms() const { return last_active_ms_.load(std::memory_order_relaxed); }
   uint64_t leased_bytes() const ABSL_LOCKS_EXCLUDED(mu_);
+  // Copy activity, for the node's copy share (server/copy_share.h): a store,
+  // a fetch, a reported zero-copy byte count that grew, or a CopyShare call
+  // marks the session as copying now.
+  void MarkCopying() { last_copy_ms_.store(SteadyNowMs(), std::memory_order_relaxed); }
+  // Copied within the `window_ms` before `now_ms` (SteadyNowMs).
+  bool CopiedWithin(int64_t now_ms, int64_t window_ms) const {
+    return now_ms - last_copy_ms_.load(std::memory_order_relaxed) <= window_ms;
+  }
+  // What the session's copies reached alone (its CopyShare request), shown
+  // in its stats.
+  void SetCopyProbe(double store_bytes_per_second, double fetch_bytes_per_second)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // What the session itself counts, filled into the wire message (the one
   // place these fields are set): everything but `objects` (the catalog's)
-  // and `spill` (the spill tier's).
+  // `spill` (the spill tier's) and `copying` (the daemon's copy window).
   void FillStats(v1::SessionStats* out) const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
@@ -111,6 +123,10 @@ class Session : public std::enable_shared_from_this<Session> {
   uint64_t leases_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t leased_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   v1::ClientUsage client_usage_ ABSL_GUARDED_BY(mu_);
+  double probe_store_bps_ ABSL_GUARDED_BY(mu_) = 0;
+  double probe_fetch_bps_ ABSL_GUARDED_BY(mu_) = 0;
+  // Never copied: far enough in the past for any window.
+  std::atomic<int64_t> last_copy_ms_{INT64_MIN / 2};
   std::atomic<int64_t> last_active_ms_{0};
   std::atomic<uint64_t> bytes_stored_{0};
   std::atomic<uint64_t> bytes_fetched_{0};

@@ -25,6 +25,7 @@
 namespace actstash::server {
 
 class AttachChannel;
+class NodeCopyBandwidth;
 class SpillTier;
 class WorkQueue;
 
@@ -50,6 +51,7 @@ struct StashParts {
   SpillTier* spill = nullptr;       // null without --spill-dir
   AttachChannel* attach = nullptr;  // null: Lease calls are refused (tests)
   std::string attach_socket_name;
+  NodeCopyBandwidth* copy_bandwidth = nullptr;  // null: unknown (as --copy-bandwidth off)
 };
 
 // The state every Stash handler works on; made whole in its constructor and
@@ -69,7 +71,8 @@ struct StashCore {
         work(parts.work),
         spill(parts.spill),
         attach(parts.attach),
-        attach_socket_name(std::move(parts.attach_socket_name)) {}
+        attach_socket_name(std::move(parts.attach_socket_name)),
+        copy_bandwidth(parts.copy_bandwidth) {}
   StashCore(const StashCore&) = delete;
   StashCore& operator=(const StashCore&) = delete;
 
@@ -83,6 +86,7 @@ struct StashCore {
   SpillTier* const spill;
   AttachChannel* const attach;
   const std::string attach_socket_name;
+  NodeCopyBandwidth* const copy_bandwidth;
   const std::chrono::steady_clock::time_point started = std::chrono::steady_clock::now();
   std::atomic<uint64_t> bytes_stored{0};   // cumulative, all sessions
   std::atomic<uint64_t> bytes_fetched{0};  // cumulative, all sessions

@@ -53,6 +53,10 @@ class StashService final : public v1::Stash::CallbackService {
   grpc::ServerUnaryReactor* DropSpilled(grpc::CallbackServerContext* ctx,
                                         const v1::DropSpilledRequest* request,
                                         v1::DropSpilledReply* reply) override;
+  // copy_share_handler.cc
+  grpc::ServerUnaryReactor* CopyShare(grpc::CallbackServerContext* ctx,
+                                      const v1::CopyShareRequest* request,
+                                      v1::CopyShareReply* reply) override;
 
  private:
   StashCore* const core_;

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "common/protocol.h"
+#include "server/copy_share.h"
 #include "server/spill_tier.h"
 
 namespace actstash::server {
@@ -26,6 +27,7 @@ void FillPool(v1::PoolStats own, const LeaseManager& leases, v1::PoolStats* out)
 
 void FillSession(const StashCore& core, const Session& session, v1::SessionStats* out) {
   session.FillStats(out);
+  out->set_copying(session.CopiedWithin(SteadyNowMs(), kCopyWindowMs));
   out->set_objects(core.catalog.SessionObjectCount(session.id()));
   if (core.spill != nullptr) *out->mutable_spill() = core.spill->SessionStats(session.id());
 }
@@ -39,11 +41,14 @@ void FillStats(const StashCore& core, const Session* self, bool all_sessions, v1
   out->set_bytes_stored(core.bytes_stored.load(std::memory_order_relaxed));
   out->set_bytes_fetched(core.bytes_fetched.load(std::memory_order_relaxed));
   if (self != nullptr) FillSession(core, *self, out->mutable_self());
+  const std::vector<std::shared_ptr<Session>> sessions = core.sessions.List();
   if (all_sessions) {
-    for (const std::shared_ptr<Session>& s : core.sessions.List()) {
+    for (const std::shared_ptr<Session>& s : sessions)
       FillSession(core, *s, out->add_all_sessions());
-    }
   }
+  *out->mutable_copy() = CopyStatsOf(
+      core.copy_bandwidth != nullptr ? core.copy_bandwidth->Peek() : NodeCopyBandwidth::Figure{},
+      sessions, SteadyNowMs());
   out->set_daemon_version(kVersion);
   out->set_uptime_seconds(std::chrono::duration_cast<std::chrono::seconds>(
                               std::chrono::steady_clock::now() - core.started)

@@ -164,6 +164,14 @@ int RunStats(const Common& common, bool json, bool sessions_only) {
         rate(p.bytes_read(), p.read_seconds()).c_str(), ull(p.failures()),
         ull(p.checksum_failures()));
   }
+  const actstash::v1::CopyStats& copy = s.copy();
+  std::printf("copy     node %s, shared by %u session(s) copying in the last %u s\n",
+              copy.node_bytes_per_second() > 0
+                  ? absl::StrFormat("%.2f GB/s (%s)", copy.node_bytes_per_second() / 1e9,
+                                    copy.node_source())
+                        .c_str()
+                  : "unknown",
+              copy.copying_sessions(), copy.window_seconds());
   std::printf("objects  %llu stored; %s stored and %s fetched since start\n", ull(s.objects()),
               FormatBytes(s.bytes_stored()).c_str(), FormatBytes(s.bytes_fetched()).c_str());
   std::printf("sessions %llu open (this one included)\n\n", ull(s.sessions()));

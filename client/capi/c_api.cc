@@ -185,6 +185,18 @@ int actstash_client_stats_json(actstash_client* c, int all_sessions, char** out)
   return 0;
 }
 
+int actstash_client_copy_share_json(actstash_client* c, double probe_store_bps,
+                                    double probe_fetch_bps, char** out) {
+  if (c == nullptr || out == nullptr) return NullHandle();
+  absl::StatusOr<actstash::v1::CopyShareReply> share =
+      c->client->CopyShare(probe_store_bps, probe_fetch_bps);
+  if (!share.ok()) return Fail(share.status());
+  actstash::capi::JsonWriter w;
+  actstash::capi::WriteMessage(w, *share);
+  *out = Dup(w.str());
+  return 0;
+}
+
 int actstash_engine_create(actstash_client* client, const char* options_json,
                            const actstash_engine_callbacks* callbacks, actstash_engine** out) {
   if (out == nullptr) return Fail(absl::InvalidArgumentError("out must not be null"));

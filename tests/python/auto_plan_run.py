@@ -25,6 +25,9 @@ from actstash_testing.memory import PeakMeter
 from actstash_testing.training import bitwise_equal, cloned_grads
 
 torch.set_num_threads(1)
+# A run ends once this many steps ran a plan that had settled before they began (or
+# after the steps asked for): test_auto_plan.py checks those steps' peaks.
+STEADY = 2
 
 
 def gpt():
@@ -52,14 +55,20 @@ def step(model, loss, seed):
     return cloned_grads(model)
 
 
-def run(stash, model, first, loss, reference, budget, steps, seed0):
+def run(stash, model, first, loss, reference, budget, steps, seed0, steady=None):
     """Steps under wrap(policy="auto", budget): per step the plan, the bitwise check,
-    the stash's counters and the peak."""
+    the stash's counters and the peak. At most `steps`; with `steady`, it stops once that
+    many steps ran a plan that had settled before they began (checked, staying)."""
     meter = PeakMeter(first, only_with_grad=True)
     actstash.wrap(model, stash, policy="auto", budget=budget)
     out = []
+    settled_steps = 0
     try:
         for k in range(steps):
+            if steady is not None and settled_steps >= steady:
+                break
+            report = stash.plan()
+            settled = report is not None and report.settled
             before = stash.stats()
             try:
                 grads = step(model, loss, seed0 + k)
@@ -85,7 +94,9 @@ def run(stash, model, first, loss, reference, budget, steps, seed0):
                 "predicted_stored": report.predicted_stored,
                 "block_offload": max(c.offload_bytes for c in report.costs),
                 "table": str(report),
+                "settled_before": settled,
             })
+            settled_steps = settled_steps + 1 if settled else 0
     finally:
         actstash.unwrap(model)
     return out
@@ -120,7 +131,7 @@ def main():
     reference = [step(plain, loss, 100 + k) for k in range(steps)]
     stash = actstash.connect(socket, copy_delay_us=delay, seed=3)
     # Everything fits: the planner says what peaks are reachable.
-    results = {"fits": run(stash, model, first, loss, reference, 1 << 40, steps, 100)}
+    results = {"fits": run(stash, model, first, loss, reference, 1 << 40, steps, 100, STEADY)}
     last = results["fits"][-1]
     high = last["kept_peak"]
     # Each profile predicts the smallest peak anew from its own measurements; the
@@ -134,7 +145,7 @@ def main():
     budgets = {"middle": low + (high - low) // 2, "quarter": low + (high - low) // 4,
                "smallest": int(low * 1.35), "impossible": low // 3}
     for label, budget in budgets.items():
-        results[label] = run(stash, model, first, loss, reference, budget, steps, 100)
+        results[label] = run(stash, model, first, loss, reference, budget, steps, 100, STEADY)
     stash.close()
     print(json.dumps({"budgets": budgets, "smallest": low, "kept": high, "runs": results}))
 

@@ -337,6 +337,18 @@ TEST_F(ConfigTest, BadFlagValuesAreUsageErrors) {
   ExpectUsageError(Parse({"--log-level", "verbose"}), "log_level");
   ExpectUsageError(Parse({"--shutdown-grace-seconds", "-1"}), "shutdown_grace_seconds");
   ExpectUsageError(Parse({"--shutdown-grace-seconds", "soon"}), "shutdown_grace_seconds");
+  ExpectUsageError(Parse({"--copy-bandwidth", "fast"}), "copy_bandwidth");
+  ExpectUsageError(Parse({"--copy-bandwidth", "0GB/s"}), "copy_bandwidth");
+}
+
+TEST_F(ConfigTest, CopyBandwidthDefaultsToAutoAndTakesARate) {
+  EXPECT_EQ(Parse({}).command_line.config.copy_bandwidth.mode, CopyBandwidthSetting::Mode::kAuto);
+  const Parsed parsed = Parse({"--copy-bandwidth", "150GB/s"});
+  ASSERT_FALSE(parsed.command_line.exit_code.has_value()) << parsed.err;
+  EXPECT_EQ(parsed.command_line.config.copy_bandwidth.mode, CopyBandwidthSetting::Mode::kFixed);
+  EXPECT_EQ(parsed.command_line.config.copy_bandwidth.bytes_per_second, 150e9);
+  EXPECT_EQ(Parse({"--copy-bandwidth", "off"}).command_line.config.copy_bandwidth.mode,
+            CopyBandwidthSetting::Mode::kOff);
 }
 
 TEST_F(ConfigTest, HelpAndVersionExitZero) {

@@ -31,8 +31,9 @@ extern "C" {
 /* 2: the stats and zero_copy dictionaries are the proto messages'.
  * 4: connect and engine_create take their settings as one JSON object;
  * actstash_describe_json exports the constants, defaults and counter names;
- * actstash_parse_size. */
-#define ACTSTASH_C_API_VERSION 4
+ * actstash_parse_size.
+ * 5: actstash_client_copy_share_json. */
+#define ACTSTASH_C_API_VERSION 5
 
 #if defined(__GNUC__)
 #define ACTSTASH_API __attribute__((visibility("default")))
@@ -82,6 +83,11 @@ ACTSTASH_API char* actstash_client_info_json(actstash_client* client);
  * integers as numbers, unset messages as null; all_sessions fills
  * "all_sessions". */
 ACTSTASH_API int actstash_client_stats_json(actstash_client* client, int all_sessions, char** out);
+/* The node's copy bandwidth and this session's share (Client::CopyShare): the
+ * CopyShareReply message as JSON, like stats. The probe rates are what this
+ * client's copies reached alone, in bytes per second (0: unknown). */
+ACTSTASH_API int actstash_client_copy_share_json(actstash_client* client, double probe_store_bps,
+                                                 double probe_fetch_bps, char** out);
 
 /* Flags of actstash_engine_pack. */
 #define ACTSTASH_ELEMENT_SIZE_MASK 0xF /* bits 0-3: element size in bytes */

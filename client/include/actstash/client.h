@@ -179,6 +179,14 @@ class Client {
   // and, when `all_sessions`, every open session. Reports this client's
   // zero-copy usage first, so that `self.client` is current.
   absl::StatusOr<v1::StatsReply> Stats(bool all_sessions = false);
+  // The node's copy bandwidth and this session's share of it while the
+  // other copying sessions copy too (the wire message: CopyShareReply).
+  // `probe_*` are what this client's copies reached alone (bytes per
+  // second, 0: unknown). Asking counts this session as copying for the
+  // daemon's copy window. INVALID_ARGUMENT for a negative or non-finite
+  // rate (checked here and by the daemon).
+  absl::StatusOr<v1::CopyShareReply> CopyShare(double probe_store_bytes_per_second,
+                                               double probe_fetch_bytes_per_second);
 
   // Stores a copy of `nbytes` from `src`: placed in leased shared memory
   // when attached (one memcpy, no RPC except when a new segment must be

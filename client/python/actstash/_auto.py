@@ -9,7 +9,9 @@ the first block's tensor inputs):
    backward (seen by the checkpoint as it runs), its inputs, and the memory each
    phase of the step reaches. Then a short probe stores and fetches tensors of
    the largest block's sizes through the stash: the throughput the engine
-   reaches on this machine and device.
+   reaches on this machine and device. The daemon is asked for this session's share
+   of the node's copy bandwidth (its node figure over the sessions copying at once);
+   while other sessions copy too, the plan counts on the smaller of probe and share.
 2. Solve (_planner.solve) and apply the plan from the next step on.
 3. Verify: the first step under a new plan is measured the same way. If it
    reached more memory than the budget, the plan is solved again for a budget
@@ -17,6 +19,9 @@ the first block's tensor inputs):
    twice at most), but never below the smallest reachable peak: the plan of
    that peak is tried (and measured) before anything is refused, and when it is
    the plan that missed, it stays, with a warning; otherwise the plan stays.
+4. Follow the node: while a checked plan runs, the share is asked for about once a
+   second; when the rates it gives move by more than 25% (ranks started or stopped
+   copying), the plan is solved again with them and checked as in 3.
 
 Memory is what the step holds above what the trainer holds when the first block
 starts: on CUDA the caching allocator's allocated bytes (its peak per phase), on
@@ -32,6 +37,7 @@ Thread model: block forwards run on the trainer's thread; the backward marks on
 autograd's threads, one at a time (a step's backward is sequential). A planner
 serves one model trained by one thread.
 """
+import dataclasses
 import logging
 import os
 import time
@@ -46,6 +52,10 @@ from actstash._planner import BudgetError
 log = logging.getLogger("actstash")
 
 _MAX_CORRECTIONS = 2
+# While a plan runs, the copy share is asked for this often, and a plan follows it when
+# the rates it gives move by more than this fraction.
+_SHARE_POLL_S = 1.0
+_SHARE_CHANGE = 0.25
 # Profiles of one shape before a budget no plan meets is refused: one step's sampled
 # memory can catch a transient (an allocator growing its heap, a thread pool starting)
 # that the next step does not repeat.
@@ -82,6 +92,7 @@ class AutoPlanner:
         self.entries = {}
         self.current = None  # the entry of the latest step
         self.step = None
+        self.share_asked = float("-inf")  # time.monotonic() of the last copy share asked
         _resolve_budget(budget, memory_limit, torch.device("cpu"))  # bad input fails now
 
     # -- the block forward --------------------------------------------------------------
@@ -157,6 +168,8 @@ class AutoPlanner:
         if self.current is not entry and entry.plan is not None:
             self._log_plan(entry, "applied (input shape changed)")
         self.current = entry
+        if entry.plan is not None and not entry.verify:
+            self._follow_share(entry)
         if entry.plan is None:  # profile at the smallest footprint
             smallest = _planner.CHECKPOINT_OFFLOAD if self.stash.available else \
                 _planner.CHECKPOINT
@@ -283,8 +296,45 @@ class AutoPlanner:
             stash.synchronize()
             runs.append(((packed - start) / len(picked), total / max(stored - start, 1e-9),
                          total / max(fetched - stored, 1e-9)))
-        machine.per_tensor_s, machine.store_bps, machine.fetch_bps = (
+        machine.per_tensor_s, machine.probe_store_bps, machine.probe_fetch_bps = (
             sorted(figure)[len(figure) // 2] for figure in zip(*runs))
+        _apply_share(machine, self._ask_share(machine))
+
+    def _ask_share(self, machine):
+        """The daemon's copy share (Stash.copy_share), told what the probe saw alone."""
+        self.share_asked = time.monotonic()
+        finite = [r if r != float("inf") else 0.0
+                  for r in (machine.probe_store_bps, machine.probe_fetch_bps)]
+        return self.stash.copy_share(*finite)
+
+    def _follow_share(self, entry):
+        """About once a second (_SHARE_POLL_S) while a checked plan runs: asks the daemon
+        for the copy share (which keeps this session counted as copying) and re-plans, to
+        be checked at this step, when the rates it gives moved by more than
+        _SHARE_CHANGE: other ranks started or stopped copying."""
+        machine = entry.machine
+        if machine is None or not machine.offload_allowed or \
+                time.monotonic() - self.share_asked < _SHARE_POLL_S:
+            return
+        moved = dataclasses.replace(machine)
+        _apply_share(moved, self._ask_share(machine))
+        if not any(abs(new - old) > _SHARE_CHANGE * old
+                   for new, old in ((moved.store_bps, machine.store_bps),
+                                    (moved.fetch_bps, machine.fetch_bps))):
+            return
+        previous = (entry.machine, entry.plan)
+        entry.machine = moved
+        why = (f"re-planned (node copy share {_describe_share(moved)}, was "
+               f"{_describe_share(machine)})")
+        try:
+            self._solve(entry, why, final=False)
+        except BudgetError as error:
+            # The share is a prediction: the plan that ran stays, and its checks decide.
+            entry.machine, entry.plan = previous
+            log.warning("actstash: %s; the plan stays: %s", why, error)
+            return
+        if entry.plan.choices == previous[1].choices:
+            self._log_plan(entry, why)  # same choices, new predictions: said once
 
     def _solve(self, entry, why, final=True):
         """Solves for the entry's costs. BudgetError when no plan fits; `final`: the
@@ -381,6 +431,9 @@ class PlanReport:
         self.predicted_peak = plan.prediction.peak_bytes if plan else None
         self.predicted_stored = plan.prediction.stored_bytes if plan else None  # in the stash
         self.exact = plan.exact if plan else None
+        # The plan was checked and stays: the next step runs it unmeasured (until the
+        # node's copy share or the input shape changes).
+        self.settled = plan is not None and not entry.verify and entry.error is None
         self.limited_by_quota = plan.limited_by_quota if plan else False
         self.smallest_peak = plan.smallest_peak if plan else None  # predicted, any plan
         self.kept_peak = plan.kept_peak if plan else None  # predicted, every block kept
@@ -389,6 +442,13 @@ class PlanReport:
         self.measured_time_s = measured["time_s"] if same else None
         self.measured_peak = measured["peak"] if same else None
         self.costs, self.machine, self.names = entry.costs, entry.machine, names
+        m = entry.machine
+        # The copy rates planned with and where they came from (Stash.copy_share).
+        self.copy_rates = None if m is None or not m.offload_allowed else {
+            "store_bps": m.store_bps, "fetch_bps": m.fetch_bps,
+            "probe_store_bps": m.probe_store_bps, "probe_fetch_bps": m.probe_fetch_bps,
+            "share_bps": m.share_bps, "node_bps": m.node_bps, "node_source": m.node_source,
+            "copying_sessions": m.copying_sessions}
         self._plan, self._measured = plan, measured if same else None
 
     def __str__(self):
@@ -408,7 +468,10 @@ class PlanReport:
             f"(every block kept)",
             f"  stash: store {self.machine.store_bps / 1e9:.2f} GB/s, fetch "
             f"{self.machine.fetch_bps / 1e9:.2f} GB/s, {self.machine.per_tensor_s * 1e6:.0f} "
-            f"us/tensor" if self.machine.offload_allowed else "  stash: unavailable",
+            f"us/tensor (alone {self.machine.probe_store_bps / 1e9:.2f}/"
+            f"{self.machine.probe_fetch_bps / 1e9:.2f} GB/s; node copy share "
+            f"{_describe_share(self.machine)})"
+            if self.machine.offload_allowed else "  stash: unavailable",
             f"  {'block':<20} {'saves':>10} {'choice':<19} {'fwd ms':>13} {'bwd ms':>13} "
             f"{'held':>10} {'peak':>21}",
         ]
@@ -425,6 +488,31 @@ class PlanReport:
         return "\n".join(lines)
 
     __repr__ = __str__
+
+
+def _apply_share(machine, share):
+    """Plans with the smaller of the probe's rates and the node's copy share (the
+    daemon's answer, or None: unknown) while other sessions copy too. Alone, the probe
+    is the measurement of what this session gets; the node figure is an estimate."""
+    node = (share or {}).get("node") or {}
+    machine.share_bps = float((share or {}).get("share_bytes_per_second") or 0.0)
+    machine.node_bps = float(node.get("node_bytes_per_second") or 0.0)
+    machine.node_source = node.get("node_source") or ""
+    machine.copying_sessions = int(node.get("copying_sessions") or 0)
+    shared = machine.share_bps > 0 and machine.copying_sessions > 1
+    cap = machine.share_bps if shared else float("inf")
+    machine.store_bps = min(machine.probe_store_bps, cap)
+    machine.fetch_bps = min(machine.probe_fetch_bps, cap)
+
+
+def _describe_share(machine):
+    if machine.share_bps <= 0:
+        return "unknown"
+    if machine.copying_sessions <= 1:
+        return (f"{machine.node_bps / 1e9:.2f} GB/s {machine.node_source}, copying alone: "
+                f"the probe applies")
+    return (f"{machine.share_bps / 1e9:.2f} GB/s: {machine.node_bps / 1e9:.2f} GB/s "
+            f"{machine.node_source} over {machine.copying_sessions} copying sessions")
 
 
 def _keep_smaller_working_sets(costs, machine, previous_costs, previous_machine):

@@ -50,7 +50,7 @@ def _declare(lib, name, restype, *argtypes):
     return fn
 
 
-_C_API_VERSION = 4  # settings as JSON, describe_json, and the JSON shapes below (stats, zero_copy)
+_C_API_VERSION = 5  # settings as JSON, describe_json, copy_share; JSON shapes below
 if _declare(_c, "c_api_version", _int)() != _C_API_VERSION:
     raise ImportError(f"actstash: {_PATH} has C API version {_c.actstash_c_api_version()}, "
                       f"this package needs {_C_API_VERSION} (mixed installs?)")
@@ -64,6 +64,8 @@ client_close = _declare(_c, "client_close", _int, _vp)
 client_free = _declare(_c, "client_free", None, _vp)
 client_info_json = _declare(_c, "client_info_json", _vp, _vp)
 client_stats_json = _declare(_c, "client_stats_json", _int, _vp, _int, ctypes.POINTER(_vp))
+client_copy_share_json = _declare(_c, "client_copy_share_json", _int, _vp, ctypes.c_double,
+                                  ctypes.c_double, ctypes.POINTER(_vp))
 
 
 class EngineCallbacks(ctypes.Structure):
@@ -237,6 +239,20 @@ class Client:
             raise StashError("the session is closed")
         out = _vp()
         code = client_stats_json(self._handle, int(bool(all_sessions)), ctypes.byref(out))
+        if code:
+            raise_for(code)
+        return json.loads(_string(out.value))
+
+    def copy_share(self, probe_store_bps=0.0, probe_fetch_bps=0.0):
+        """The node's copy bandwidth and this session's share, a dict of the CopyShareReply
+        message: "node" (node_bytes_per_second, node_source, copying_sessions,
+        window_seconds) and "share_bytes_per_second" (0: unknown). Asking counts this session
+        as copying."""
+        if self._handle is None:
+            raise StashError("the session is closed")
+        out = _vp()
+        code = client_copy_share_json(self._handle, float(probe_store_bps), float(probe_fetch_bps),
+                                      ctypes.byref(out))
         if code:
             raise_for(code)
         return json.loads(_string(out.value))

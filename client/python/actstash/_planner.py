@@ -126,6 +126,15 @@ class Machine:
     #                                   of the daemon's memory): they add nothing in-process
     store_slowdown: float = 2.0       # for memory only: copies take this much longer than
     #                                   store_bps says before their sources count as freed
+    # What store_bps and fetch_bps were taken from: the probe alone, and the node's copy
+    # share (the daemon's node bandwidth over the sessions copying at once; 0: unknown).
+    # The rates planned with are the smaller of the two.
+    probe_store_bps: float = float("inf")
+    probe_fetch_bps: float = float("inf")
+    share_bps: float = 0.0
+    node_bps: float = 0.0
+    node_source: str = ""
+    copying_sessions: int = 0
 
 
 @dataclasses.dataclass

@@ -348,6 +348,21 @@ class Stash:
         and memory). None before the first step, or without policy="auto"."""
         return self._planner.report() if self._planner is not None else None
 
+    def copy_share(self, probe_store_bps=0.0, probe_fetch_bps=0.0):
+        """The node's copy bandwidth and this session's share of it while the other
+        sessions on the daemon copy too: a dict of the daemon's CopyShareReply ("node":
+        node_bytes_per_second, node_source, copying_sessions, window_seconds;
+        "share_bytes_per_second", 0 when unknown), or None without a daemon. The probe
+        rates say what this process's copies reached alone (bytes/s, shown in the daemon's
+        stats). Asking counts this session as copying for the daemon's window (30 s):
+        policy="auto" asks at its profile and about once a second while it trains."""
+        if self._client is None or not self.available:
+            return None
+        try:
+            return self._client.copy_share(probe_store_bps, probe_fetch_bps)
+        except StashError:
+            return None
+
     def keep(self, *tensors_or_modules):
         """Never offload these tensors (nor other tensors on their storage), or the
         parameters and buffers of these modules. Held weakly: once a kept storage is
