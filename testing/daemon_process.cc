@@ -43,6 +43,9 @@ absl::Status DaemonProcess::Launch() {
   std::vector<std::string> args = {DaemonBinaryPath(),    "--socket",         socket_path_,
                                    "--pool-size",         options_.pool_size, "--segment-size",
                                    options_.segment_size, "--log-level",      "debug"};
+  // A test binary that crashes or is killed (a timeout) takes its daemon with
+  // it rather than leaving it running beside the next tests.
+  args.push_back("--exit-with-parent");
   if (options_.bare) args.resize(1);
   args.insert(args.end(), options_.extra_args.begin(), options_.extra_args.end());
   std::vector<char*> argv;

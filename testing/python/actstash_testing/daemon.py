@@ -35,7 +35,9 @@ class DaemonProcess:
         self.socket = os.path.join(self.dir, "actstash.sock")
         self.log_path = os.path.join(self.dir, "actstashd.log")
         self.log = open(self.log_path, "w+")
-        self.args = [binary, "--socket", self.socket, "--pool-size", pool]
+        # --exit-with-parent: a test or benchmark that dies (killed at a timeout) takes
+        # its daemon with it rather than leaving it running beside the next ones.
+        self.args = [binary, "--socket", self.socket, "--pool-size", pool, "--exit-with-parent"]
         if log_level:
             self.args += ["--log-level", log_level]
         if segment:
