@@ -10,15 +10,19 @@ divides it among the sessions copying at once).
 Each trainer: the GPT of scripts/demo (--layers x --dim, batch --batch x --context),
 fp32, CPU, one torch thread. It times --plain-steps of plain autograd (its baseline, in
 the same process and run), profiles under an unlimited budget to learn the peaks any
-plan reaches, then trains under the budget a quarter of the way from the smallest peak
-to the kept one (a plan that must offload or recompute) for --warmup untimed and --steps
-timed steps. The trainers of one row start each phase together (a barrier of files), so
-their probes run at the same time: "probe" is what each measured with the others
-copying too, and the 1-trainer row is the probe alone.
+plan reaches, then plans under the budget a quarter of the way from the smallest peak
+to the kept one (a plan that must offload or recompute) and runs --warmup steps; then,
+once every trainer got there, --settle untimed steps (a plan may follow the share now
+that all copy) and --steps timed ones.
+
+Rows: "together": all trainers plan at once (their probes run at the same time, so
+each probe already sees the others); "staggered": trainer 0 plans alone before the
+others start (its probe saw the machine to itself: the case the share is for).
 
 Printed per trainer: the probe's store/fetch rates, the daemon's share (node figure over
-copying sessions), the store rate the plan used, its choices, plain and auto step
-medians and their ratio. Timings on a shared machine are noisy: compare rows of one run.
+copying sessions), the store rate planned with when the plan was made and at the end,
+the choices, plain and auto step medians and their ratio. Timings on a shared machine
+are noisy: compare rows of one run.
 """
 import argparse
 import json
@@ -46,9 +50,9 @@ def wait_for(path, deadline_s=600):
 
 
 def barrier(folder, name, index):
-    """Says this trainer reached `name`, then waits for the parent's go."""
+    """Says this trainer reached `name`, then waits for the parent's go to it."""
     open(os.path.join(folder, f"{name}.{index}"), "w").close()
-    wait_for(os.path.join(folder, f"{name}.go"))
+    wait_for(os.path.join(folder, f"{name}.go.{index}"))
 
 
 def child(args):
@@ -71,43 +75,57 @@ def child(args):
     step()
     plain = statistics.median(step() for _ in range(args.plain_steps))
     stash = actstash.connect(args.child)
-    barrier(args.folder, "profile", args.index)
+    barrier(args.folder, "plan", args.index)
     actstash.wrap(model, stash, policy="auto", budget=1 << 40)
     for _ in range(2):
         step()
     fits = stash.plan()
     actstash.unwrap(model)
     budget = fits.smallest_peak + (fits.kept_peak - fits.smallest_peak) // 4
-    barrier(args.folder, "train", args.index)
     actstash.wrap(model, stash, policy="auto", budget=budget)
     for _ in range(args.warmup):
+        step()
+    planned = stash.plan()
+    barrier(args.folder, "train", args.index)
+    for _ in range(args.settle):  # the others copy now: a plan may follow the share
         step()
     timed = statistics.median(step() for _ in range(args.steps))
     report = stash.plan()
     stash.synchronize()
     print(json.dumps({"plain_s": plain, "auto_s": timed, "budget": budget,
+                      "planned_choices": planned.choices, "planned_rates": planned.copy_rates,
                       "choices": report.choices, "rates": report.copy_rates,
                       "offloaded": stash.stats()["bytes_offloaded"]}))
     actstash.unwrap(model)
     stash.close()
 
 
-def run_row(args, socket, n):
+def run_row(args, socket, n, stagger):
+    """n trainers; with `stagger`, trainer 0 plans alone before the others start."""
     env = dict(os.environ, **MMAP_THRESHOLD_ENV)
     env["PYTHONPATH"] = os.pathsep.join(
         filter(None, [env.get("PYTHONPATH"), BUILD_PYTHON, EXAMPLES, TESTING_PYTHON]))
     with tempfile.TemporaryDirectory(prefix="actstash-share-") as folder:
         common = ["--dim", str(args.dim), "--layers", str(args.layers), "--context",
                   str(args.context), "--batch", str(args.batch), "--steps", str(args.steps),
-                  "--warmup", str(args.warmup), "--plain-steps", str(args.plain_steps),
-                  "--folder", folder]
+                  "--warmup", str(args.warmup), "--settle", str(args.settle),
+                  "--plain-steps", str(args.plain_steps), "--folder", folder]
         procs = [subprocess.Popen([sys.executable, __file__, "--child", socket, "--index", str(i)]
                                   + common, env=env, stdout=subprocess.PIPE,
                                   stderr=subprocess.PIPE, text=True) for i in range(n)]
-        for name in ("profile", "train"):
-            for i in range(n):
+
+        def release(name, indices):
+            for i in indices:
                 wait_for(os.path.join(folder, f"{name}.{i}"))
-            open(os.path.join(folder, f"{name}.go"), "w").close()
+            for i in indices:
+                open(os.path.join(folder, f"{name}.go.{i}"), "w").close()
+
+        groups = [[0], list(range(1, n))] if stagger and n > 1 else [list(range(n))]
+        for group in groups:
+            release("plan", group)
+            for i in group:  # planned
+                wait_for(os.path.join(folder, f"train.{i}"))
+        release("train", range(n))
         outs = []
         for p in procs:
             stdout, stderr = p.communicate(timeout=3600)
@@ -115,6 +133,10 @@ def run_row(args, socket, n):
                 raise SystemExit(f"copy_share_bench: a trainer failed:\n{stderr}")
             outs.append(json.loads(stdout))
     return outs
+
+
+def mbps(rates, key):
+    return f"{rates[key] / 1e6:.0f}"
 
 
 def main():
@@ -128,6 +150,8 @@ def main():
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--warmup", type=int, default=4)
     parser.add_argument("--plain-steps", type=int, default=4)
+    parser.add_argument("--settle", type=int, default=4,
+                        help="untimed steps once all trainers train (a plan may follow)")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--index", type=int, default=0, help=argparse.SUPPRESS)
@@ -138,25 +162,32 @@ def main():
     if args.quick:
         args.dim, args.layers, args.context, args.steps, args.warmup, args.plain_steps = (
             64, 3, 64, 2, 3, 2)
+        args.settle = 3
     print(f"copy_share_bench: GPT {args.layers}x{args.dim}, batch {args.batch}x{args.context}, "
           f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}")
-    print(f"{'share':<6} {'n':>2} {'#':>2} {'probe store/fetch MB/s':>23} "
-          f"{'share MB/s (sessions)':>22} {'planned MB/s':>12} {'plain ms':>9} {'auto ms':>8} "
-          f"{'x plain':>8}  choices")
+    print("start: together (all plan at once) or staggered (trainer 0 plans alone first); "
+          "rates in MB/s; planned: when its plan was made / at the end")
+    print(f"{'share':<5} {'start':<9} {'n':>1} {'#':>1} {'probe st/fe':>13} "
+          f"{'share (sessions)':>16} {'planned':>11} {'plain ms':>8} {'auto ms':>8} "
+          f"{'x plain':>7}  choices at the end")
     for mode in args.modes.split(","):
         daemon = start_daemon(extra=("--copy-bandwidth", mode))
         try:
             for n in (int(t) for t in args.trainers.split(",")):
-                for i, out in enumerate(run_row(args, daemon.socket, n)):
-                    r = out["rates"]
-                    share = (f"{r['share_bps'] / 1e6:.0f} ({r['copying_sessions']})"
-                             if r["share_bps"] else "-")
-                    print(f"{mode:<6} {n:>2} {i:>2} "
-                          f"{r['probe_store_bps'] / 1e6:>11.0f}/{r['probe_fetch_bps'] / 1e6:<11.0f}"
-                          f" {share:>22} {r['store_bps'] / 1e6:>12.0f} "
-                          f"{out['plain_s'] * 1e3:>9.1f} {out['auto_s'] * 1e3:>8.1f} "
-                          f"{out['auto_s'] / out['plain_s']:>8.2f}  {', '.join(out['choices'])}",
-                          flush=True)
+                for stagger in ([False, True] if n > 1 else [False]):
+                    for i, out in enumerate(run_row(args, daemon.socket, n, stagger)):
+                        r, p = out["rates"], out["planned_rates"]
+                        share = (f"{r['share_bps'] / 1e6:.0f} ({r['copying_sessions']})"
+                                 if r["share_bps"] else "-")
+                        changed = "" if out["choices"] == out["planned_choices"] else \
+                            f" (planned: {', '.join(out['planned_choices'])})"
+                        print(f"{mode:<5} {'staggered' if stagger else 'together':<9} {n:>1} "
+                              f"{i:>1} {mbps(p, 'probe_store_bps'):>6}/"
+                              f"{mbps(p, 'probe_fetch_bps'):<6} {share:>16} "
+                              f"{mbps(p, 'store_bps'):>5}/{mbps(r, 'store_bps'):<5} "
+                              f"{out['plain_s'] * 1e3:>8.1f} {out['auto_s'] * 1e3:>8.1f} "
+                              f"{out['auto_s'] / out['plain_s']:>7.2f}  "
+                              f"{', '.join(out['choices'])}{changed}", flush=True)
         finally:
             daemon.stop()
 

@@ -95,6 +95,8 @@ def test_auto_plans_with_the_share_and_follows_it(share_daemon, caplog, monkeypa
             assert bitwise_equal(_step(model, idx, k), _step(plain, idx, k)), k
         rates = stash.plan().copy_rates
         assert rates["copying_sessions"] == 2 and rates["store_bps"] == NODE_BPS / 2
+        # CPU tensors come back as views of the daemon's memory: no copy to share.
+        assert rates["fetch_bps"] == rates["probe_fetch_bps"]
         assert "re-planned (node copy share 0.02 GB/s: 0.04 GB/s configured over 2 copying " \
             "sessions, was 0.04 GB/s configured, copying alone" in caplog.text
         assert "node copy share 0.02 GB/s: 0.04 GB/s configured over 2 copying sessions" in \
@@ -129,3 +131,4 @@ def test_trainer_processes_on_one_daemon_each_plan_with_their_share(share_daemon
         rates = out["rates"]
         assert rates["copying_sessions"] == 2, out["table"]
         assert rates["share_bps"] == NODE_BPS / 2 and rates["store_bps"] == NODE_BPS / 2
+        assert rates["fetch_bps"] == rates["probe_fetch_bps"]  # views: nothing copied

@@ -502,7 +502,9 @@ def _apply_share(machine, share):
     shared = machine.share_bps > 0 and machine.copying_sessions > 1
     cap = machine.share_bps if shared else float("inf")
     machine.store_bps = min(machine.probe_store_bps, cap)
-    machine.fetch_bps = min(machine.probe_fetch_bps, cap)
+    # Fetched in place (CPU views of the daemon's memory), a fetch copies nothing.
+    machine.fetch_bps = machine.probe_fetch_bps if machine.fetched_in_place else \
+        min(machine.probe_fetch_bps, cap)
 
 
 def _describe_share(machine):
