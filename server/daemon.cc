@@ -22,6 +22,7 @@
 #include "common/units.h"
 #include "server/cuda_probe.h"
 #include "server/host_pool.h"
+#include "server/numa_topology.h"
 #include "server/socket_path.h"
 #include "spdlog/spdlog.h"
 
@@ -221,6 +222,13 @@ Daemon::~Daemon() {
 absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config,
                                                       std::unique_ptr<DeviceMemory> device_memory) {
   spdlog::info("actstashd {} starting (pid {}); {}", kVersion, getpid(), DescribeCudaDevices());
+  if (absl::StatusOr<NumaTopology> numa = ReadNumaTopology(); numa.ok()) {
+    // Said so that an operator sees where the pool's pages may land; the pool
+    // is one range for every node (placement per node is not built yet).
+    spdlog::info("numa: {}; the pool is not split per node", numa->Describe());
+  } else {
+    spdlog::warn("numa: cannot read the topology: {}", std::string(numa.status().message()));
+  }
   if (absl::Status s = MakeParentDirectory(config.socket_path); !s.ok()) return s;
   if (absl::Status s = ClaimSocketPath(config.socket_path); !s.ok()) return s;
 

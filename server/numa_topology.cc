@@ -1,0 +1,152 @@
+#include "server/numa_topology.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <sstream>
+#include <system_error>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "common/units.h"
+
+namespace actstash::server {
+namespace {
+
+namespace fs = std::filesystem;
+
+// The file's text without surrounding whitespace; nullopt when it cannot be read.
+std::optional<std::string> ReadText(const fs::path& path) {
+  std::ifstream in(path);
+  if (!in) return std::nullopt;
+  std::stringstream text;
+  text << in.rdbuf();
+  return std::string(absl::StripAsciiWhitespace(text.str()));
+}
+
+absl::Status Malformed(const fs::path& path, absl::string_view text, absl::string_view what) {
+  return absl::InvalidArgumentError(absl::StrCat(path.string(), ": '", text, "' is not ", what));
+}
+
+// "Node 0 MemTotal:  23292120 kB" -> bytes; 0 when absent.
+uint64_t MemTotal(const std::string& meminfo) {
+  for (absl::string_view line : absl::StrSplit(meminfo, '\n')) {
+    const size_t at = line.find("MemTotal:");
+    if (at == absl::string_view::npos) continue;
+    std::vector<absl::string_view> words =
+        absl::StrSplit(line.substr(at + 9), ' ', absl::SkipWhitespace());
+    uint64_t kib = 0;
+    if (!words.empty() && absl::SimpleAtoi(words[0], &kib)) return kib << 10;
+  }
+  return 0;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<int>> ParseIdList(absl::string_view text) {
+  std::vector<int> ids;
+  text = absl::StripAsciiWhitespace(text);
+  if (text.empty()) return ids;
+  for (absl::string_view part : absl::StrSplit(text, ',')) {
+    std::vector<absl::string_view> range = absl::StrSplit(part, absl::MaxSplits('-', 1));
+    int first = 0;
+    bool ok = absl::SimpleAtoi(range[0], &first) && first >= 0;
+    int last = first;
+    if (ok && range.size() == 2) ok = absl::SimpleAtoi(range[1], &last) && last >= first;
+    // A bound on the list's size: ids come from a file anyone may fake.
+    if (!ok || last - first > (1 << 20)) {
+      return absl::InvalidArgumentError(absl::StrCat("'", text, "' is not a list like 0-3,8"));
+    }
+    for (int id = first; id <= last; ++id) ids.push_back(id);
+  }
+  std::sort(ids.begin(), ids.end());
+  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+  return ids;
+}
+
+std::string FormatIdList(const std::vector<int>& ids) {
+  std::vector<std::string> parts;
+  for (size_t i = 0; i < ids.size();) {
+    size_t j = i;
+    while (j + 1 < ids.size() && ids[j + 1] == ids[j] + 1) ++j;
+    parts.push_back(j == i ? absl::StrCat(ids[i]) : absl::StrCat(ids[i], "-", ids[j]));
+    i = j + 1;
+  }
+  return absl::StrJoin(parts, ",");
+}
+
+int NumaTopology::NodeOfCpu(int cpu) const {
+  for (const NumaNode& node : nodes) {
+    if (std::binary_search(node.cpus.begin(), node.cpus.end(), cpu)) return node.id;
+  }
+  return -1;
+}
+
+std::string NumaTopology::Describe() const {
+  if (nodes.empty()) return "no NUMA nodes in sysfs";
+  std::vector<std::string> each;
+  for (const NumaNode& node : nodes) {
+    each.push_back(absl::StrCat(
+        node.id, ": cpus ", FormatIdList(node.cpus),
+        node.memory_bytes > 0 ? absl::StrCat(", ", FormatBytes(node.memory_bytes)) : ""));
+  }
+  std::string out = absl::StrCat(nodes.size(), " NUMA node", nodes.size() == 1 ? "" : "s", " (",
+                                 absl::StrJoin(each, "; "), ")");
+  if (gpus.empty()) return absl::StrCat(out, "; no NVIDIA GPU on the PCI bus");
+  std::vector<std::string> placed;
+  for (const GpuPlacement& gpu : gpus) {
+    placed.push_back(gpu.node >= 0 ? absl::StrCat(gpu.bus_id, " on node ", gpu.node)
+                                   : absl::StrCat(gpu.bus_id, " on no node (firmware)"));
+  }
+  return absl::StrCat(out, "; GPUs ", absl::StrJoin(placed, ", "));
+}
+
+absl::StatusOr<NumaTopology> ReadNumaTopology(const std::string& sysfs_root) {
+  NumaTopology topology;
+  const fs::path node_dir = fs::path(sysfs_root) / "devices/system/node";
+  if (std::optional<std::string> online = ReadText(node_dir / "online")) {
+    absl::StatusOr<std::vector<int>> ids = ParseIdList(*online);
+    if (!ids.ok()) return Malformed(node_dir / "online", *online, "a node list");
+    for (int id : *ids) {
+      NumaNode node;
+      node.id = id;
+      const fs::path dir = node_dir / absl::StrCat("node", id);
+      const fs::path cpulist = dir / "cpulist";
+      if (std::optional<std::string> text = ReadText(cpulist)) {
+        absl::StatusOr<std::vector<int>> cpus = ParseIdList(*text);
+        if (!cpus.ok()) return Malformed(cpulist, *text, "a cpu list");
+        node.cpus = *std::move(cpus);
+      }
+      if (std::optional<std::string> meminfo = ReadText(dir / "meminfo")) {
+        node.memory_bytes = MemTotal(*meminfo);
+      }
+      topology.nodes.push_back(std::move(node));
+    }
+  }
+  const fs::path pci = fs::path(sysfs_root) / "bus/pci/devices";
+  std::error_code error;
+  for (fs::directory_iterator it(pci, error), end; !error && it != end; it.increment(error)) {
+    const fs::path dev = it->path();
+    const std::optional<std::string> vendor = ReadText(dev / "vendor");
+    const std::optional<std::string> pci_class = ReadText(dev / "class");
+    if (!vendor || !pci_class || absl::AsciiStrToLower(*vendor) != "0x10de") continue;
+    if (pci_class->rfind("0x0300", 0) != 0 && pci_class->rfind("0x0302", 0) != 0) continue;
+    GpuPlacement gpu;
+    gpu.bus_id = dev.filename().string();
+    if (std::optional<std::string> node = ReadText(dev / "numa_node")) {
+      if (!absl::SimpleAtoi(*node, &gpu.node) || gpu.node < -1) {
+        return Malformed(dev / "numa_node", *node, "a node number");
+      }
+    }
+    topology.gpus.push_back(std::move(gpu));
+  }
+  std::sort(topology.gpus.begin(), topology.gpus.end(),
+            [](const GpuPlacement& a, const GpuPlacement& b) { return a.bus_id < b.bus_id; });
+  return topology;
+}
+
+}  // namespace actstash::server

@@ -1,0 +1,57 @@
+// The machine's NUMA nodes and the nodes its GPUs sit on, read from sysfs.
+// What a node daemon must know to place pinned memory near the GPU that
+// copies into it (copies from the far socket run ~30% slower). Read once at
+// start and logged; the pool is not split per node yet (see
+// docs/ARCHITECTURE.md).
+#ifndef ACTSTASH_SERVER_NUMA_TOPOLOGY_H_
+#define ACTSTASH_SERVER_NUMA_TOPOLOGY_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace actstash::server {
+
+struct NumaNode {
+  int id = 0;
+  std::vector<int> cpus;      // ascending
+  uint64_t memory_bytes = 0;  // MemTotal of the node; 0 when sysfs does not say
+};
+
+// A GPU (an NVIDIA display or 3D controller on the PCI bus).
+struct GpuPlacement {
+  std::string bus_id;  // "0000:17:00.0"
+  int node = -1;       // -1: the firmware does not say (single-node machines)
+};
+
+// Plain data; any thread.
+struct NumaTopology {
+  std::vector<NumaNode> nodes;     // ascending ids; empty on a kernel without NUMA
+  std::vector<GpuPlacement> gpus;  // by bus id
+  // The node of `cpu`, or -1.
+  int NodeOfCpu(int cpu) const;
+  // One line for the start-up log: "2 NUMA nodes (0: cpus 0-31, 256.0 GiB;
+  // 1: ...); GPUs 0000:17:00.0 on node 0, ...".
+  std::string Describe() const;
+};
+
+// Reads <sysfs_root>/devices/system/node (the nodes in `online`, their
+// `cpulist` and `meminfo`) and <sysfs_root>/bus/pci/devices (vendor 0x10de,
+// class 0x0300xx or 0x0302xx: their `numa_node`). A missing node directory
+// gives no nodes; a file that is there but malformed is INVALID_ARGUMENT
+// naming it. `sysfs_root` is a parameter so that tests build a fake machine.
+absl::StatusOr<NumaTopology> ReadNumaTopology(const std::string& sysfs_root = "/sys");
+
+// Parses a kernel CPU or node list ("0-3,8,10-11", "0", "" for none) into
+// ascending ids. INVALID_ARGUMENT on anything else.
+absl::StatusOr<std::vector<int>> ParseIdList(absl::string_view text);
+
+// The list back in the kernel's form ("0-3,8").
+std::string FormatIdList(const std::vector<int>& ids);
+
+}  // namespace actstash::server
+
+#endif  // ACTSTASH_SERVER_NUMA_TOPOLOGY_H_

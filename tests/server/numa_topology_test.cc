@@ -1,0 +1,124 @@
+// NUMA topology from sysfs: a fake two-socket machine with GPUs on both
+// nodes, malformed files, a kernel without NUMA, and this machine's own.
+#include "server/numa_topology.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <sched.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+namespace actstash::server {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+class FakeSysfs : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    root_ = fs::temp_directory_path() /
+            ("actstash-sysfs-" + std::to_string(getpid()) + "-" +
+             ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(root_);
+  }
+  void TearDown() override { fs::remove_all(root_); }
+  void Write(const std::string& relative, const std::string& text) {
+    const fs::path path = root_ / relative;
+    fs::create_directories(path.parent_path());
+    std::ofstream(path) << text;
+  }
+  void Gpu(const std::string& bus_id, const std::string& vendor, const std::string& pci_class,
+           const std::string& node) {
+    Write("bus/pci/devices/" + bus_id + "/vendor", vendor + "\n");
+    Write("bus/pci/devices/" + bus_id + "/class", pci_class + "\n");
+    Write("bus/pci/devices/" + bus_id + "/numa_node", node + "\n");
+  }
+  fs::path root_;
+};
+
+TEST_F(FakeSysfs, TwoSocketsWithGpusOnBoth) {
+  Write("devices/system/node/online", "0-1\n");
+  Write("devices/system/node/node0/cpulist", "0-3,8-11\n");
+  Write("devices/system/node/node0/meminfo",
+        "Node 0 MemTotal:       1048576 kB\nNode 0 MemFree: 1 kB\n");
+  Write("devices/system/node/node1/cpulist", "4-7,12-15\n");
+  Gpu("0000:b3:00.0", "0x10de", "0x030200", "1");
+  Gpu("0000:17:00.0", "0x10de", "0x030000", "0");
+  Gpu("0000:00:02.0", "0x8086", "0x030000", "0");  // not NVIDIA
+  Gpu("0000:18:00.0", "0x10de", "0x040300", "0");  // NVIDIA audio, not a GPU
+  absl::StatusOr<NumaTopology> topology = ReadNumaTopology(root_.string());
+  ASSERT_TRUE(topology.ok()) << topology.status();
+  ASSERT_EQ(topology->nodes.size(), 2u);
+  EXPECT_EQ(topology->nodes[0].id, 0);
+  EXPECT_THAT(topology->nodes[0].cpus, ElementsAre(0, 1, 2, 3, 8, 9, 10, 11));
+  EXPECT_EQ(topology->nodes[0].memory_bytes, uint64_t{1} << 30);
+  EXPECT_EQ(topology->nodes[1].memory_bytes, 0u);  // no meminfo
+  EXPECT_EQ(topology->NodeOfCpu(9), 0);
+  EXPECT_EQ(topology->NodeOfCpu(12), 1);
+  EXPECT_EQ(topology->NodeOfCpu(99), -1);
+  ASSERT_EQ(topology->gpus.size(), 2u);
+  EXPECT_EQ(topology->gpus[0].bus_id, "0000:17:00.0");
+  EXPECT_EQ(topology->gpus[0].node, 0);
+  EXPECT_EQ(topology->gpus[1].node, 1);
+  EXPECT_EQ(topology->Describe(),
+            "2 NUMA nodes (0: cpus 0-3,8-11, 1.0 GiB; 1: cpus 4-7,12-15); GPUs 0000:17:00.0 on "
+            "node 0, 0000:b3:00.0 on node 1");
+}
+
+TEST_F(FakeSysfs, MalformedFilesAreNamed) {
+  Write("devices/system/node/online", "0-x\n");
+  absl::StatusOr<NumaTopology> topology = ReadNumaTopology(root_.string());
+  ASSERT_FALSE(topology.ok());
+  EXPECT_THAT(topology.status().message(), HasSubstr("devices/system/node/online"));
+  Write("devices/system/node/online", "0\n");
+  Write("devices/system/node/node0/cpulist", "3-1\n");
+  topology = ReadNumaTopology(root_.string());
+  ASSERT_FALSE(topology.ok());
+  EXPECT_THAT(topology.status().message(), HasSubstr("node0/cpulist"));
+  Write("devices/system/node/node0/cpulist", "0-1\n");
+  Gpu("0000:17:00.0", "0x10de", "0x030200", "near");
+  topology = ReadNumaTopology(root_.string());
+  ASSERT_FALSE(topology.ok());
+  EXPECT_THAT(topology.status().message(), HasSubstr("0000:17:00.0/numa_node"));
+}
+
+TEST_F(FakeSysfs, AKernelWithoutNumaHasNoNodes) {
+  Gpu("0000:17:00.0", "0x10de", "0x030200", "-1");
+  absl::StatusOr<NumaTopology> topology = ReadNumaTopology(root_.string());
+  ASSERT_TRUE(topology.ok()) << topology.status();
+  EXPECT_TRUE(topology->nodes.empty());
+  EXPECT_EQ(topology->Describe(), "no NUMA nodes in sysfs");
+  ASSERT_EQ(topology->gpus.size(), 1u);
+  EXPECT_EQ(topology->gpus[0].node, -1);
+}
+
+TEST(IdListTest, ParsesAndFormatsTheKernelsLists) {
+  EXPECT_THAT(*ParseIdList("0-2,5,7-8\n"), ElementsAre(0, 1, 2, 5, 7, 8));
+  EXPECT_TRUE(ParseIdList("")->empty());
+  EXPECT_THAT(*ParseIdList("3,1,1"), ElementsAre(1, 3));
+  for (const char* bad : {"a", "-1", "1-", "2-1", "0-99999999", "1,,2"}) {
+    EXPECT_FALSE(ParseIdList(bad).ok()) << bad;
+  }
+  EXPECT_EQ(FormatIdList({0, 1, 2, 5, 7, 8}), "0-2,5,7-8");
+  EXPECT_EQ(FormatIdList({}), "");
+}
+
+TEST(NumaTopologyTest, ThisMachinesNodesHaveItsCpus) {
+  if (!fs::exists("/sys/devices/system/node/online")) {
+    GTEST_SKIP() << "this kernel shows no NUMA nodes in sysfs";
+  }
+  absl::StatusOr<NumaTopology> topology = ReadNumaTopology();
+  ASSERT_TRUE(topology.ok()) << topology.status();
+  ASSERT_FALSE(topology->nodes.empty());
+  size_t cpus = 0;
+  for (const NumaNode& node : topology->nodes) cpus += node.cpus.size();
+  EXPECT_GE(cpus, 1u);
+  EXPECT_GE(topology->NodeOfCpu(sched_getcpu()), 0);
+}
+
+}  // namespace
+}  // namespace actstash::server
