@@ -3,7 +3,8 @@
 // reporter). Private to the client library.
 //
 // Thread-safety: the members set by Connect/Attach are read-only afterwards;
-// `closed` is atomic; the reporter's flag is guarded by report_mu.
+// `closed` is atomic; the usage reporter is a room of its own
+// (client/usage_reporter.h).
 #ifndef ACTSTASH_CLIENT_CLIENT_IMPL_H_
 #define ACTSTASH_CLIENT_CLIENT_IMPL_H_
 
@@ -25,6 +26,7 @@
 #include "client/attach_connection.h"
 #include "client/channel.h"
 #include "client/local_store.h"
+#include "client/usage_reporter.h"
 #include "common/address.h"
 #include "common/pinned_registrar.h"
 #include "common/protocol.h"
@@ -84,10 +86,8 @@ struct Client::Impl final : public client_internal::LeaseBackend {
   std::unique_ptr<client_internal::DeviceImporter> importer ABSL_GUARDED_BY(device_mu);
   std::vector<std::unique_ptr<DevicePoolLeases>> device_tiers ABSL_GUARDED_BY(device_mu);
   absl::Status attach_status = absl::FailedPreconditionError("not attached");
-  // Usage reporter (only when attached).
-  absl::Mutex report_mu;
-  bool report_stop ABSL_GUARDED_BY(report_mu) = false;
-  std::thread reporter;
+  // Usage reporter (only when attached; set once, by Attach).
+  std::unique_ptr<client_internal::UsageReporter> reporter;
 
   ~Impl() override;
 
@@ -216,8 +216,8 @@ struct Client::Impl final : public client_internal::LeaseBackend {
     return total;
   }
 
-  absl::Status ReportUsage() {
-    const v1::ClientUsage usage = TotalUsage();
+  absl::Status ReportUsage() { return ReportUsage(TotalUsage()); }
+  absl::Status ReportUsage(const v1::ClientUsage& usage) {
     grpc::ClientContext ctx;
     Prepare(&ctx);
     v1::ReportUsageReply reply;
@@ -226,33 +226,16 @@ struct Client::Impl final : public client_internal::LeaseBackend {
   }
 
   void StartReporter() {
-    reporter = std::thread([this] {
-      uint64_t last_stores = 0, last_fetches = 0, last_objects = 0;
-      absl::MutexLock lock(&report_mu);
-      while (!report_mu.AwaitWithTimeout(absl::Condition(&report_stop),
-                                         absl::FromChrono(options.usage_report_interval))) {
-        const v1::ClientUsage usage = TotalUsage();
-        if (usage.stores() == last_stores && usage.fetches() == last_fetches &&
-            usage.objects() == last_objects) {
-          continue;
-        }
-        last_stores = usage.stores();
-        last_fetches = usage.fetches();
-        last_objects = usage.objects();
-        report_mu.Unlock();
-        if (!Lost()) (void)ReportUsage();
-        report_mu.Lock();
-      }
-    });
+    reporter = std::make_unique<client_internal::UsageReporter>(
+        options.usage_report_interval, [this] { return TotalUsage(); },
+        [this](const v1::ClientUsage& usage) {
+          if (!Lost()) (void)ReportUsage(usage);
+        });
+    reporter->Start();
   }
 
   void StopReporter() {
-    if (!reporter.joinable()) return;
-    {
-      absl::MutexLock lock(&report_mu);
-      report_stop = true;
-    }
-    reporter.join();
+    if (reporter != nullptr) reporter->Stop();
   }
 
   absl::Status CheckOpen() const {
