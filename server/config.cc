@@ -100,6 +100,10 @@ constexpr Setting kSettings[] = {
      "sessions copying at once so that auto plans count on their share: a rate (e.g. "
      "150GB/s: the host memory bandwidth of the GPUs' socket), auto (measure memcpy over "
      "every core, at the first request) or off (default auto)"},
+    {"numa",
+     "Where the pool's pages go on a machine with several NUMA nodes: auto (bound to the "
+     "node of the GPUs, interleaved over their nodes when they sit on several), interleave "
+     "(over every node), a node number, or off (the kernel's default); default auto"},
     {"exit_with_parent",
      "Shut down (as on SIGTERM) when the process that started the daemon exits, for a "
      "private daemon that lives as long as its trainer (true/false; the flag alone means "
@@ -323,6 +327,11 @@ absl::StatusOr<DaemonConfig> Resolve(const std::map<std::string, std::string>& v
                                                      FormatBytes(config.segment_bytes), ")"));
     }
     config.spill_bytes = *parsed;
+  }
+  if (const std::string* v = get("numa")) {
+    absl::StatusOr<NumaSetting> parsed = ParseNumaSetting(*v);
+    if (!parsed.ok()) return bad("numa", parsed.status());
+    config.numa = *parsed;
   }
   if (const std::string* v = get("copy_bandwidth")) {
     absl::StatusOr<CopyBandwidthSetting> parsed = ParseCopyBandwidth(*v);

@@ -13,6 +13,7 @@
 #include "server/copy_share.h"
 #include "server/device_pool_config.h"
 #include "server/host_pool.h"
+#include "server/numa_topology.h"
 
 namespace actstash::server {
 
@@ -54,6 +55,8 @@ struct DaemonConfig {
   // bytes it may hold (0: the file system's free space).
   std::string spill_dir;
   uint64_t spill_bytes = 0;
+  // Where the pool's pages go (ChoosePoolPlacement decides at start).
+  NumaSetting numa;
   // The node's copy bandwidth, shared by the copying sessions (CopyShare).
   CopyBandwidthSetting copy_bandwidth;
   // Shut down when the parent process exits (a private daemon started by a

@@ -144,6 +144,24 @@ absl::Status Daemon::CreateMemory(const DaemonConfig& config,
   pool_options.mlock = config.mlock;
   pool_options.cuda_registrar = parts->registrar.get();
   pool_options.require_cuda_pinned = config.cuda_pin == Tristate::kOn;
+  absl::StatusOr<NumaTopology> numa = ReadNumaTopology();
+  if (!numa.ok()) {
+    if (config.numa.mode != NumaSetting::Mode::kAuto &&
+        config.numa.mode != NumaSetting::Mode::kOff) {
+      return absl::Status(numa.status().code(), absl::StrCat("numa: cannot read the topology: ",
+                                                             numa.status().message()));
+    }
+    spdlog::warn("numa: cannot read the topology ({}); the kernel places the pool",
+                 std::string(numa.status().message()));
+  } else {
+    absl::StatusOr<PoolPlacement> placement = ChoosePoolPlacement(config.numa, *numa);
+    if (!placement.ok()) {
+      return absl::Status(placement.status().code(),
+                          absl::StrCat("numa: ", placement.status().message()));
+    }
+    pool_options.numa_nodes = placement->nodes;
+    spdlog::info("numa: {}; pool {}", numa->Describe(), placement->why);
+  }
   absl::StatusOr<std::unique_ptr<HostPool>> pool;
   {
 #ifdef ACTSTASH_HAVE_CUDA
@@ -155,6 +173,15 @@ absl::Status Daemon::CreateMemory(const DaemonConfig& config,
     }
 #endif
     pool = CreateHostPool(pool_options);
+    if (!pool.ok() && !pool_options.numa_nodes.empty() &&
+        config.numa.mode == NumaSetting::Mode::kAuto) {
+      // A container's seccomp profile may forbid mbind (Docker's does without
+      // CAP_SYS_NICE): placement chosen by auto is a gain, not a requirement.
+      spdlog::warn("numa: {}; the kernel places the pool instead",
+                   std::string(pool.status().message()));
+      pool_options.numa_nodes.clear();
+      pool = CreateHostPool(pool_options);
+    }
   }
   if (!pool.ok()) return pool.status();
   parts->pool = *std::move(pool);
@@ -222,13 +249,6 @@ Daemon::~Daemon() {
 absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config,
                                                       std::unique_ptr<DeviceMemory> device_memory) {
   spdlog::info("actstashd {} starting (pid {}); {}", kVersion, getpid(), DescribeCudaDevices());
-  if (absl::StatusOr<NumaTopology> numa = ReadNumaTopology(); numa.ok()) {
-    // Said so that an operator sees where the pool's pages may land; the pool
-    // is one range for every node (placement per node is not built yet).
-    spdlog::info("numa: {}; the pool is not split per node", numa->Describe());
-  } else {
-    spdlog::warn("numa: cannot read the topology: {}", std::string(numa.status().message()));
-  }
   if (absl::Status s = MakeParentDirectory(config.socket_path); !s.ok()) return s;
   if (absl::Status s = ClaimSocketPath(config.socket_path); !s.ok()) return s;
 

@@ -1,8 +1,10 @@
 #include "server/host_pool.h"
 
 #include <fcntl.h>
+#include <linux/mempolicy.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -15,6 +17,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "common/check.h"
 #include "common/unique_fd.h"
@@ -34,19 +37,58 @@ absl::Status ErrnoStatus(absl::string_view what, int error) {
 
 bool IsPowerOfTwo(uint64_t x) { return x != 0 && (x & (x - 1)) == 0; }
 
+// Binds the shared memory mapped at [at, at + bytes) to `nodes` (see
+// HostPoolOptions::numa_nodes); for a memfd the policy is the file's, so
+// every mapping of it, the clients' included, places pages the same way.
+absl::Status BindToNodes(std::byte* at, uint64_t bytes, const std::vector<int>& nodes) {
+  constexpr int kMaxNodes = 1024;
+  unsigned long mask[kMaxNodes / (8 * sizeof(unsigned long))] = {};
+  for (int node : nodes) {
+    if (node < 0 || node >= kMaxNodes) {
+      return absl::InvalidArgumentError(absl::StrCat("NUMA node ", node, " is out of range"));
+    }
+    mask[node / (8 * sizeof(unsigned long))] |= 1ul << (node % (8 * sizeof(unsigned long)));
+  }
+  const int mode = nodes.size() == 1 ? MPOL_BIND : MPOL_INTERLEAVE;
+  if (syscall(SYS_mbind, at, bytes, mode, mask, kMaxNodes + 1, 0) != 0) {
+    return ErrnoStatus(
+        absl::StrCat("binding a pool segment to NUMA node(s) ", absl::StrJoin(nodes, ",")), errno);
+  }
+  return absl::OkStatus();
+}
+
+// Faults in every page of a fresh mapping (what MAP_POPULATE does at mmap,
+// which would come before the binding).
+absl::Status Populate(std::byte* at, uint64_t bytes) {
+  constexpr int kPopulateWrite = 23;  // MADV_POPULATE_WRITE, Linux 5.14
+  if (madvise(at, bytes, kPopulateWrite) == 0) return absl::OkStatus();
+  if (errno != EINVAL) return ErrnoStatus("populating a pool segment", errno);
+  const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  for (uint64_t offset = 0; offset < bytes; offset += page) {
+    *reinterpret_cast<volatile std::byte*>(at + offset) = std::byte{0};  // a fresh memfd is zero
+  }
+  return absl::OkStatus();
+}
+
 // Creates a zeroed memfd for segment `index` and maps it at `at`
-// (MAP_FIXED over whatever was there), populated, and mlocked if `lock`.
+// (MAP_FIXED over whatever was there), bound to `numa_nodes` if any,
+// populated, and mlocked if `lock`.
 absl::StatusOr<UniqueFd> MapFreshSegment(std::byte* at, uint64_t index, uint64_t bytes, bool lock,
-                                         bool* locked) {
+                                         bool* locked, const std::vector<int>& numa_nodes) {
   const std::string name = absl::StrCat("actstash-segment-", index);
   UniqueFd fd(memfd_create(name.c_str(), MFD_CLOEXEC));
   if (!fd.valid()) return ErrnoStatus("memfd_create", errno);
   if (ftruncate(fd.get(), static_cast<off_t>(bytes)) != 0) {
     return ErrnoStatus("ftruncate of a pool segment", errno);
   }
+  const int populate = numa_nodes.empty() ? MAP_POPULATE : 0;
   void* mapped =
-      mmap(at, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED | MAP_POPULATE, fd.get(), 0);
+      mmap(at, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED | populate, fd.get(), 0);
   if (mapped == MAP_FAILED) return ErrnoStatus("mapping a pool segment", errno);
+  if (!numa_nodes.empty()) {
+    if (absl::Status s = BindToNodes(at, bytes, numa_nodes); !s.ok()) return s;
+    if (absl::Status s = Populate(at, bytes); !s.ok()) return s;
+  }
   *locked = lock && mlock(at, bytes) == 0;
   if (lock && !*locked) {
     spdlog::warn("mlock of a renewed segment failed: {}; it stays unpinned", std::strerror(errno));
@@ -88,6 +130,7 @@ class MemfdHostPool final : public HostPool, private AllocationOwner {
         total_bytes_(segment_bytes_ * segment_count_),
         pinned_(locked_bytes != 0),
         registrar_(options.cuda_registrar),
+        numa_nodes_(options.numa_nodes),
         require_cuda_(options.require_cuda_pinned),
         allocator_(total_bytes_, options.alignment),
         segment_fds_(std::move(fds)),
@@ -178,7 +221,8 @@ class MemfdHostPool final : public HostPool, private AllocationOwner {
         }
       }
       bool locked = false;
-      absl::StatusOr<UniqueFd> fd = MapFreshSegment(at, i, segment_bytes_, pinned_, &locked);
+      absl::StatusOr<UniqueFd> fd =
+          MapFreshSegment(at, i, segment_bytes_, pinned_, &locked, numa_nodes_);
       if (!fd.ok()) {
         // A failed MAP_FIXED may have unmapped the range: put the old memfd
         // back, or the pool has a hole the allocator does not know about.
@@ -275,8 +319,9 @@ class MemfdHostPool final : public HostPool, private AllocationOwner {
   const uint64_t segment_count_;
   const uint64_t segment_bytes_;
   const uint64_t total_bytes_;
-  const bool pinned_;                 // the pool was mlocked at creation: renewals mlock too
-  PinnedRegistrar* const registrar_;  // null: no CUDA registration
+  const bool pinned_;                  // the pool was mlocked at creation: renewals mlock too
+  PinnedRegistrar* const registrar_;   // null: no CUDA registration
+  const std::vector<int> numa_nodes_;  // HostPoolOptions::numa_nodes, for renewals
   const bool require_cuda_;
   mutable absl::Mutex mu_;
   RangeAllocator allocator_ ABSL_GUARDED_BY(mu_);
@@ -339,7 +384,8 @@ absl::StatusOr<std::unique_ptr<HostPool>> CreateHostPool(const HostPoolOptions& 
   for (uint64_t i = 0; i < segments; ++i) {
     bool unused = false;
     absl::StatusOr<UniqueFd> fd =
-        MapFreshSegment(base + i * options.segment_bytes, i, options.segment_bytes, false, &unused);
+        MapFreshSegment(base + i * options.segment_bytes, i, options.segment_bytes, false, &unused,
+                        options.numa_nodes);
     if (!fd.ok()) return fail(fd.status());
     fds.push_back(*std::move(fd));
   }

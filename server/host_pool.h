@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "common/pinned_registrar.h"
@@ -29,6 +30,12 @@ struct HostPoolOptions {
   // never handed out unregistered). Otherwise: one warning, and the segment
   // stays unregistered (PoolStats::cuda_pinned_bytes says how much is).
   bool require_cuda_pinned = false;
+  // NUMA nodes the segments' pages are bound to (mbind before they are
+  // touched, at creation and at every renewal): one node binds them there,
+  // several interleave them over those. Empty: the kernel's default policy
+  // (the node of the CPU that touches a page first). A binding the kernel
+  // refuses fails pool creation.
+  std::vector<int> numa_nodes;
 };
 
 // The host pool is both an ObjectAllocator (inline objects, by the byte)

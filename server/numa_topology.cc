@@ -105,6 +105,75 @@ std::string NumaTopology::Describe() const {
   return absl::StrCat(out, "; GPUs ", absl::StrJoin(placed, ", "));
 }
 
+absl::StatusOr<NumaSetting> ParseNumaSetting(absl::string_view text) {
+  const std::string lower = absl::AsciiStrToLower(absl::StripAsciiWhitespace(text));
+  NumaSetting setting;
+  if (lower == "auto") return setting;
+  if (lower == "off") {
+    setting.mode = NumaSetting::Mode::kOff;
+    return setting;
+  }
+  if (lower == "interleave") {
+    setting.mode = NumaSetting::Mode::kInterleave;
+    return setting;
+  }
+  if (absl::SimpleAtoi(lower, &setting.node) && setting.node >= 0 && setting.node < 1024) {
+    setting.mode = NumaSetting::Mode::kNode;
+    return setting;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("'", text, "' is not auto, off, interleave or a NUMA node number"));
+}
+
+absl::StatusOr<PoolPlacement> ChoosePoolPlacement(const NumaSetting& setting,
+                                                  const NumaTopology& topology) {
+  std::vector<int> all;
+  for (const NumaNode& node : topology.nodes) all.push_back(node.id);
+  PoolPlacement placement;
+  switch (setting.mode) {
+    case NumaSetting::Mode::kOff:
+      placement.why = "off: the kernel places the pool";
+      return placement;
+    case NumaSetting::Mode::kNode:
+      if (!std::binary_search(all.begin(), all.end(), setting.node)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("NUMA node ", setting.node, " is not one of this machine's (",
+                         all.empty() ? "none" : FormatIdList(all), ")"));
+      }
+      placement.nodes = {setting.node};
+      placement.why = absl::StrCat("bound to node ", setting.node, " (--numa)");
+      return placement;
+    case NumaSetting::Mode::kInterleave:
+      placement.nodes = all;
+      placement.why = absl::StrCat("interleaved over nodes ", FormatIdList(all), " (--numa)");
+      return placement;
+    case NumaSetting::Mode::kAuto:
+      break;
+  }
+  if (all.size() <= 1) {
+    placement.why = "one NUMA node: the kernel places the pool";
+    return placement;
+  }
+  std::vector<int> gpu_nodes;
+  for (const GpuPlacement& gpu : topology.gpus) {
+    if (gpu.node >= 0) gpu_nodes.push_back(gpu.node);
+  }
+  std::sort(gpu_nodes.begin(), gpu_nodes.end());
+  gpu_nodes.erase(std::unique(gpu_nodes.begin(), gpu_nodes.end()), gpu_nodes.end());
+  if (gpu_nodes.empty()) {
+    placement.why = "no GPU's node is known: the kernel places the pool";
+  } else if (gpu_nodes.size() == 1) {
+    placement.nodes = gpu_nodes;
+    placement.why = absl::StrCat("bound to node ", gpu_nodes[0], ", the node of every GPU");
+  } else {
+    placement.nodes = gpu_nodes;
+    placement.why = absl::StrCat("interleaved over nodes ", FormatIdList(gpu_nodes),
+                                 ", the GPUs' nodes (the pool is not split per node: ranks get "
+                                 "part of their memory on the far node)");
+  }
+  return placement;
+}
+
 absl::StatusOr<NumaTopology> ReadNumaTopology(const std::string& sysfs_root) {
   NumaTopology topology;
   const fs::path node_dir = fs::path(sysfs_root) / "devices/system/node";

@@ -1,7 +1,7 @@
-// The machine's NUMA nodes and the nodes its GPUs sit on, read from sysfs.
-// What a node daemon must know to place pinned memory near the GPU that
-// copies into it (copies from the far socket run ~30% slower). Read once at
-// start and logged; the pool is not split per node yet (see
+// The machine's NUMA nodes and the nodes its GPUs sit on, read from sysfs,
+// and where the host pool's pages go (--numa). Pinned memory on the far
+// socket copies ~30% slower; the pool is placed near the GPUs that copy into
+// it. One placement for the whole pool: it is not split per node (see
 // docs/ARCHITECTURE.md).
 #ifndef ACTSTASH_SERVER_NUMA_TOPOLOGY_H_
 #define ACTSTASH_SERVER_NUMA_TOPOLOGY_H_
@@ -44,6 +44,29 @@ struct NumaTopology {
 // gives no nodes; a file that is there but malformed is INVALID_ARGUMENT
 // naming it. `sysfs_root` is a parameter so that tests build a fake machine.
 absl::StatusOr<NumaTopology> ReadNumaTopology(const std::string& sysfs_root = "/sys");
+
+// --numa: auto (the GPUs' node), off, interleave (over every node), or a
+// node number.
+struct NumaSetting {
+  enum class Mode { kAuto, kOff, kInterleave, kNode };
+  Mode mode = Mode::kAuto;
+  int node = -1;  // kNode
+};
+absl::StatusOr<NumaSetting> ParseNumaSetting(absl::string_view text);
+
+// Where the pool's pages go: HostPoolOptions::numa_nodes (empty: the
+// kernel's default) and why, for the start-up log.
+struct PoolPlacement {
+  std::vector<int> nodes;
+  std::string why;
+};
+// auto: with one node (or none), nothing; else bound to the node of every
+// GPU when they share one, interleaved over the GPUs' nodes when they do
+// not, and nothing when no GPU's node is known. A node number must be one of
+// the topology's nodes (INVALID_ARGUMENT naming them otherwise); interleave
+// takes them all.
+absl::StatusOr<PoolPlacement> ChoosePoolPlacement(const NumaSetting& setting,
+                                                  const NumaTopology& topology);
 
 // Parses a kernel CPU or node list ("0-3,8,10-11", "0", "" for none) into
 // ascending ids. INVALID_ARGUMENT on anything else.

@@ -14,6 +14,7 @@ import torch
 
 import actstash
 from actstash import _lib, _stash
+from actstash_testing.daemon import DaemonError
 from conftest import Daemon, ROOT
 
 C_API_H = os.path.join(ROOT, "client", "include", "actstash", "c_api.h")
@@ -188,3 +189,26 @@ def test_the_spill_setting_takes_effect():
     finally:
         d.stop()
         shutil.rmtree(spill_dir)
+
+
+def test_the_numa_setting_places_the_pool():
+    """--numa 0 binds the pool's pages to node 0 (every machine has one): the daemon's
+    log says so and the kernel's view of its segments (/proc/PID/numa_maps) reads bind:0,
+    every page on N0. A node the machine lacks stops the daemon at start, naming the
+    nodes it has."""
+    try:
+        d = Daemon(pool="64MiB", segment="4MiB", extra=("--numa", "0"))
+    except DaemonError as error:
+        if "Operation not permitted" in str(error):  # seccomp (containers) forbids mbind
+            pytest.skip(f"this kernel refuses NUMA bindings here: {error}")
+        raise
+    try:
+        assert "pool bound to node 0 (--numa)" in d.text()
+        with open(f"/proc/{d.proc.pid}/numa_maps") as f:
+            segments = [line for line in f if "actstash-segment" in line]
+        assert len(segments) == 16, segments
+        assert all(" bind:0 " in line and " N0=" in line for line in segments), segments
+    finally:
+        d.stop()
+    with pytest.raises(DaemonError, match="NUMA node 1000 is not one of this machine's"):
+        Daemon(pool="64MiB", segment="4MiB", extra=("--numa", "1000"))

@@ -339,6 +339,17 @@ TEST_F(ConfigTest, BadFlagValuesAreUsageErrors) {
   ExpectUsageError(Parse({"--shutdown-grace-seconds", "soon"}), "shutdown_grace_seconds");
   ExpectUsageError(Parse({"--copy-bandwidth", "fast"}), "copy_bandwidth");
   ExpectUsageError(Parse({"--copy-bandwidth", "0GB/s"}), "copy_bandwidth");
+  ExpectUsageError(Parse({"--numa", "near"}), "numa");
+}
+
+TEST_F(ConfigTest, NumaDefaultsToAutoAndTakesANode) {
+  EXPECT_EQ(Parse({}).command_line.config.numa.mode, NumaSetting::Mode::kAuto);
+  const Parsed node = Parse({"--numa", "1"});
+  ASSERT_FALSE(node.command_line.exit_code.has_value()) << node.err;
+  EXPECT_EQ(node.command_line.config.numa.mode, NumaSetting::Mode::kNode);
+  EXPECT_EQ(node.command_line.config.numa.node, 1);
+  EXPECT_EQ(Parse({"--numa", "interleave"}).command_line.config.numa.mode,
+            NumaSetting::Mode::kInterleave);
 }
 
 TEST_F(ConfigTest, CopyBandwidthDefaultsToAutoAndTakesARate) {

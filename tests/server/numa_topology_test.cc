@@ -107,6 +107,47 @@ TEST(IdListTest, ParsesAndFormatsTheKernelsLists) {
   EXPECT_EQ(FormatIdList({}), "");
 }
 
+NumaTopology Machine(std::vector<int> node_ids, std::vector<int> gpu_nodes) {
+  NumaTopology topology;
+  for (int id : node_ids) topology.nodes.push_back({id, {id}, 0});
+  for (size_t i = 0; i < gpu_nodes.size(); ++i) {
+    topology.gpus.push_back({"0000:1" + std::to_string(i) + ":00.0", gpu_nodes[i]});
+  }
+  return topology;
+}
+
+std::vector<int> Nodes(const NumaSetting& setting, const NumaTopology& topology) {
+  absl::StatusOr<PoolPlacement> placement = ChoosePoolPlacement(setting, topology);
+  EXPECT_TRUE(placement.ok()) << placement.status();
+  return placement.ok() ? placement->nodes : std::vector<int>{-99};
+}
+
+TEST(PoolPlacementTest, AutoBindsToTheGpusNodeAndInterleavesOverSeveral) {
+  const NumaSetting autos = *ParseNumaSetting("auto");
+  EXPECT_THAT(Nodes(autos, Machine({0, 1}, {1, 1, 1, 1})), ElementsAre(1));
+  EXPECT_THAT(Nodes(autos, Machine({0, 1, 2, 3}, {0, 0, 2, 2, -1})), ElementsAre(0, 2));
+  EXPECT_TRUE(Nodes(autos, Machine({0}, {0, 0})).empty());       // one node: nothing to choose
+  EXPECT_TRUE(Nodes(autos, Machine({0, 1}, {})).empty());        // no GPU
+  EXPECT_TRUE(Nodes(autos, Machine({0, 1}, {-1, -1})).empty());  // firmware does not say
+  EXPECT_THAT(ChoosePoolPlacement(autos, Machine({0, 1}, {1}))->why,
+              HasSubstr("bound to node 1, the node of every GPU"));
+}
+
+TEST(PoolPlacementTest, ExplicitSettings) {
+  const NumaTopology two = Machine({0, 1}, {1});
+  EXPECT_TRUE(Nodes(*ParseNumaSetting("off"), two).empty());
+  EXPECT_THAT(Nodes(*ParseNumaSetting("interleave"), two), ElementsAre(0, 1));
+  EXPECT_THAT(Nodes(*ParseNumaSetting("0"), two), ElementsAre(0));
+  EXPECT_THAT(Nodes(*ParseNumaSetting("0"), Machine({0}, {})), ElementsAre(0));  // one node too
+  absl::StatusOr<PoolPlacement> missing = ChoosePoolPlacement(*ParseNumaSetting("3"), two);
+  ASSERT_FALSE(missing.ok());
+  EXPECT_THAT(missing.status().message(),
+              HasSubstr("NUMA node 3 is not one of this machine's (0-1)"));
+  for (const char* bad : {"", "near", "-1", "1024", "0.5"}) {
+    EXPECT_FALSE(ParseNumaSetting(bad).ok()) << bad;
+  }
+}
+
 TEST(NumaTopologyTest, ThisMachinesNodesHaveItsCpus) {
   if (!fs::exists("/sys/devices/system/node/online")) {
     GTEST_SKIP() << "this kernel shows no NUMA nodes in sysfs";
