@@ -108,6 +108,35 @@ def test_auto_plans_with_the_share_and_follows_it(share_daemon, caplog, monkeypa
         other.close()
 
 
+def test_a_share_above_the_probe_changes_nothing_but_the_report(monkeypatch):
+    """A node figure far above what this machine copies: the other session's arrival is
+    reported, the rates stay the probe's, and no re-plan happens."""
+    from gpt import GPT
+    monkeypatch.setattr(_auto, "_SHARE_POLL_S", 0.0)
+    d = Daemon(extra=("--copy-bandwidth", "1000GB/s"))
+    torch.manual_seed(0)
+    model = GPT(vocab=64, dim=64, heads=2, layers=3, context=32)
+    idx = torch.randint(0, 64, (4, 33), generator=torch.Generator().manual_seed(1))
+    stash, other = actstash.connect(d.socket), actstash.connect(d.socket)
+    try:
+        actstash.wrap(model, stash, policy="auto", budget="1GiB", min_bytes=0)
+        for k in range(2):
+            _step(model, idx, k)
+        planned = stash.plan()
+        other.copy_share()
+        for k in range(2, 4):
+            _step(model, idx, k)
+        rates = stash.plan().copy_rates
+        assert rates["copying_sessions"] == 2 and rates["share_bps"] == 500e9
+        assert rates["store_bps"] == rates["probe_store_bps"] == planned.copy_rates["store_bps"]
+        assert stash.plan().settled  # no re-plan: nothing to check
+        actstash.unwrap(model)
+    finally:
+        stash.close()
+        other.close()
+        d.stop()
+
+
 def test_trainer_processes_on_one_daemon_each_plan_with_their_share(share_daemon):
     env = dict(os.environ, **PACKAGE_ENV)
     env["PYTHONPATH"] = os.pathsep.join(

@@ -80,6 +80,7 @@ class _Entry:
         self.incomplete = 0   # measured steps without a complete backward
         self.verify = False
         self.measured = None  # the last measured step: {"time_s", "peak", "blocks": [...]}
+        self.share_refused = None  # (store, fetch) rates a re-plan found no plan for
 
 
 class AutoPlanner:
@@ -318,9 +319,11 @@ class AutoPlanner:
             return
         moved = dataclasses.replace(machine)
         _apply_share(moved, self._ask_share(machine))
-        if not any(abs(new - old) > _SHARE_CHANGE * old
-                   for new, old in ((moved.store_bps, machine.store_bps),
-                                    (moved.fetch_bps, machine.fetch_bps))):
+        rates = (moved.store_bps, moved.fetch_bps)
+        if rates == entry.share_refused or not any(
+                abs(new - old) > _SHARE_CHANGE * old
+                for new, old in zip(rates, (machine.store_bps, machine.fetch_bps))):
+            _copy_share_fields(moved, machine)  # the report says what the daemon said
             return
         previous = (entry.machine, entry.plan)
         entry.machine = moved
@@ -330,9 +333,13 @@ class AutoPlanner:
             self._solve(entry, why, final=False)
         except BudgetError as error:
             # The share is a prediction: the plan that ran stays, and its checks decide.
+            # Said once for these rates, not at every poll.
             entry.machine, entry.plan = previous
+            entry.share_refused = rates
+            _copy_share_fields(moved, machine)
             log.warning("actstash: %s; the plan stays: %s", why, error)
             return
+        entry.share_refused = None
         if entry.plan.choices == previous[1].choices:
             self._log_plan(entry, why)  # same choices, new predictions: said once
 
@@ -505,6 +512,12 @@ def _apply_share(machine, share):
     # Fetched in place (CPU views of the daemon's memory), a fetch copies nothing.
     machine.fetch_bps = machine.probe_fetch_bps if machine.fetched_in_place else \
         min(machine.probe_fetch_bps, cap)
+
+
+def _copy_share_fields(source, machine):
+    """The daemon's answer (not the rates planned with) from one Machine to another."""
+    for field in ("share_bps", "node_bps", "node_source", "copying_sessions"):
+        setattr(machine, field, getattr(source, field))
 
 
 def _describe_share(machine):
