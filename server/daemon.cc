@@ -160,7 +160,7 @@ absl::Status Daemon::CreateMemory(const DaemonConfig& config,
                           absl::StrCat("numa: ", placement.status().message()));
     }
     pool_options.numa_nodes = placement->nodes;
-    spdlog::info("numa: {}; pool {}", numa->Describe(), placement->why);
+    spdlog::info("numa: {}; {}", numa->Describe(), placement->why);
   }
   absl::StatusOr<std::unique_ptr<HostPool>> pool;
   {

@@ -141,11 +141,12 @@ absl::StatusOr<PoolPlacement> ChoosePoolPlacement(const NumaSetting& setting,
                          all.empty() ? "none" : FormatIdList(all), ")"));
       }
       placement.nodes = {setting.node};
-      placement.why = absl::StrCat("bound to node ", setting.node, " (--numa)");
+      placement.why = absl::StrCat("the pool is bound to node ", setting.node, " (--numa)");
       return placement;
     case NumaSetting::Mode::kInterleave:
       placement.nodes = all;
-      placement.why = absl::StrCat("interleaved over nodes ", FormatIdList(all), " (--numa)");
+      placement.why =
+          absl::StrCat("the pool is interleaved over nodes ", FormatIdList(all), " (--numa)");
       return placement;
     case NumaSetting::Mode::kAuto:
       break;
@@ -164,10 +165,11 @@ absl::StatusOr<PoolPlacement> ChoosePoolPlacement(const NumaSetting& setting,
     placement.why = "no GPU's node is known: the kernel places the pool";
   } else if (gpu_nodes.size() == 1) {
     placement.nodes = gpu_nodes;
-    placement.why = absl::StrCat("bound to node ", gpu_nodes[0], ", the node of every GPU");
+    placement.why =
+        absl::StrCat("the pool is bound to node ", gpu_nodes[0], ", the node of every GPU");
   } else {
     placement.nodes = gpu_nodes;
-    placement.why = absl::StrCat("interleaved over nodes ", FormatIdList(gpu_nodes),
+    placement.why = absl::StrCat("the pool is interleaved over nodes ", FormatIdList(gpu_nodes),
                                  ", the GPUs' nodes (the pool is not split per node: ranks get "
                                  "part of their memory on the far node)");
   }

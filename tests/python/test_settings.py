@@ -203,7 +203,7 @@ def test_the_numa_setting_places_the_pool():
             pytest.skip(f"this kernel refuses NUMA bindings here: {error}")
         raise
     try:
-        assert "pool bound to node 0 (--numa)" in d.text()
+        assert "the pool is bound to node 0 (--numa)" in d.text()
         with open(f"/proc/{d.proc.pid}/numa_maps") as f:
             segments = [line for line in f if "actstash-segment" in line]
         assert len(segments) == 16, segments
