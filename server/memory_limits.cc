@@ -3,8 +3,6 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
-#include <fstream>
-#include <sstream>
 #include <vector>
 
 #include "absl/strings/ascii.h"
@@ -12,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/units.h"
+#include "server/text_file.h"
 
 namespace actstash::server {
 namespace {
@@ -19,21 +18,12 @@ namespace {
 // v1 writes "no limit" as the largest page-aligned value below 2^63.
 constexpr uint64_t kV1Unlimited = uint64_t{1} << 62;
 
-bool ReadFile(const std::string& path, std::string* out) {
-  std::ifstream in(path);
-  if (!in) return false;
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  *out = buffer.str();
-  return true;
-}
-
 bool Exists(const std::string& path) { return access(path.c_str(), F_OK) == 0; }
 
 // The limit in `file`, or 0 when it is absent, unreadable or unlimited.
 uint64_t ReadLimit(const std::string& file) {
   std::string text;
-  if (!ReadFile(file, &text)) return 0;
+  if (!ReadTextFile(file, &text)) return 0;
   const absl::string_view value = absl::StripAsciiWhitespace(text);
   uint64_t bytes = 0;
   if (value == "max" || !absl::SimpleAtoi(value, &bytes) || bytes >= kV1Unlimited) return 0;
@@ -103,7 +93,7 @@ MemoryLimits ReadMemoryLimits(const std::string& root) {
     limits.memlock_bytes = memlock.rlim_cur;
   }
   std::string self;
-  if (!ReadFile(root + "/proc/self/cgroup", &self)) return limits;
+  if (!ReadTextFile(root + "/proc/self/cgroup", &self)) return limits;
   const std::string cgroup_root = root + "/sys/fs/cgroup";
   // Lines are "hierarchy-id:controllers:path"; v2's is "0::path".
   for (absl::string_view line : absl::StrSplit(self, '\n', absl::SkipEmpty())) {

@@ -2,9 +2,7 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
 #include <optional>
-#include <sstream>
 #include <system_error>
 
 #include "absl/strings/ascii.h"
@@ -13,6 +11,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/units.h"
+#include "server/text_file.h"
 
 namespace actstash::server {
 namespace {
@@ -21,11 +20,9 @@ namespace fs = std::filesystem;
 
 // The file's text without surrounding whitespace; nullopt when it cannot be read.
 std::optional<std::string> ReadText(const fs::path& path) {
-  std::ifstream in(path);
-  if (!in) return std::nullopt;
-  std::stringstream text;
-  text << in.rdbuf();
-  return std::string(absl::StripAsciiWhitespace(text.str()));
+  std::string text;
+  if (!ReadTextFile(path.string(), &text)) return std::nullopt;
+  return std::string(absl::StripAsciiWhitespace(text));
 }
 
 absl::Status Malformed(const fs::path& path, absl::string_view text, absl::string_view what) {
