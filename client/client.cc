@@ -8,7 +8,6 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
-#include <cmath>
 #include <cstring>
 #include <functional>
 #include <thread>
@@ -23,6 +22,7 @@
 #include "common/grpc_status.h"
 #include "common/protocol.h"
 #include "common/tiered_id.h"
+#include "common/units.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 
 namespace actstash {
@@ -231,11 +231,10 @@ absl::StatusOr<v1::StatsReply> Client::Stats(bool all_sessions) {
 absl::StatusOr<v1::CopyShareReply> Client::CopyShare(double probe_store_bytes_per_second,
                                                      double probe_fetch_bytes_per_second) {
   if (absl::Status s = impl_->CheckOpen(); !s.ok()) return s;
-  for (double rate : {probe_store_bytes_per_second, probe_fetch_bytes_per_second}) {
-    if (!std::isfinite(rate) || rate < 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("CopyShare: ", rate, " is not a rate in bytes per second (finite, >= 0)"));
-    }
+  for (auto [name, rate] :
+       {std::pair{"probe_store_bytes_per_second", probe_store_bytes_per_second},
+        std::pair{"probe_fetch_bytes_per_second", probe_fetch_bytes_per_second}}) {
+    if (absl::Status s = CheckBytesPerSecond(name, rate); !s.ok()) return s;
   }
   grpc::ClientContext ctx;
   impl_->Prepare(&ctx);

@@ -94,4 +94,10 @@ std::string FormatBytes(uint64_t bytes) {
   return buffer;
 }
 
+absl::Status CheckBytesPerSecond(absl::string_view name, double value) {
+  if (std::isfinite(value) && value >= 0) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(name, ": ", value, " is not a rate in bytes per second (finite, >= 0)"));
+}
+
 }  // namespace actstash

@@ -22,6 +22,12 @@ absl::StatusOr<uint64_t> ParseByteSize(absl::string_view text, uint64_t percent_
 // "64.0 MiB", "512 B": for logs and CLI tables.
 std::string FormatBytes(uint64_t bytes);
 
+// A rate in bytes per second that a client reports (CopyShare's probes):
+// finite and >= 0, else INVALID_ARGUMENT "<name>: <value> is not a rate in
+// bytes per second". The client checks before sending and the daemon on
+// receipt, with this one rule.
+absl::Status CheckBytesPerSecond(absl::string_view name, double value);
+
 }  // namespace actstash
 
 #endif  // ACTSTASH_COMMON_UNITS_H_

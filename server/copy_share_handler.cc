@@ -1,20 +1,9 @@
 // CopyShare: the node's copy bandwidth and the caller's share of it.
-#include <cmath>
-
-#include "absl/strings/str_cat.h"
+#include "common/units.h"
 #include "server/copy_share.h"
 #include "server/stash_service.h"
 
 namespace actstash::server {
-namespace {
-
-absl::Status CheckRate(const char* name, double value) {
-  if (std::isfinite(value) && value >= 0) return absl::OkStatus();
-  return absl::InvalidArgumentError(
-      absl::StrCat(name, ": ", value, " is not a rate in bytes per second (finite, >= 0)"));
-}
-
-}  // namespace
 
 grpc::ServerUnaryReactor* StashService::CopyShare(grpc::CallbackServerContext* ctx,
                                                   const v1::CopyShareRequest* request,
@@ -24,7 +13,7 @@ grpc::ServerUnaryReactor* StashService::CopyShare(grpc::CallbackServerContext* c
   for (auto [name, value] :
        {std::pair{"probe_store_bytes_per_second", request->probe_store_bytes_per_second()},
         std::pair{"probe_fetch_bytes_per_second", request->probe_fetch_bytes_per_second()}}) {
-    if (absl::Status s = CheckRate(name, value); !s.ok()) return FinishUnary(ctx, s);
+    if (absl::Status s = CheckBytesPerSecond(name, value); !s.ok()) return FinishUnary(ctx, s);
   }
   (*session)->SetCopyProbe(request->probe_store_bytes_per_second(),
                            request->probe_fetch_bytes_per_second());
