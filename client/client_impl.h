@@ -28,6 +28,7 @@
 #include "client/local_store.h"
 #include "client/usage_reporter.h"
 #include "common/address.h"
+#include "common/numa_node.h"
 #include "common/pinned_registrar.h"
 #include "common/protocol.h"
 #include "common/tiered_id.h"
@@ -99,6 +100,8 @@ struct Client::Impl final : public client_internal::LeaseBackend {
     v1::LeaseRequest request;
     request.set_count(count);
     request.set_segments_per_lease(segments_per_lease);
+    const int numa_node = options.numa_node >= 0 ? options.numa_node : CallerNumaNode();
+    if (numa_node >= 0) request.set_numa_node(numa_node);
     v1::LeaseReply reply;
     grpc::Status status = stub->Lease(&ctx, request, &reply);
     if (!status.ok()) return Fail(status, "Lease");

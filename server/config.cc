@@ -102,8 +102,10 @@ constexpr Setting kSettings[] = {
      "every core, at the first request) or off (default auto)"},
     {"numa",
      "Where the pool's pages go on a machine with several NUMA nodes: auto (bound to the "
-     "node of the GPUs, interleaved over their nodes when they sit on several), interleave "
-     "(over every node), a node number, or off (the kernel's default); default auto"},
+     "node of the GPUs; split over their nodes when they sit on several), split (one part "
+     "of the pool bound to each node; a session leases from its GPU's or CPU's node "
+     "first), interleave (over every node), a node number, or off (the kernel's default); "
+     "default auto"},
     {"exit_with_parent",
      "Shut down (as on SIGTERM) when the process that started the daemon exits, for a "
      "private daemon that lives as long as its trainer (true/false; the flag alone means "

@@ -160,6 +160,7 @@ absl::Status Daemon::CreateMemory(const DaemonConfig& config,
                           absl::StrCat("numa: ", placement.status().message()));
     }
     pool_options.numa_nodes = placement->nodes;
+    pool_options.numa_split = placement->split;
     spdlog::info("numa: {}; {}", numa->Describe(), placement->why);
   }
   absl::StatusOr<std::unique_ptr<HostPool>> pool;
@@ -180,6 +181,7 @@ absl::Status Daemon::CreateMemory(const DaemonConfig& config,
       spdlog::warn("numa: {}; the kernel places the pool instead",
                    std::string(pool.status().message()));
       pool_options.numa_nodes.clear();
+      pool_options.numa_split = false;
       pool = CreateHostPool(pool_options);
     }
   }

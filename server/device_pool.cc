@@ -77,7 +77,7 @@ DevicePool::~DevicePool() {
   }
 }
 
-absl::StatusOr<SegmentRun> DevicePool::AllocateSegments(uint32_t count) {
+absl::StatusOr<SegmentRun> DevicePool::AllocateSegments(uint32_t count, int /*numa_node*/) {
   if (count == 0 || count > segments_) {
     return absl::ResourceExhaustedError(absl::StrCat("requested ", count,
                                                      " segments; the device pool on GPU ",

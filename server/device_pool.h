@@ -51,7 +51,8 @@ class DevicePool final : public SegmentLeaser, private AllocationOwner {
 
   // RESOURCE_EXHAUSTED with the numbers when there is no room. needs_scrub
   // is always false: segments are zeroed when they come back.
-  absl::StatusOr<SegmentRun> AllocateSegments(uint32_t count) override;
+  using SegmentLeaser::AllocateSegments;
+  absl::StatusOr<SegmentRun> AllocateSegments(uint32_t count, int numa_node) override;
   // Zeroes the run's segments (the caller holds the run).
   absl::Status RenewSegments(const SegmentRun& run) override;
   uint64_t segment_bytes() const override { return segment_bytes_; }

@@ -1,10 +1,8 @@
 #include "server/host_pool.h"
 
 #include <fcntl.h>
-#include <linux/mempolicy.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -22,78 +20,57 @@
 #include "common/check.h"
 #include "common/unique_fd.h"
 #include "common/units.h"
+#include "server/pool_segment.h"
 #include "server/range_allocator.h"
 #include "spdlog/spdlog.h"
 
 namespace actstash::server {
 namespace {
 
-absl::Status ErrnoStatus(absl::string_view what, int error) {
-  const absl::StatusCode code = (error == ENOMEM || error == ENOSPC)
-                                    ? absl::StatusCode::kResourceExhausted
-                                    : absl::StatusCode::kInternal;
-  return absl::Status(code, absl::StrCat(what, ": ", std::strerror(error)));
-}
-
 bool IsPowerOfTwo(uint64_t x) { return x != 0 && (x & (x - 1)) == 0; }
 
-// Binds the shared memory mapped at [at, at + bytes) to `nodes` (see
-// HostPoolOptions::numa_nodes); for a memfd the policy is the file's, so
-// every mapping of it, the clients' included, places pages the same way.
-absl::Status BindToNodes(std::byte* at, uint64_t bytes, const std::vector<int>& nodes) {
-  constexpr int kMaxNodes = 1024;
-  unsigned long mask[kMaxNodes / (8 * sizeof(unsigned long))] = {};
-  for (int node : nodes) {
-    if (node < 0 || node >= kMaxNodes) {
-      return absl::InvalidArgumentError(absl::StrCat("NUMA node ", node, " is out of range"));
-    }
-    mask[node / (8 * sizeof(unsigned long))] |= 1ul << (node % (8 * sizeof(unsigned long)));
+// A part of the pool whose pages are bound to one NUMA node: the byte range
+// [begin, end) of whole segments.
+struct NumaSlice {
+  int node = -1;
+  uint64_t begin = 0;
+  uint64_t end = 0;
+};
+
+// Splits `segments` segments into one part per node of a split pool (as
+// even as whole segments allow, the first parts taking the remainder), or
+// one part for a pool bound to a single node; none otherwise.
+absl::StatusOr<std::vector<NumaSlice>> SliceByNode(const HostPoolOptions& options,
+                                                   uint64_t segments) {
+  std::vector<NumaSlice> slices;
+  const std::vector<int>& nodes = options.numa_nodes;
+  if (!options.numa_split && nodes.size() != 1) return slices;
+  if (nodes.empty()) {
+    return absl::InvalidArgumentError("a pool split per NUMA node needs the nodes");
   }
-  const int mode = nodes.size() == 1 ? MPOL_BIND : MPOL_INTERLEAVE;
-  if (syscall(SYS_mbind, at, bytes, mode, mask, kMaxNodes + 1, 0) != 0) {
-    return ErrnoStatus(
-        absl::StrCat("binding a pool segment to NUMA node(s) ", absl::StrJoin(nodes, ",")), errno);
+  if (nodes.size() > segments) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a pool of ", segments, " segments cannot be split over ", nodes.size(), " NUMA nodes (",
+        absl::StrJoin(nodes, ","), "): give it at least one segment per node"));
   }
-  return absl::OkStatus();
+  uint64_t first = 0;
+  for (size_t k = 0; k < nodes.size(); ++k) {
+    const uint64_t count = segments / nodes.size() + (k < segments % nodes.size() ? 1 : 0);
+    slices.push_back(
+        {nodes[k], first * options.segment_bytes, (first + count) * options.segment_bytes});
+    first += count;
+  }
+  return slices;
 }
 
-// Faults in every page of a fresh mapping (what MAP_POPULATE does at mmap,
-// which would come before the binding).
-absl::Status Populate(std::byte* at, uint64_t bytes) {
-  constexpr int kPopulateWrite = 23;  // MADV_POPULATE_WRITE, Linux 5.14
-  if (madvise(at, bytes, kPopulateWrite) == 0) return absl::OkStatus();
-  if (errno != EINVAL) return ErrnoStatus("populating a pool segment", errno);
-  const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
-  for (uint64_t offset = 0; offset < bytes; offset += page) {
-    *reinterpret_cast<volatile std::byte*>(at + offset) = std::byte{0};  // a fresh memfd is zero
+// The nodes the segment at byte `at` is bound to: its part's node, else
+// HostPoolOptions::numa_nodes.
+std::vector<int> SegmentNodes(const std::vector<NumaSlice>& slices,
+                              const std::vector<int>& numa_nodes, uint64_t at) {
+  for (const NumaSlice& slice : slices) {
+    if (at >= slice.begin && at < slice.end) return {slice.node};
   }
-  return absl::OkStatus();
-}
-
-// Creates a zeroed memfd for segment `index` and maps it at `at`
-// (MAP_FIXED over whatever was there), bound to `numa_nodes` if any,
-// populated, and mlocked if `lock`.
-absl::StatusOr<UniqueFd> MapFreshSegment(std::byte* at, uint64_t index, uint64_t bytes, bool lock,
-                                         bool* locked, const std::vector<int>& numa_nodes) {
-  const std::string name = absl::StrCat("actstash-segment-", index);
-  UniqueFd fd(memfd_create(name.c_str(), MFD_CLOEXEC));
-  if (!fd.valid()) return ErrnoStatus("memfd_create", errno);
-  if (ftruncate(fd.get(), static_cast<off_t>(bytes)) != 0) {
-    return ErrnoStatus("ftruncate of a pool segment", errno);
-  }
-  const int populate = numa_nodes.empty() ? MAP_POPULATE : 0;
-  void* mapped =
-      mmap(at, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED | populate, fd.get(), 0);
-  if (mapped == MAP_FAILED) return ErrnoStatus("mapping a pool segment", errno);
-  if (!numa_nodes.empty()) {
-    if (absl::Status s = BindToNodes(at, bytes, numa_nodes); !s.ok()) return s;
-    if (absl::Status s = Populate(at, bytes); !s.ok()) return s;
-  }
-  *locked = lock && mlock(at, bytes) == 0;
-  if (lock && !*locked) {
-    spdlog::warn("mlock of a renewed segment failed: {}; it stays unpinned", std::strerror(errno));
-  }
-  return fd;
+  return numa_nodes;
 }
 
 // Unregisters from CUDA the segments flagged in `registered`.
@@ -123,7 +100,8 @@ std::string UnregisteredWarning(uint64_t unregistered, uint64_t segments,
 class MemfdHostPool final : public HostPool, private AllocationOwner {
  public:
   MemfdHostPool(std::byte* base, std::vector<UniqueFd> fds, const HostPoolOptions& options,
-                uint64_t locked_bytes, std::vector<bool> cuda_registered)
+                std::vector<NumaSlice> slices, uint64_t locked_bytes,
+                std::vector<bool> cuda_registered)
       : base_(base),
         segment_count_(fds.size()),
         segment_bytes_(options.segment_bytes),
@@ -131,6 +109,8 @@ class MemfdHostPool final : public HostPool, private AllocationOwner {
         pinned_(locked_bytes != 0),
         registrar_(options.cuda_registrar),
         numa_nodes_(options.numa_nodes),
+        numa_binder_(options.numa_binder),
+        slices_(std::move(slices)),
         require_cuda_(options.require_cuda_pinned),
         allocator_(total_bytes_, options.alignment),
         segment_fds_(std::move(fds)),
@@ -168,14 +148,24 @@ class MemfdHostPool final : public HostPool, private AllocationOwner {
     return MakeAllocation(this, base_ + *offset, *offset, nbytes);
   }
 
-  absl::StatusOr<SegmentRun> AllocateSegments(uint32_t count) override {
+  absl::StatusOr<SegmentRun> AllocateSegments(uint32_t count, int numa_node) override {
     if (count == 0 || count > segment_count_) {
       return absl::ResourceExhaustedError(
           absl::StrCat("requested ", count, " segments; the pool has ", segment_count_));
     }
     const uint64_t bytes = uint64_t{count} * segment_bytes_;
     absl::MutexLock lock(&mu_);
-    std::optional<uint64_t> offset = allocator_.Allocate(bytes, segment_bytes_);
+    // A split pool: the caller's node first, then the other parts in order,
+    // and only then a run across parts (on two nodes).
+    std::optional<uint64_t> offset;
+    for (int pass = 0; pass < 2 && !offset.has_value(); ++pass) {
+      for (const NumaSlice& slice : slices_) {
+        if ((slice.node == numa_node) != (pass == 0)) continue;
+        offset = allocator_.AllocateWithin(bytes, segment_bytes_, slice.begin, slice.end);
+        if (offset.has_value()) break;
+      }
+    }
+    if (!offset.has_value()) offset = allocator_.Allocate(bytes, segment_bytes_);
     if (!offset.has_value()) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "host pool exhausted: requested ", count, " contiguous segments (", bytes,
@@ -185,6 +175,7 @@ class MemfdHostPool final : public HostPool, private AllocationOwner {
     SegmentRun run;
     run.first_segment = static_cast<uint32_t>(*offset / segment_bytes_);
     run.count = count;
+    run.numa_node = NodeOf(*offset, bytes);
     // The flags are cleared by RenewSegments only: a run freed unrenewed
     // (its fds never left) keeps them.
     for (uint32_t i = run.first_segment; i < run.first_segment + count; ++i) {
@@ -222,7 +213,7 @@ class MemfdHostPool final : public HostPool, private AllocationOwner {
       }
       bool locked = false;
       absl::StatusOr<UniqueFd> fd =
-          MapFreshSegment(at, i, segment_bytes_, pinned_, &locked, numa_nodes_);
+          MapFreshSegment(at, i, segment_bytes_, pinned_, &locked, NodesOfSegment(i), numa_binder_);
       if (!fd.ok()) {
         // A failed MAP_FIXED may have unmapped the range: put the old memfd
         // back, or the pool has a hole the allocator does not know about.
@@ -277,6 +268,20 @@ class MemfdHostPool final : public HostPool, private AllocationOwner {
         segment_bytes_ *
         static_cast<uint64_t>(std::count(cuda_registered_.begin(), cuda_registered_.end(), true)));
     stats.set_allocations(allocator_.allocation_count());
+    for (const NumaSlice& slice : slices_) {
+      v1::NumaNodeStats* node = stats.add_numa_nodes();
+      node->set_node(slice.node);
+      node->set_total_bytes(slice.end - slice.begin);
+      node->set_free_bytes(allocator_.FreeBytesWithin(slice.begin, slice.end));
+      uint64_t leased = 0;
+      for (uint64_t offset : segment_runs_) {
+        const uint64_t end = offset + allocator_.AllocationSize(offset).value_or(0);
+        if (end > slice.begin && offset < slice.end) {
+          leased += std::min(end, slice.end) - std::max(offset, slice.begin);
+        }
+      }
+      node->set_leased_bytes(leased);
+    }
     return stats;
   }
 
@@ -298,6 +303,18 @@ class MemfdHostPool final : public HostPool, private AllocationOwner {
       }
     }
     return status;
+  }
+
+  std::vector<int> NodesOfSegment(uint64_t i) const {
+    return SegmentNodes(slices_, numa_nodes_, i * segment_bytes_);
+  }
+
+  // The node that holds all of [offset, offset + bytes), or -1.
+  int NodeOf(uint64_t offset, uint64_t bytes) const {
+    for (const NumaSlice& slice : slices_) {
+      if (offset >= slice.begin && offset + bytes <= slice.end) return slice.node;
+    }
+    return -1;
   }
 
   void Free(uint64_t offset) override {
@@ -322,6 +339,10 @@ class MemfdHostPool final : public HostPool, private AllocationOwner {
   const bool pinned_;                  // the pool was mlocked at creation: renewals mlock too
   PinnedRegistrar* const registrar_;   // null: no CUDA registration
   const std::vector<int> numa_nodes_;  // HostPoolOptions::numa_nodes, for renewals
+  const NumaBinder numa_binder_;
+  // The pool's parts on NUMA nodes (byte ranges of the pool): one per node
+  // of a split pool, one for a pool bound to one node, else none.
+  const std::vector<NumaSlice> slices_;
   const bool require_cuda_;
   mutable absl::Mutex mu_;
   RangeAllocator allocator_ ABSL_GUARDED_BY(mu_);
@@ -369,6 +390,8 @@ absl::StatusOr<std::unique_ptr<HostPool>> CreateHostPool(const HostPoolOptions& 
                                                    FormatBytes(options.segment_bytes), ")"));
   }
   const uint64_t total = segments * options.segment_bytes;
+  absl::StatusOr<std::vector<NumaSlice>> slices = SliceByNode(options, segments);
+  if (!slices.ok()) return slices.status();
 
   void* reserved =
       mmap(nullptr, total, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
@@ -383,9 +406,9 @@ absl::StatusOr<std::unique_ptr<HostPool>> CreateHostPool(const HostPoolOptions& 
   };
   for (uint64_t i = 0; i < segments; ++i) {
     bool unused = false;
-    absl::StatusOr<UniqueFd> fd =
-        MapFreshSegment(base + i * options.segment_bytes, i, options.segment_bytes, false, &unused,
-                        options.numa_nodes);
+    absl::StatusOr<UniqueFd> fd = MapFreshSegment(
+        base + i * options.segment_bytes, i, options.segment_bytes, false, &unused,
+        SegmentNodes(*slices, options.numa_nodes, i * options.segment_bytes), options.numa_binder);
     if (!fd.ok()) return fail(fd.status());
     fds.push_back(*std::move(fd));
   }
@@ -431,8 +454,8 @@ absl::StatusOr<std::unique_ptr<HostPool>> CreateHostPool(const HostPoolOptions& 
     }
     if (failed > 0) spdlog::warn("{}", UnregisteredWarning(failed, segments, first_error));
   }
-  return std::unique_ptr<HostPool>(
-      new MemfdHostPool(base, std::move(fds), options, locked, std::move(registered)));
+  return std::unique_ptr<HostPool>(new MemfdHostPool(
+      base, std::move(fds), options, *std::move(slices), locked, std::move(registered)));
 }
 
 }  // namespace actstash::server

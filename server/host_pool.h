@@ -11,6 +11,7 @@
 #include "common/pinned_registrar.h"
 #include "common/tristate.h"
 #include "server/memory_pool.h"
+#include "server/pool_segment.h"
 #include "server/segment_leaser.h"
 
 namespace actstash::server {
@@ -36,6 +37,15 @@ struct HostPoolOptions {
   // (the node of the CPU that touches a page first). A binding the kernel
   // refuses fails pool creation.
   std::vector<int> numa_nodes;
+  // With numa_split, the segments are instead divided into one part per
+  // entry of numa_nodes, in that order (as even as whole segments allow;
+  // INVALID_ARGUMENT with fewer segments than nodes), each part bound to its
+  // node alone. AllocateSegments takes a run from the caller's node's part
+  // first; PoolStats::numa_nodes reports each part.
+  bool numa_split = false;
+  // How a segment is bound; null: mbind (MbindToNodes). Tests fake nodes
+  // this machine does not have.
+  NumaBinder numa_binder;
 };
 
 // The host pool is both an ObjectAllocator (inline objects, by the byte)

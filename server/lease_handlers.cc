@@ -19,6 +19,7 @@ namespace actstash::server {
 namespace {
 
 constexpr uint32_t kMaxLeasesPerCall = 256;
+constexpr int kMaxNumaNodes = 1024;  // the kernel's MAX_NUMNODES at most
 
 std::vector<uint64_t> Ids(const std::vector<std::shared_ptr<Lease>>& leases) {
   std::vector<uint64_t> ids;
@@ -31,7 +32,7 @@ std::vector<uint64_t> Ids(const std::vector<std::shared_ptr<Lease>>& leases) {
 struct LeaseCall : std::enable_shared_from_this<LeaseCall> {
   LeaseCall(StashCore* core, grpc::ServerUnaryReactor* reactor, grpc::CallbackServerContext* ctx,
             v1::LeaseReply* reply, std::shared_ptr<Session> session, uint32_t count,
-            uint32_t per_lease, const DeviceTier* device)
+            uint32_t per_lease, const DeviceTier* device, int numa_node)
       : core(core),
         reactor(reactor),
         ctx(ctx),
@@ -40,6 +41,7 @@ struct LeaseCall : std::enable_shared_from_this<LeaseCall> {
         count(count),
         per_lease(per_lease),
         device(device),
+        numa_node(numa_node),
         leases(device != nullptr ? *device->leases : core->leases) {}
 
   StashCore* core;
@@ -50,10 +52,11 @@ struct LeaseCall : std::enable_shared_from_this<LeaseCall> {
   uint32_t count;
   uint32_t per_lease;
   const DeviceTier* device;  // null: the host pool
+  int numa_node;             // -1: no preference
   LeaseManager& leases;
 
   absl::StatusOr<std::vector<std::shared_ptr<server::Lease>>> Grant() {
-    return leases.Grant(session, count, per_lease);
+    return leases.Grant(session, count, per_lease, numa_node);
   }
 
   // On failure, or when the caller gave up (deadline, cancel), the grants go
@@ -94,6 +97,7 @@ struct LeaseCall : std::enable_shared_from_this<LeaseCall> {
       grant->set_lease_id(lease->id());
       grant->set_bytes(lease->bytes());
       grant->set_segments(lease->segments());
+      grant->set_numa_node(lease->numa_node());
       renew = renew || lease->needs_scrub();
     }
     std::shared_ptr<LeaseCall> self = shared_from_this();
@@ -140,6 +144,15 @@ grpc::ServerUnaryReactor* StashService::Lease(grpc::CallbackServerContext* ctx,
     return FinishUnary(
         ctx, absl::InvalidArgumentError(absl::StrCat("unknown lease tier ", request->tier())));
   }
+  int numa_node = -1;
+  if (request->has_numa_node()) {
+    if (request->numa_node() < 0 || request->numa_node() >= kMaxNumaNodes) {
+      return FinishUnary(
+          ctx, absl::InvalidArgumentError(absl::StrCat("NUMA node ", request->numa_node(),
+                                                       " is not in [0, ", kMaxNumaNodes, ")")));
+    }
+    if (device == nullptr) numa_node = request->numa_node();
+  }
   if (request->count() == 0 || request->count() > kMaxLeasesPerCall) {
     return FinishUnary(
         ctx, absl::InvalidArgumentError(absl::StrCat("Lease count ", request->count(),
@@ -170,8 +183,9 @@ grpc::ServerUnaryReactor* StashService::Lease(grpc::CallbackServerContext* ctx,
   // Counted like a stream: shutdown waits for it, and the work queue and the
   // attach server outlive every such call.
   core_->streams_in_flight.fetch_add(1, std::memory_order_acq_rel);
-  auto call = std::make_shared<LeaseCall>(core_, ctx->DefaultReactor(), ctx, reply,
-                                          *std::move(session), request->count(), per_lease, device);
+  auto call =
+      std::make_shared<LeaseCall>(core_, ctx->DefaultReactor(), ctx, reply, *std::move(session),
+                                  request->count(), per_lease, device, numa_node);
   absl::StatusOr<std::vector<std::shared_ptr<server::Lease>>> granted = call->Grant();
   if (!granted.ok() && device == nullptr &&
       granted.status().code() == absl::StatusCode::kResourceExhausted &&

@@ -55,7 +55,8 @@ void LeaseManager::Recycle(SegmentRun run) {
 }
 
 absl::StatusOr<std::vector<std::shared_ptr<Lease>>> LeaseManager::Grant(
-    const std::shared_ptr<Session>& session, uint32_t count, uint32_t segments_per_lease) {
+    const std::shared_ptr<Session>& session, uint32_t count, uint32_t segments_per_lease,
+    int numa_node) {
   const uint64_t lease_bytes = uint64_t{segments_per_lease} * pool_.segment_bytes();
   // One reservation for the whole batch first, so a batch over the quota
   // fails with the batch's numbers and takes no pool memory.
@@ -67,7 +68,7 @@ absl::StatusOr<std::vector<std::shared_ptr<Lease>>> LeaseManager::Grant(
   for (uint32_t i = 0; i < count; ++i) {
     absl::StatusOr<QuotaReservation> reservation = session->Reserve(lease_bytes);
     if (!reservation.ok()) return reservation.status();  // raced with another grant
-    absl::StatusOr<SegmentRun> run = pool_.AllocateSegments(segments_per_lease);
+    absl::StatusOr<SegmentRun> run = pool_.AllocateSegments(segments_per_lease, numa_node);
     if (!run.ok()) {
       return absl::Status(run.status().code(), absl::StrCat("lease ", i + 1, " of ", count, ": ",
                                                             run.status().message()));
@@ -80,7 +81,11 @@ absl::StatusOr<std::vector<std::shared_ptr<Lease>>> LeaseManager::Grant(
   if (session->closed()) {
     return absl::FailedPreconditionError(absl::StrCat("session ", session->id(), " is closed"));
   }
+  if (numa_node >= 0) session->SetNumaNode(numa_node);
   for (auto& [run, reservation] : parts) {
+    if (numa_node >= 0 && run.numa_node >= 0 && run.numa_node != numa_node) {
+      session->CountLeaseOffNode();
+    }
     auto lease =
         std::make_shared<Lease>(next_id_++, session, std::move(run), std::move(reservation), this);
     leases_.emplace(lease->id(), lease);

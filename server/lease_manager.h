@@ -40,6 +40,7 @@ class Lease {
   uint32_t segments() const { return run_.count; }
   uint64_t bytes() const { return run_.memory.size(); }
   bool needs_scrub() const { return run_.needs_scrub; }
+  int numa_node() const { return run_.numa_node; }  // -1: not bound to one node
   std::byte* data() const { return run_.memory.data(); }
 
  private:
@@ -78,10 +79,14 @@ class LeaseManager {
   // Grants `count` leases of `segments_per_lease` contiguous segments each,
   // all or none: RESOURCE_EXHAUSTED (quota or pool, with the numbers),
   // FAILED_PRECONDITION when the session is closed. The grants still need
-  // scrubbing (needs_scrub) before their fds leave the daemon.
+  // scrubbing (needs_scrub) before their fds leave the daemon. `numa_node`
+  // (-1: none) is the node the session copies from: a pool split per node
+  // grants from that node's part first; a grant bound to another node is
+  // counted in the session's leases_off_node.
   absl::StatusOr<std::vector<std::shared_ptr<Lease>>> Grant(const std::shared_ptr<Session>& session,
                                                             uint32_t count,
-                                                            uint32_t segments_per_lease);
+                                                            uint32_t segments_per_lease,
+                                                            int numa_node = -1);
   // Takes leases back, all or none: NOT_FOUND for one that is not the
   // session's, INVALID_ARGUMENT for a repeat.
   absl::StatusOr<RemovedTotals> Return(uint64_t session_id, absl::Span<const uint64_t> ids);

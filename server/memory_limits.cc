@@ -9,8 +9,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/text_file.h"
 #include "common/units.h"
-#include "server/text_file.h"
 
 namespace actstash::server {
 namespace {

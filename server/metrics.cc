@@ -65,6 +65,22 @@ class StashCollector final : public prometheus::Collectable {
       AddValue(&bytes, static_cast<double>(value), {{"state", state}});
     }
     out.push_back(std::move(bytes));
+    if (pool.numa_nodes_size() > 0) {
+      MetricFamily node_bytes =
+          Family("actstash_pool_numa_bytes",
+                 "Host pool bytes on each NUMA node the pool is bound to (--numa), by state",
+                 MetricType::Gauge);
+      for (const v1::NumaNodeStats& node : pool.numa_nodes()) {
+        const std::string id = std::to_string(node.node());
+        const std::pair<const char*, uint64_t> node_states[] = {{"total", node.total_bytes()},
+                                                                {"free", node.free_bytes()},
+                                                                {"leased", node.leased_bytes()}};
+        for (const auto& [state, value] : node_states) {
+          AddValue(&node_bytes, static_cast<double>(value), {{"node", id}, {"state", state}});
+        }
+      }
+      out.push_back(std::move(node_bytes));
+    }
     if (stats.device_pools_size() > 0) {
       MetricFamily device_bytes = Family(
           "actstash_device_pool_bytes",

@@ -10,8 +10,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "common/numa_node.h"
+#include "common/text_file.h"
 #include "common/units.h"
-#include "server/text_file.h"
 
 namespace actstash::server {
 namespace {
@@ -114,12 +115,16 @@ absl::StatusOr<NumaSetting> ParseNumaSetting(absl::string_view text) {
     setting.mode = NumaSetting::Mode::kInterleave;
     return setting;
   }
+  if (lower == "split") {
+    setting.mode = NumaSetting::Mode::kSplit;
+    return setting;
+  }
   if (absl::SimpleAtoi(lower, &setting.node) && setting.node >= 0 && setting.node < 1024) {
     setting.mode = NumaSetting::Mode::kNode;
     return setting;
   }
   return absl::InvalidArgumentError(
-      absl::StrCat("'", text, "' is not auto, off, interleave or a NUMA node number"));
+      absl::StrCat("'", text, "' is not auto, off, split, interleave or a NUMA node number"));
 }
 
 absl::StatusOr<PoolPlacement> ChoosePoolPlacement(const NumaSetting& setting,
@@ -145,6 +150,16 @@ absl::StatusOr<PoolPlacement> ChoosePoolPlacement(const NumaSetting& setting,
       placement.why =
           absl::StrCat("the pool is interleaved over nodes ", FormatIdList(all), " (--numa)");
       return placement;
+    case NumaSetting::Mode::kSplit:
+      if (all.empty()) {
+        return absl::FailedPreconditionError(
+            "--numa split: the kernel reports no NUMA nodes (no devices/system/node in sysfs)");
+      }
+      placement.nodes = all;
+      placement.split = true;
+      placement.why = absl::StrCat("the pool is split over nodes ", FormatIdList(all),
+                                   ", each part bound to its node (--numa)");
+      return placement;
     case NumaSetting::Mode::kAuto:
       break;
   }
@@ -166,9 +181,10 @@ absl::StatusOr<PoolPlacement> ChoosePoolPlacement(const NumaSetting& setting,
         absl::StrCat("the pool is bound to node ", gpu_nodes[0], ", the node of every GPU");
   } else {
     placement.nodes = gpu_nodes;
-    placement.why = absl::StrCat("the pool is interleaved over nodes ", FormatIdList(gpu_nodes),
-                                 ", the GPUs' nodes (the pool is not split per node: ranks get "
-                                 "part of their memory on the far node)");
+    placement.split = true;
+    placement.why = absl::StrCat("the pool is split over nodes ", FormatIdList(gpu_nodes),
+                                 ", the GPUs' nodes: each part is bound to its node and a "
+                                 "session leases from the part on its GPU's node first");
   }
   return placement;
 }
@@ -205,11 +221,9 @@ absl::StatusOr<NumaTopology> ReadNumaTopology(const std::string& sysfs_root) {
     if (pci_class->rfind("0x0300", 0) != 0 && pci_class->rfind("0x0302", 0) != 0) continue;
     GpuPlacement gpu;
     gpu.bus_id = dev.filename().string();
-    if (std::optional<std::string> node = ReadText(dev / "numa_node")) {
-      if (!absl::SimpleAtoi(*node, &gpu.node) || gpu.node < -1) {
-        return Malformed(dev / "numa_node", *node, "a node number");
-      }
-    }
+    absl::StatusOr<int> node = ReadPciNumaNode(sysfs_root, gpu.bus_id);
+    if (!node.ok()) return node.status();
+    gpu.node = *node;
     topology.gpus.push_back(std::move(gpu));
   }
   std::sort(topology.gpus.begin(), topology.gpus.end(),

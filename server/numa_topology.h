@@ -1,8 +1,8 @@
 // The machine's NUMA nodes and the nodes its GPUs sit on, read from sysfs,
 // and where the host pool's pages go (--numa). Pinned memory on the far
 // socket copies ~30% slower; the pool is placed near the GPUs that copy into
-// it. One placement for the whole pool: it is not split per node (see
-// docs/ARCHITECTURE.md).
+// it; with GPUs on several nodes the pool is split, one part bound to each
+// node, and a session leases from the part on its own node.
 #ifndef ACTSTASH_SERVER_NUMA_TOPOLOGY_H_
 #define ACTSTASH_SERVER_NUMA_TOPOLOGY_H_
 
@@ -45,26 +45,27 @@ struct NumaTopology {
 // naming it. `sysfs_root` is a parameter so that tests build a fake machine.
 absl::StatusOr<NumaTopology> ReadNumaTopology(const std::string& sysfs_root = "/sys");
 
-// --numa: auto (the GPUs' node), off, interleave (over every node), or a
-// node number.
+// --numa: auto (the GPUs' node, or split over the GPUs' nodes), off,
+// split (one part per node), interleave (over every node), or a node number.
 struct NumaSetting {
-  enum class Mode { kAuto, kOff, kInterleave, kNode };
+  enum class Mode { kAuto, kOff, kSplit, kInterleave, kNode };
   Mode mode = Mode::kAuto;
   int node = -1;  // kNode
 };
 absl::StatusOr<NumaSetting> ParseNumaSetting(absl::string_view text);
 
-// Where the pool's pages go: HostPoolOptions::numa_nodes (empty: the
-// kernel's default) and why, for the start-up log.
+// Where the pool's pages go: HostPoolOptions::numa_nodes and numa_split
+// (no nodes: the kernel's default) and why, for the start-up log.
 struct PoolPlacement {
   std::vector<int> nodes;
+  bool split = false;  // one part of the pool per node, each bound to it
   std::string why;
 };
 // auto: with one node (or none), nothing; else bound to the node of every
-// GPU when they share one, interleaved over the GPUs' nodes when they do
-// not, and nothing when no GPU's node is known. A node number must be one of
-// the topology's nodes (INVALID_ARGUMENT naming them otherwise); interleave
-// takes them all.
+// GPU when they share one, split over the GPUs' nodes when they do not, and
+// nothing when no GPU's node is known. A node number must be one of the
+// topology's nodes (INVALID_ARGUMENT naming them otherwise); split and
+// interleave take them all (split: FAILED_PRECONDITION without nodes).
 absl::StatusOr<PoolPlacement> ChoosePoolPlacement(const NumaSetting& setting,
                                                   const NumaTopology& topology);
 

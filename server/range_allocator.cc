@@ -37,42 +37,92 @@ void RangeAllocator::EraseFreeBlock(std::map<uint64_t, uint64_t>::iterator it) {
   free_by_offset_.erase(it);
 }
 
-std::optional<uint64_t> RangeAllocator::Allocate(uint64_t size, uint64_t alignment) {
+uint64_t RangeAllocator::RoundedSize(uint64_t size, uint64_t* alignment) const {
   ACTSTASH_CHECK(size > 0, "Allocate size must be > 0");
-  if (alignment == 0) alignment = granule_;
-  ACTSTASH_CHECK(IsPowerOfTwo(alignment) && alignment >= granule_,
+  if (*alignment == 0) *alignment = granule_;
+  ACTSTASH_CHECK(IsPowerOfTwo(*alignment) && *alignment >= granule_,
                  "alignment must be a power of two >= granule");
-  if (size > capacity_) return std::nullopt;
-  // size <= capacity_ and capacity_ is a multiple of granule_: cannot overflow.
-  const uint64_t rounded = (size + granule_ - 1) & ~(granule_ - 1);
+  // size <= capacity_ (checked by the callers) and capacity_ is a multiple of
+  // granule_: cannot overflow.
+  return (size + granule_ - 1) & ~(granule_ - 1);
+}
 
+uint64_t RangeAllocator::Take(uint64_t block_offset, uint64_t offset, uint64_t rounded) {
+  auto block = free_by_offset_.find(block_offset);
+  ACTSTASH_CHECK(block != free_by_offset_.end(), "Take from a block that is not free");
+  const uint64_t block_end = block_offset + block->second;
+  ACTSTASH_CHECK(offset >= block_offset && offset + rounded <= block_end,
+                 "Take of a range outside its free block");
+  EraseFreeBlock(block);
+  if (offset > block_offset) InsertFreeBlock(block_offset, offset - block_offset);
+  if (offset + rounded < block_end) InsertFreeBlock(offset + rounded, block_end - offset - rounded);
+  allocations_.emplace(offset, rounded);
+  used_bytes_ += rounded;
+  return offset;
+}
+
+std::optional<uint64_t> RangeAllocator::Allocate(uint64_t size, uint64_t alignment) {
+  if (size > capacity_) {
+    RoundedSize(1, &alignment);  // still checks the alignment
+    return std::nullopt;
+  }
+  const uint64_t rounded = RoundedSize(size, &alignment);
   // Candidates in (size, offset) order: the first block that fits is the best
   // fit, with ties already broken by lowest offset.
-  auto best = free_by_size_.end();
-  uint64_t padding = 0;
   for (auto it = free_by_size_.lower_bound({rounded, 0}); it != free_by_size_.end(); ++it) {
     const uint64_t block_size = it->first;
     const uint64_t pad = AlignPadding(it->second, alignment);
     if (pad <= block_size && rounded <= block_size - pad) {
-      best = it;
-      padding = pad;
-      break;
+      return Take(it->second, it->second + pad, rounded);
     }
   }
-  if (best == free_by_size_.end()) return std::nullopt;
+  return std::nullopt;
+}
 
-  const uint64_t block_offset = best->second;
-  const uint64_t block_size = best->first;
-  EraseFreeBlock(free_by_offset_.find(block_offset));
+std::optional<uint64_t> RangeAllocator::AllocateWithin(uint64_t size, uint64_t alignment,
+                                                       uint64_t begin, uint64_t end) {
+  end = std::min(end, capacity_);
+  if (size > capacity_ || begin >= end) {
+    RoundedSize(1, &alignment);
+    return std::nullopt;
+  }
+  const uint64_t rounded = RoundedSize(size, &alignment);
+  // The free blocks that meet the window: the one holding `begin` (if any)
+  // and those starting before `end`. Each is clipped to the window.
+  auto it = free_by_offset_.upper_bound(begin);
+  if (it != free_by_offset_.begin()) --it;
+  std::optional<uint64_t> best_block;
+  uint64_t best_offset = 0;
+  uint64_t best_size = 0;
+  for (; it != free_by_offset_.end() && it->first < end; ++it) {
+    const uint64_t from = std::max(it->first, begin);
+    const uint64_t to = std::min(it->first + it->second, end);
+    if (to <= from) continue;
+    const uint64_t clipped = to - from;
+    const uint64_t pad = AlignPadding(from, alignment);
+    if (pad > clipped || rounded > clipped - pad) continue;
+    if (!best_block.has_value() || clipped < best_size) {
+      best_block = it->first;
+      best_offset = from + pad;
+      best_size = clipped;
+    }
+  }
+  if (!best_block.has_value()) return std::nullopt;
+  return Take(*best_block, best_offset, rounded);
+}
 
-  const uint64_t offset = block_offset + padding;
-  if (padding > 0) InsertFreeBlock(block_offset, padding);
-  const uint64_t tail = block_size - padding - rounded;
-  if (tail > 0) InsertFreeBlock(offset + rounded, tail);
-
-  allocations_.emplace(offset, rounded);
-  used_bytes_ += rounded;
-  return offset;
+uint64_t RangeAllocator::FreeBytesWithin(uint64_t begin, uint64_t end) const {
+  end = std::min(end, capacity_);
+  if (begin >= end) return 0;
+  auto it = free_by_offset_.upper_bound(begin);
+  if (it != free_by_offset_.begin()) --it;
+  uint64_t total = 0;
+  for (; it != free_by_offset_.end() && it->first < end; ++it) {
+    const uint64_t from = std::max(it->first, begin);
+    const uint64_t to = std::min(it->first + it->second, end);
+    if (to > from) total += to - from;
+  }
+  return total;
 }
 
 void RangeAllocator::Free(uint64_t offset) {

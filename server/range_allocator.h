@@ -51,6 +51,14 @@ class RangeAllocator {
   // alignment, candidate blocks are scanned in best-fit order until one fits.
   std::optional<uint64_t> Allocate(uint64_t size, uint64_t alignment = 0);
 
+  // As Allocate, but the whole range lies within the window [begin, end)
+  // (a NUMA node's part of a pool): best fit over the free blocks' parts
+  // inside the window, ties to the lowest offset. A window outside
+  // [0, capacity) is clipped to it. Cost: O(k log n) for the k free blocks
+  // that meet the window.
+  std::optional<uint64_t> AllocateWithin(uint64_t size, uint64_t alignment, uint64_t begin,
+                                         uint64_t end);
+
   // Returns the range that Allocate() gave at `offset` and coalesces it with
   // free neighbours on both sides. O(log n).
   // Requires: `offset` is the start of a live allocation; aborts otherwise
@@ -68,6 +76,8 @@ class RangeAllocator {
   uint64_t used_bytes() const { return used_bytes_; }
   // capacity() - used_bytes(). Alignment padding counts as free.
   uint64_t free_bytes() const { return capacity_ - used_bytes_; }
+  // Free bytes inside the window [begin, end). O(k log n), k as above.
+  uint64_t FreeBytesWithin(uint64_t begin, uint64_t end) const;
   // Size of the largest maximal free block (0 when full). O(1).
   uint64_t largest_free_block() const;
   // Number of maximal free blocks; free blocks are always fully coalesced.
@@ -85,6 +95,10 @@ class RangeAllocator {
  private:
   void InsertFreeBlock(uint64_t offset, uint64_t size);
   void EraseFreeBlock(std::map<uint64_t, uint64_t>::iterator it);
+  uint64_t RoundedSize(uint64_t size, uint64_t* alignment) const;
+  // Takes [offset, offset + rounded) out of the free block at `block_offset`
+  // (which holds it); what is left on either side stays free.
+  uint64_t Take(uint64_t block_offset, uint64_t offset, uint64_t rounded);
 
   const uint64_t capacity_;
   const uint64_t granule_;

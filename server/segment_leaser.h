@@ -19,6 +19,7 @@ struct SegmentRun {
   uint32_t first_segment = 0;
   uint32_t count = 0;
   bool needs_scrub = false;
+  int numa_node = -1;  // the node all of its memory is bound to; -1: none or several
 };
 
 // Thread-safe: every member may be called from any thread.
@@ -33,7 +34,13 @@ class SegmentLeaser {
   // then RenewSegments before the segments leave the daemon. The caller must
   // also RenewSegments before letting go of a run that did leave (so that
   // free pool memory is never memory a client can reach).
-  virtual absl::StatusOr<SegmentRun> AllocateSegments(uint32_t count) = 0;
+  // A pool split per NUMA node takes the run from node `numa_node`'s part
+  // first, then from the others (-1 or a node it has no part on: no
+  // preference); other pools ignore the node.
+  virtual absl::StatusOr<SegmentRun> AllocateSegments(uint32_t count, int numa_node) = 0;
+  absl::StatusOr<SegmentRun> AllocateSegments(uint32_t count) {
+    return AllocateSegments(count, -1);
+  }
   // Gives the run's segments fresh, zeroed memory (what that means is the
   // pool's). The caller holds the run exclusively. May be slow (~20 ms per
   // 64 MiB on the host): call it on a work thread.

@@ -144,6 +144,8 @@ void Session::FillStats(v1::SessionStats* out) const {
   *out->mutable_client() = client_usage_;
   out->set_probe_store_bytes_per_second(probe_store_bps_);
   out->set_probe_fetch_bytes_per_second(probe_fetch_bps_);
+  out->set_numa_node(numa_node_.load(std::memory_order_relaxed));
+  out->set_leases_off_node(leases_off_node_.load(std::memory_order_relaxed));
 }
 
 }  // namespace actstash::server

@@ -98,6 +98,12 @@ class Session : public std::enable_shared_from_this<Session> {
   // in its stats.
   void SetCopyProbe(double store_bytes_per_second, double fetch_bytes_per_second)
       ABSL_LOCKS_EXCLUDED(mu_);
+  // The NUMA node its last host Lease said it copies from (-1: none said),
+  // and a host lease granted on memory bound to another node (by
+  // LeaseManager), both shown in its stats.
+  void SetNumaNode(int node) { numa_node_.store(node, std::memory_order_relaxed); }
+  int numa_node() const { return numa_node_.load(std::memory_order_relaxed); }
+  void CountLeaseOffNode() { leases_off_node_.fetch_add(1, std::memory_order_relaxed); }
   // What the session itself counts, filled into the wire message (the one
   // place these fields are set): everything but `objects` (the catalog's)
   // `spill` (the spill tier's) and `copying` (the daemon's copy window).
@@ -128,6 +134,8 @@ class Session : public std::enable_shared_from_this<Session> {
   // Never copied: far enough in the past for any window.
   std::atomic<int64_t> last_copy_ms_{INT64_MIN / 2};
   std::atomic<int64_t> last_active_ms_{0};
+  std::atomic<int> numa_node_{-1};
+  std::atomic<uint64_t> leases_off_node_{0};
   std::atomic<uint64_t> bytes_stored_{0};
   std::atomic<uint64_t> bytes_fetched_{0};
   std::atomic<uint64_t> puts_{0};

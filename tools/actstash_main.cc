@@ -140,6 +140,11 @@ int RunStats(const Common& common, bool json, bool sessions_only) {
       ull(pool.segments()), FormatBytes(pool.segment_bytes()).c_str(),
       FormatBytes(pool.locked_bytes()).c_str(), FormatBytes(pool.cuda_pinned_bytes()).c_str(),
       FormatBytes(pool.leased_bytes()).c_str(), ull(pool.leases()));
+  for (const actstash::v1::NumaNodeStats& node : pool.numa_nodes()) {
+    std::printf("numa     node %d: %s of the pool bound there, %s free, %s leased\n", node.node(),
+                FormatBytes(node.total_bytes()).c_str(), FormatBytes(node.free_bytes()).c_str(),
+                FormatBytes(node.leased_bytes()).c_str());
+  }
   for (const actstash::v1::DevicePoolStats& device : s.device_pools()) {
     const actstash::v1::PoolStats& d = device.pool();
     std::printf("gpu %-4u %s total, %s used, %s free, %s scrubbing; %llu segments, %llu leases\n",

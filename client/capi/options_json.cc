@@ -182,6 +182,7 @@ const std::vector<Setting<ClientOptions>>& ClientRows() {
       Whole("restore_ahead", &O::restore_ahead, 0, kMaxU32),
       Duration("pool_wait_ms", &O::pool_wait),
       Duration("lease_retain_ms", &O::lease_retain),
+      Whole("numa_node", &O::numa_node, -1, 1023),
   };
   return *rows;
 }

@@ -7,13 +7,15 @@ import json
 import os
 import re
 import shutil
+import subprocess
 import tempfile
+import urllib.request
 
 import pytest
 import torch
 
 import actstash
-from actstash import _lib, _stash
+from actstash import _daemon, _lib, _stash
 from actstash_testing.daemon import DaemonError
 from conftest import Daemon, ROOT
 
@@ -212,3 +214,70 @@ def test_the_numa_setting_places_the_pool():
         d.stop()
     with pytest.raises(DaemonError, match="NUMA node 1000 is not one of this machine's"):
         Daemon(pool="64MiB", segment="4MiB", extra=("--numa", "1000"))
+
+
+def _online_numa_nodes():
+    try:
+        with open("/sys/devices/system/node/online") as f:
+            text = f.read().strip()
+    except OSError:
+        return []
+    nodes = []
+    for part in text.split(","):
+        first, _, last = part.partition("-")
+        nodes.extend(range(int(first), int(last or first) + 1))
+    return nodes
+
+
+def test_a_split_pool_leases_from_the_callers_node():
+    """--numa split splits the pool over the machine's nodes, one part bound to each (on a
+    one-node machine: one part, on node 0), and a trainer leases from the part on the node
+    it copies from: by default its CPU's, which it names in every lease. The session's
+    stats show that node and the pool's stats each part; a lease the daemon could only
+    give from another node's memory (numa_node= a node the pool has no part on) is counted
+    as off the session's node. Gradients are plain autograd's either way."""
+    try:
+        d = Daemon(pool="64MiB", segment="4MiB",
+                   extra=("--numa", "split", "--metrics-address", "127.0.0.1:0"))
+    except DaemonError as error:
+        if "Operation not permitted" in str(error):  # seccomp (containers) forbids mbind
+            pytest.skip(f"this kernel refuses NUMA bindings here: {error}")
+        raise
+    nodes = _online_numa_nodes()
+    try:
+        assert "the pool is split over nodes" in d.text()
+        plain = _offload_chain(actstash.Stash(None, on_unavailable="keep"), steps=2)
+        local = actstash.connect(d.socket)
+        assert torch.equal(_offload_chain(local, steps=2), plain)
+        s = local.stats()
+        assert s["bytes_offloaded"] >= 2 * (16 << 20), s
+        assert s["numa_node"] in nodes and s["leases_off_node"] == 0, s
+        if len(nodes) == 1:
+            assert s["numa_node"] == nodes[0]
+        parts = local.client.stats()["pool"]["numa_nodes"]
+        assert [p["node"] for p in parts] == nodes, parts
+        assert sum(p["total_bytes"] for p in parts) == 64 << 20, parts
+        local.close()
+        # The same parts in `actstash stats` and in /metrics.
+        cli = subprocess.run([_daemon.binary("actstash"), "-a", d.socket, "stats"],
+                             capture_output=True, text=True, timeout=60)
+        assert cli.returncode == 0, cli.stderr
+        for p in parts:
+            assert f"numa     node {p['node']}: " in cli.stdout, cli.stdout
+        port = re.search(r"metrics on http://\S+ \(port (\d+)\)", d.text()).group(1)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as page:
+            metrics = page.read().decode()
+        for p in parts:
+            line = f'actstash_pool_numa_bytes{{node="{p["node"]}",state="total"}} '
+            assert any(m.startswith(line) and float(m.split()[-1]) == p["total_bytes"]
+                       for m in metrics.splitlines()), metrics
+
+        far = actstash.connect(d.socket, numa_node=max(nodes) + 1)
+        assert torch.equal(_offload_chain(far, steps=2), plain)
+        s = far.stats()
+        assert s["numa_node"] == max(nodes) + 1 and s["leases_off_node"] > 0, s
+        far.close()
+        with pytest.raises(ValueError, match="numa_node"):
+            actstash.connect(d.socket, numa_node=1024)
+    finally:
+        d.stop()

@@ -2,7 +2,6 @@
 #include "server/host_pool.h"
 
 #include <gtest/gtest.h>
-#include <linux/mempolicy.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -339,50 +338,6 @@ TEST(HostPoolTest, ConcurrentAllocateAndFree) {
   EXPECT_FALSE(failed.load());
   EXPECT_EQ(pool->Stats().allocations(), 0u);
   EXPECT_EQ(pool->Stats().used_bytes(), 0u);
-}
-
-// The policy of the page at `at` (get_mempolicy with MPOL_F_ADDR): its mode
-// and node mask (nodes < 64), or mode -1 when the kernel has no NUMA.
-std::pair<int, unsigned long> PolicyAt(const void* at) {
-  int mode = -1;
-  unsigned long mask[1024 / (8 * sizeof(unsigned long))] = {};
-  if (syscall(SYS_get_mempolicy, &mode, mask, 1024 + 1, at, MPOL_F_ADDR) != 0) return {-1, 0};
-  return {mode, mask[0]};
-}
-
-TEST(HostPoolTest, SegmentsBoundToANodeStayBoundAcrossRenewals) {
-  if (PolicyAt(&kMiB).first < 0) GTEST_SKIP() << "this kernel has no NUMA policies";
-  HostPoolOptions options = Options(4 * kMiB);
-  options.numa_nodes = {0};  // every machine has node 0
-  absl::StatusOr<std::unique_ptr<HostPool>> pool = CreateHostPool(options);
-  ASSERT_TRUE(pool.ok()) << pool.status();
-  absl::StatusOr<SegmentRun> run = (*pool)->AllocateSegments(2);
-  ASSERT_TRUE(run.ok()) << run.status();
-  std::byte* data = static_cast<std::byte*>(run->memory.data());
-  for (uint64_t offset : {uint64_t{0}, kMiB, 2 * kMiB - PageSize()}) {
-    EXPECT_EQ(PolicyAt(data + offset), std::make_pair(int{MPOL_BIND}, 1ul)) << offset;
-    EXPECT_EQ(data[offset], std::byte{0});  // populated, zeroed
-  }
-  data[5] = std::byte{7};
-  ASSERT_TRUE((*pool)->RenewSegments(*run).ok());
-  EXPECT_EQ(data[5], std::byte{0});  // fresh memory, bound again
-  EXPECT_EQ(PolicyAt(data + kMiB), std::make_pair(int{MPOL_BIND}, 1ul));
-  // Without nodes the kernel's default stays.
-  std::unique_ptr<HostPool> plain = MakePool(2 * kMiB);
-  absl::StatusOr<SegmentRun> other = plain->AllocateSegments(1);
-  ASSERT_TRUE(other.ok());
-  EXPECT_EQ(PolicyAt(other->memory.data()).first, MPOL_DEFAULT);
-}
-
-TEST(HostPoolTest, ABindingTheKernelRefusesFailsCreation) {
-  if (PolicyAt(&kMiB).first < 0) GTEST_SKIP() << "this kernel has no NUMA policies";
-  HostPoolOptions options = Options(2 * kMiB);
-  options.numa_nodes = {1000};  // no machine has it online
-  absl::StatusOr<std::unique_ptr<HostPool>> pool = CreateHostPool(options);
-  ASSERT_FALSE(pool.ok());
-  EXPECT_NE(pool.status().message().find("binding a pool segment to NUMA node(s) 1000"),
-            std::string::npos)
-      << pool.status();
 }
 
 TEST(HostPoolTest, MlockOnLocksTheWholePool) {

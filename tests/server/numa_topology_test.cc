@@ -122,10 +122,19 @@ std::vector<int> Nodes(const NumaSetting& setting, const NumaTopology& topology)
   return placement.ok() ? placement->nodes : std::vector<int>{-99};
 }
 
-TEST(PoolPlacementTest, AutoBindsToTheGpusNodeAndInterleavesOverSeveral) {
+bool Split(const NumaSetting& setting, const NumaTopology& topology) {
+  absl::StatusOr<PoolPlacement> placement = ChoosePoolPlacement(setting, topology);
+  return placement.ok() && placement->split;
+}
+
+TEST(PoolPlacementTest, AutoBindsToTheGpusNodeAndSplitsOverSeveral) {
   const NumaSetting autos = *ParseNumaSetting("auto");
   EXPECT_THAT(Nodes(autos, Machine({0, 1}, {1, 1, 1, 1})), ElementsAre(1));
+  EXPECT_FALSE(Split(autos, Machine({0, 1}, {1, 1, 1, 1})));
   EXPECT_THAT(Nodes(autos, Machine({0, 1, 2, 3}, {0, 0, 2, 2, -1})), ElementsAre(0, 2));
+  EXPECT_TRUE(Split(autos, Machine({0, 1, 2, 3}, {0, 0, 2, 2, -1})));
+  EXPECT_THAT(ChoosePoolPlacement(autos, Machine({0, 1}, {0, 1}))->why,
+              HasSubstr("split over nodes 0-1, the GPUs' nodes"));
   EXPECT_TRUE(Nodes(autos, Machine({0}, {0, 0})).empty());       // one node: nothing to choose
   EXPECT_TRUE(Nodes(autos, Machine({0, 1}, {})).empty());        // no GPU
   EXPECT_TRUE(Nodes(autos, Machine({0, 1}, {-1, -1})).empty());  // firmware does not say
@@ -137,6 +146,12 @@ TEST(PoolPlacementTest, ExplicitSettings) {
   const NumaTopology two = Machine({0, 1}, {1});
   EXPECT_TRUE(Nodes(*ParseNumaSetting("off"), two).empty());
   EXPECT_THAT(Nodes(*ParseNumaSetting("interleave"), two), ElementsAre(0, 1));
+  EXPECT_FALSE(Split(*ParseNumaSetting("interleave"), two));
+  EXPECT_THAT(Nodes(*ParseNumaSetting("split"), two), ElementsAre(0, 1));
+  EXPECT_TRUE(Split(*ParseNumaSetting("SPLIT"), two));
+  EXPECT_THAT(Nodes(*ParseNumaSetting("split"), Machine({0}, {})), ElementsAre(0));
+  EXPECT_EQ(ChoosePoolPlacement(*ParseNumaSetting("split"), Machine({}, {})).status().code(),
+            absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(Nodes(*ParseNumaSetting("0"), two), ElementsAre(0));
   EXPECT_THAT(Nodes(*ParseNumaSetting("0"), Machine({0}, {})), ElementsAre(0));  // one node too
   absl::StatusOr<PoolPlacement> missing = ChoosePoolPlacement(*ParseNumaSetting("3"), two);

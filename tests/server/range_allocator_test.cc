@@ -337,6 +337,42 @@ void RunFuzz(uint32_t seed, FreeOrder order, uint64_t capacity, uint64_t granule
   EXPECT_TRUE(a.CheckInvariants());
 }
 
+// A NUMA node's part of a pool: the range lies inside the window even when a
+// better fit exists outside it, and a window with no room says so.
+TEST(RangeAllocatorTest, AllocateWithinKeepsToTheWindow) {
+  RangeAllocator a(4096, 64);
+  // Windows [0, 2048) and [2048, 4096), as two nodes of a split pool.
+  ASSERT_EQ(a.AllocateWithin(1024, 1024, 2048, 4096), 2048u);
+  ASSERT_EQ(a.AllocateWithin(64, 0, 2048, 4096), 3072u);
+  EXPECT_EQ(a.FreeBytesWithin(0, 2048), 2048u);
+  EXPECT_EQ(a.FreeBytesWithin(2048, 4096), 1024u - 64u);
+  // The free block [3136, 4096) fits 512 best overall, but not in [0, 2048).
+  EXPECT_EQ(a.AllocateWithin(512, 0, 0, 2048), 0u);
+  EXPECT_EQ(a.AllocateWithin(2048, 0, 2048, 4096), std::nullopt);
+  EXPECT_EQ(a.AllocateWithin(1024, 1024, 2048, 4096), std::nullopt);  // 960 bytes free there
+  // A free block that straddles the window's start is used from the start on.
+  RangeAllocator b(4096, 64);
+  ASSERT_EQ(b.Allocate(64), 0u);
+  EXPECT_EQ(b.AllocateWithin(256, 0, 1024, 2048), 1024u);
+  EXPECT_EQ(b.FreeBytesWithin(0, 4096), b.free_bytes());
+  EXPECT_EQ(b.FreeBytesWithin(1024, 2048), 1024u - 256u);
+  // Best fit inside the window: the smaller of two holes that fit.
+  RangeAllocator c(4096, 64);
+  for (uint64_t i = 0; i < 64; ++i) ASSERT_EQ(c.Allocate(64), i * 64);
+  for (uint64_t off : {1024u, 1088u, 1152u, 1280u, 1344u}) c.Free(off);  // holes 192 and 128
+  EXPECT_EQ(c.AllocateWithin(100, 0, 1024, 2048), 1280u);
+  EXPECT_EQ(c.AllocateWithin(100, 0, 1024, 2048), 1024u);
+  EXPECT_EQ(c.AllocateWithin(100, 0, 1024, 2048), std::nullopt);  // 64 left
+  // Empty and out-of-range windows fit nothing; no arithmetic wraps.
+  EXPECT_EQ(a.AllocateWithin(64, 0, 4096, kMax), std::nullopt);
+  EXPECT_EQ(a.AllocateWithin(64, 0, 100, 100), std::nullopt);
+  EXPECT_EQ(a.AllocateWithin(kMax, 0, 0, kMax), std::nullopt);
+  EXPECT_EQ(a.FreeBytesWithin(4096, kMax), 0u);
+  EXPECT_TRUE(a.CheckInvariants());
+  EXPECT_TRUE(b.CheckInvariants());
+  EXPECT_TRUE(c.CheckInvariants());
+}
+
 using FuzzParam = std::tuple<uint32_t, FreeOrder>;
 class RangeAllocatorFuzzTest : public ::testing::TestWithParam<FuzzParam> {};
 

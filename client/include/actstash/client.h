@@ -93,6 +93,11 @@ struct ClientOptions {
   // full, retained leases go back before anything spills or waits. 0: back at
   // once, as for unregistered leases.
   std::chrono::milliseconds lease_retain{10000};
+  // The NUMA node this client copies from, named when it leases host memory:
+  // a daemon whose pool is split per node (actstashd --numa) leases from
+  // that node's part first. -1: the node of the leasing thread's CUDA device
+  // (a thread with a CUDA context), else of the CPU it runs on.
+  int numa_node = -1;
 };
 
 // A device pool of the daemon (actstashd --device-pool GPU:SIZE).

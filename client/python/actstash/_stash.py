@@ -414,6 +414,10 @@ class Stash:
                 out["leased_bytes"] = daemon["self"]["leased_bytes"]
                 out["leases"] = daemon["self"]["leases"]
                 out["attached"] = daemon["self"]["attached"]
+                # The NUMA node this process leases from (-1: none said yet) and the
+                # leases the daemon could only give from another node's memory.
+                out["numa_node"] = daemon["self"]["numa_node"]
+                out["leases_off_node"] = daemon["self"]["leases_off_node"]
                 # Spill tier (actstashd --spill-dir), cumulative, as the daemon counts.
                 spill = daemon["self"]["spill"] or {}
                 out["bytes_spilled"] = spill.get("spilled_bytes", 0)

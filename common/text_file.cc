@@ -1,9 +1,9 @@
-#include "server/text_file.h"
+#include "common/text_file.h"
 
 #include <fstream>
 #include <sstream>
 
-namespace actstash::server {
+namespace actstash {
 
 bool ReadTextFile(const std::string& path, std::string* out) {
   std::ifstream in(path);
@@ -14,4 +14,4 @@ bool ReadTextFile(const std::string& path, std::string* out) {
   return true;
 }
 
-}  // namespace actstash::server
+}  // namespace actstash
