@@ -45,9 +45,8 @@ Client::Client(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 Client::~Client() {
   if (!impl_->closed.load()) {
-    impl_->StopReporter();  // before touching the options it reads
-    impl_->options.rpc_timeout =
-        std::min(impl_->options.rpc_timeout, std::chrono::milliseconds(2000));
+    impl_->StopReporter();  // before anything else calls
+    impl_->rpc->ShortenDeadline(std::chrono::milliseconds(2000));
     (void)Close();
   }
 }
@@ -55,9 +54,9 @@ Client::~Client() {
 absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options) {
   auto impl = std::make_unique<Impl>();
   impl->options = options;
-  impl->target = ResolveClientAddress(options.address);
-  impl->channel = client_internal::MakeChannel(impl->target, options);
-  impl->stub = v1::Stash::NewStub(impl->channel);
+  const std::string target = ResolveClientAddress(options.address);
+  impl->rpc = std::make_unique<client_internal::SessionRpc>(
+      target, client_internal::MakeChannel(target, options), options.rpc_timeout);
 
   v1::OpenSessionRequest request;
   request.set_client_name(options.client_name.empty() ? std::string(program_invocation_short_name)
@@ -67,23 +66,25 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   v1::OpenSessionReply reply;
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + options.connect_timeout);
-  grpc::Status status = impl->stub->OpenSession(&ctx, request, &reply);
+  grpc::Status status = impl->rpc->stub().OpenSession(&ctx, request, &reply);
   if (!status.ok()) {
-    return client_internal::AnnotateRpcError(status, impl->target, "OpenSession",
+    return client_internal::AnnotateRpcError(status, target, "OpenSession",
                                              options.connect_timeout);
   }
   impl->session_id = reply.session_id();
-  impl->token = reply.token();
+  impl->rpc->SetToken(reply.token());
   impl->quota_bytes = reply.quota_bytes();
   if (reply.max_chunk_bytes() != 0) {
     impl->max_chunk_bytes = std::min<uint64_t>(reply.max_chunk_bytes(), kMaxChunkBytes);
   }
   impl->segment_bytes = reply.segment_bytes();
   impl->spill_enabled = reply.spill_enabled();
+  std::vector<DevicePoolInfo> pools;
   for (const v1::DevicePoolInfo& pool : reply.device_pools()) {
-    impl->device_pools.push_back(
-        DevicePoolInfo{pool.device(), pool.total_bytes(), pool.segment_bytes()});
+    pools.push_back(DevicePoolInfo{pool.device(), pool.total_bytes(), pool.segment_bytes()});
   }
+  impl->device_tiers = std::make_unique<client_internal::DeviceTiers>(
+      impl->rpc.get(), std::move(pools), options.lease_batch, options.cuda_device);
   std::unique_ptr<Client> client(new Client(std::move(impl)));
   if (options.attach != AttachMode::kOff) {
     absl::Status attached = client->impl_->Attach(reply.attach_socket_name());
@@ -98,9 +99,9 @@ absl::StatusOr<Handle> Client::Put(const void* data, size_t nbytes, const PutOpt
     return absl::InvalidArgumentError("Put: null data with a non-zero size");
   }
   grpc::ClientContext ctx;
-  impl_->Prepare(&ctx);
+  impl_->rpc->Prepare(&ctx);
   v1::PutReply reply;
-  std::unique_ptr<grpc::ClientWriter<v1::PutChunk>> writer = impl_->stub->Put(&ctx, &reply);
+  std::unique_ptr<grpc::ClientWriter<v1::PutChunk>> writer = impl_->rpc->stub().Put(&ctx, &reply);
   v1::PutChunk chunk;
   v1::ObjectHeader* header = chunk.mutable_header();
   header->set_dtype(options.dtype);
@@ -121,7 +122,7 @@ absl::StatusOr<Handle> Client::Put(const void* data, size_t nbytes, const PutOpt
   }
   if (writing) writer->WritesDone();
   grpc::Status status = writer->Finish();
-  if (!status.ok()) return impl_->Fail(status, "Put");
+  if (!status.ok()) return impl_->rpc->Fail(status, "Put");
   return Handle{reply.handle()};
 }
 
@@ -129,12 +130,12 @@ absl::StatusOr<ObjectInfo> Client::Impl::Fetch(
     Handle handle, const std::function<absl::StatusOr<std::byte*>(const ObjectInfo&)>& on_header) {
   if (absl::Status s = CheckOpen(); !s.ok()) return s;
   grpc::ClientContext ctx;
-  Prepare(&ctx);
+  rpc->Prepare(&ctx);
   v1::GetRequest request;
   request.set_handle(handle.id);
-  std::unique_ptr<grpc::ClientReader<v1::GetChunk>> reader = stub->Get(&ctx, request);
+  std::unique_ptr<grpc::ClientReader<v1::GetChunk>> reader = rpc->stub().Get(&ctx, request);
   v1::GetChunk chunk;
-  if (!reader->Read(&chunk)) return Fail(reader->Finish(), "Get");
+  if (!reader->Read(&chunk)) return rpc->Fail(reader->Finish(), "Get");
   absl::Status error;
   ObjectInfo info;
   std::byte* dst = nullptr;
@@ -167,7 +168,7 @@ absl::StatusOr<ObjectInfo> Client::Impl::Fetch(
     return error;
   }
   grpc::Status status = reader->Finish();
-  if (!status.ok()) return Fail(status, "Get");
+  if (!status.ok()) return rpc->Fail(status, "Get");
   if (received != info.nbytes) {
     return absl::InternalError(absl::StrCat("Get: the daemon sent ", received,
                                             " bytes; its header announced ", info.nbytes));
@@ -203,28 +204,28 @@ absl::StatusOr<Object> Client::Get(Handle handle) {
 absl::Status Client::Delete(absl::Span<const Handle> handles) {
   if (absl::Status s = impl_->CheckOpen(); !s.ok()) return s;
   grpc::ClientContext ctx;
-  impl_->Prepare(&ctx);
+  impl_->rpc->Prepare(&ctx);
   v1::DeleteRequest request;
   for (Handle h : handles) request.add_handles(h.id);
   v1::DeleteReply reply;
-  grpc::Status status = impl_->stub->Delete(&ctx, request, &reply);
-  if (!status.ok()) return impl_->Fail(status, "Delete");
+  grpc::Status status = impl_->rpc->stub().Delete(&ctx, request, &reply);
+  if (!status.ok()) return impl_->rpc->Fail(status, "Delete");
   return absl::OkStatus();
 }
 
 absl::StatusOr<v1::StatsReply> Client::Stats(bool all_sessions) {
   if (absl::Status s = impl_->CheckOpen(); !s.ok()) return s;
   // So that the daemon's numbers include this client's latest placements.
-  if (impl_->local != nullptr && !impl_->Lost()) {
+  if (impl_->local != nullptr && !impl_->rpc->Lost()) {
     if (absl::Status s = impl_->ReportUsage(); !s.ok()) return s;
   }
   grpc::ClientContext ctx;
-  impl_->Prepare(&ctx);
+  impl_->rpc->Prepare(&ctx);
   v1::StatsRequest request;
   request.set_per_session(all_sessions);
   v1::StatsReply reply;
-  grpc::Status status = impl_->stub->Stats(&ctx, request, &reply);
-  if (!status.ok()) return impl_->Fail(status, "Stats");
+  grpc::Status status = impl_->rpc->stub().Stats(&ctx, request, &reply);
+  if (!status.ok()) return impl_->rpc->Fail(status, "Stats");
   return reply;
 }
 
@@ -237,13 +238,13 @@ absl::StatusOr<v1::CopyShareReply> Client::CopyShare(double probe_store_bytes_pe
     if (absl::Status s = CheckBytesPerSecond(name, rate); !s.ok()) return s;
   }
   grpc::ClientContext ctx;
-  impl_->Prepare(&ctx);
+  impl_->rpc->Prepare(&ctx);
   v1::CopyShareRequest request;
   request.set_probe_store_bytes_per_second(probe_store_bytes_per_second);
   request.set_probe_fetch_bytes_per_second(probe_fetch_bytes_per_second);
   v1::CopyShareReply reply;
-  grpc::Status status = impl_->stub->CopyShare(&ctx, request, &reply);
-  if (!status.ok()) return impl_->Fail(status, "CopyShare");
+  grpc::Status status = impl_->rpc->stub().CopyShare(&ctx, request, &reply);
+  if (!status.ok()) return impl_->rpc->Fail(status, "CopyShare");
   return reply;
 }
 
@@ -260,10 +261,10 @@ absl::Status Client::Close() {
     }
   } hang_up{impl_.get()};
   grpc::ClientContext ctx;
-  impl_->Prepare(&ctx);
+  impl_->rpc->Prepare(&ctx);
   v1::CloseSessionReply reply;
-  grpc::Status status = impl_->stub->CloseSession(&ctx, v1::CloseSessionRequest(), &reply);
-  if (!status.ok()) return impl_->Fail(status, "CloseSession");
+  grpc::Status status = impl_->rpc->stub().CloseSession(&ctx, v1::CloseSessionRequest(), &reply);
+  if (!status.ok()) return impl_->rpc->Fail(status, "CloseSession");
   return absl::OkStatus();
 }
 
@@ -301,7 +302,9 @@ absl::StatusOr<Reservation> Client::ReserveOnDevice(size_t nbytes, uint32_t devi
                      true};
 }
 
-const std::vector<DevicePoolInfo>& Client::device_pools() const { return impl_->device_pools; }
+const std::vector<DevicePoolInfo>& Client::device_pools() const {
+  return impl_->device_tiers->pools();
+}
 
 absl::StatusOr<StoredBytes> Client::Locate(const Ticket& ticket) {
   if (absl::Status s = impl_->CheckOpen(); !s.ok()) return s;
@@ -362,7 +365,7 @@ v1::ClientUsage Client::zero_copy_usage() const {
 
 uint64_t Client::session_id() const { return impl_->session_id; }
 uint64_t Client::quota_bytes() const { return impl_->quota_bytes; }
-const std::string& Client::address() const { return impl_->target; }
+const std::string& Client::address() const { return impl_->rpc->target(); }
 
 absl::StatusOr<PingResult> Ping(const std::string& address, std::chrono::milliseconds timeout) {
   return Ping(address, timeout, ClientOptions{});

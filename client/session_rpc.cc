@@ -1,0 +1,43 @@
+#include "client/session_rpc.h"
+
+#include <utility>
+
+#include "client/channel.h"
+#include "common/protocol.h"
+
+namespace actstash::client_internal {
+
+SessionRpc::SessionRpc(std::string target, std::shared_ptr<grpc::Channel> channel,
+                       std::chrono::milliseconds rpc_timeout)
+    : target_(std::move(target)),
+      stub_(v1::Stash::NewStub(std::move(channel))),
+      rpc_timeout_(rpc_timeout) {}
+
+void SessionRpc::Prepare(grpc::ClientContext* ctx) const {
+  ctx->set_deadline(std::chrono::system_clock::now() + rpc_timeout_);
+  ctx->AddMetadata(kTokenMetadataKey, token_);
+}
+
+absl::Status SessionRpc::Fail(const grpc::Status& status, const char* what) const {
+  if (status.error_code() == grpc::StatusCode::UNAVAILABLE && attach_ != nullptr &&
+      attach_->ConfirmLost(std::chrono::milliseconds(200))) {
+    return GoneError(what, "this session, its leases and its spilled buffers are gone");
+  }
+  return AnnotateRpcError(status, target_, what, rpc_timeout_);
+}
+
+absl::Status SessionRpc::GoneError(absl::string_view what, absl::string_view consequence) const {
+  return DaemonWentAway(target_, what, consequence);
+}
+
+absl::Status ReturnLeases(const SessionRpc& rpc, absl::Span<const uint64_t> lease_ids) {
+  grpc::ClientContext ctx;
+  rpc.Prepare(&ctx);
+  v1::ReturnRequest request;
+  for (uint64_t id : lease_ids) request.add_lease_ids(id);
+  v1::ReturnReply reply;
+  grpc::Status status = rpc.stub().Return(&ctx, request, &reply);
+  return status.ok() ? absl::OkStatus() : rpc.Fail(status, "Return");
+}
+
+}  // namespace actstash::client_internal
