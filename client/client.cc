@@ -52,6 +52,10 @@ Client::~Client() {
 }
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options) {
+  if (options.numa_node < -1 || options.numa_node > 1023) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "numa_node: ", options.numa_node, " is not -1 (the caller's) or a node in 0..1023"));
+  }
   auto impl = std::make_unique<Impl>();
   impl->options = options;
   const std::string target = ResolveClientAddress(options.address);

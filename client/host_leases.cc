@@ -3,8 +3,6 @@
 #include <optional>
 #include <utility>
 
-#include "common/numa_node.h"
-
 namespace actstash::client_internal {
 
 absl::StatusOr<std::vector<GrantedLease>> HostLeases::Lease(uint32_t count,
@@ -14,7 +12,7 @@ absl::StatusOr<std::vector<GrantedLease>> HostLeases::Lease(uint32_t count,
   v1::LeaseRequest request;
   request.set_count(count);
   request.set_segments_per_lease(segments_per_lease);
-  const int numa_node = numa_node_ >= 0 ? numa_node_ : CallerNumaNode();
+  const int numa_node = numa_node_.Get();
   if (numa_node >= 0) request.set_numa_node(numa_node);
   v1::LeaseReply reply;
   grpc::Status status = rpc_.stub().Lease(&ctx, request, &reply);

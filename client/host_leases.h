@@ -16,13 +16,14 @@
 #include "client/attach_connection.h"
 #include "client/local_store.h"
 #include "client/session_rpc.h"
+#include "common/numa_node.h"
 
 namespace actstash::client_internal {
 
 class HostLeases final : public LeaseBackend {
  public:
   // `rpc` and `attach` are not owned and must outlive this. `numa_node`:
-  // ClientOptions::numa_node (-1: the caller's, CallerNumaNode()).
+  // ClientOptions::numa_node (-1: as LeaseNumaNode chooses).
   // `can_spill`: the daemon has a spill tier and the client may use it.
   HostLeases(const SessionRpc* rpc, AttachConnection* attach, int numa_node, bool can_spill)
       : rpc_(*rpc), attach_(*attach), numa_node_(numa_node), can_spill_(can_spill) {}
@@ -43,7 +44,7 @@ class HostLeases final : public LeaseBackend {
  private:
   const SessionRpc& rpc_;
   AttachConnection& attach_;
-  const int numa_node_;
+  LeaseNumaNode numa_node_;
   const bool can_spill_;
 };
 

@@ -11,10 +11,10 @@ SessionRpc::SessionRpc(std::string target, std::shared_ptr<grpc::Channel> channe
                        std::chrono::milliseconds rpc_timeout)
     : target_(std::move(target)),
       stub_(v1::Stash::NewStub(std::move(channel))),
-      rpc_timeout_(rpc_timeout) {}
+      rpc_timeout_ms_(rpc_timeout.count()) {}
 
 void SessionRpc::Prepare(grpc::ClientContext* ctx) const {
-  ctx->set_deadline(std::chrono::system_clock::now() + rpc_timeout_);
+  ctx->set_deadline(std::chrono::system_clock::now() + rpc_timeout());
   ctx->AddMetadata(kTokenMetadataKey, token_);
 }
 
@@ -23,7 +23,7 @@ absl::Status SessionRpc::Fail(const grpc::Status& status, const char* what) cons
       attach_->ConfirmLost(std::chrono::milliseconds(200))) {
     return GoneError(what, "this session, its leases and its spilled buffers are gone");
   }
-  return AnnotateRpcError(status, target_, what, rpc_timeout_);
+  return AnnotateRpcError(status, target_, what, rpc_timeout());
 }
 
 absl::Status SessionRpc::GoneError(absl::string_view what, absl::string_view consequence) const {

@@ -6,16 +6,18 @@
 //
 // Thread-safety: set up by Client::Connect (SetToken) and Client::Impl::Attach
 // (SetAttach) before any other thread can reach it; read-only afterwards, so
-// any thread may call the const members. ShortenDeadline is for the Client's
-// destructor, when no other call runs.
+// any thread may call the const members. The deadline is atomic:
+// ShortenDeadline (the Client's destructor) may run while the store's
+// background threads still return or lease.
 #ifndef ACTSTASH_CLIENT_SESSION_RPC_H_
 #define ACTSTASH_CLIENT_SESSION_RPC_H_
 
 #include <grpcpp/client_context.h>
 #include <grpcpp/support/status.h>
 
-#include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <utility>
@@ -42,13 +44,18 @@ class SessionRpc {
   // fail), consulted when a call finds the daemon unreachable.
   void SetAttach(AttachConnection* attach) { attach_ = attach; }
   void ShortenDeadline(std::chrono::milliseconds limit) {
-    rpc_timeout_ = std::min(rpc_timeout_, limit);
+    int64_t now = rpc_timeout_ms_.load(std::memory_order_relaxed);
+    while (limit.count() < now &&
+           !rpc_timeout_ms_.compare_exchange_weak(now, limit.count(), std::memory_order_relaxed)) {
+    }
   }
 
   v1::Stash::Stub& stub() const { return *stub_; }
   const std::string& target() const { return target_; }
   const std::string& token() const { return token_; }
-  std::chrono::milliseconds rpc_timeout() const { return rpc_timeout_; }
+  std::chrono::milliseconds rpc_timeout() const {
+    return std::chrono::milliseconds(rpc_timeout_ms_.load(std::memory_order_relaxed));
+  }
 
   // Sets the call's deadline and the session's token.
   void Prepare(grpc::ClientContext* ctx) const;
@@ -65,7 +72,7 @@ class SessionRpc {
  private:
   const std::string target_;
   const std::unique_ptr<v1::Stash::Stub> stub_;
-  std::chrono::milliseconds rpc_timeout_;
+  std::atomic<int64_t> rpc_timeout_ms_;
   std::string token_;
   AttachConnection* attach_ = nullptr;
 };

@@ -68,15 +68,28 @@ int CudaDeviceNumaNode(int device) {
 
 }  // namespace
 
-int CallerNumaNode() {
+int CudaThreadNumaNode() {
 #ifdef ACTSTASH_HAVE_CUDA
   int device = 0;
   if (ThreadHasCudaContext() && cudaGetDevice(&device) == cudaSuccess) {
-    const int node = CudaDeviceNumaNode(device);
-    if (node >= 0) return node;
+    return CudaDeviceNumaNode(device);
   }
 #endif
-  return CurrentCpuNumaNode();
+  return -1;
+}
+
+int LeaseNumaNode::Choose(int cuda_node, int cpu_node) {
+  if (configured_ >= 0) return configured_;
+  if (cuda_node >= 0) {
+    remembered_.store(cuda_node, std::memory_order_relaxed);
+    return cuda_node;
+  }
+  int remembered = remembered_.load(std::memory_order_relaxed);
+  if (remembered < 0 && cpu_node >= 0 &&
+      !remembered_.compare_exchange_strong(remembered, cpu_node, std::memory_order_relaxed)) {
+    return remembered;  // another thread remembered one first
+  }
+  return remembered >= 0 ? remembered : cpu_node;
 }
 
 }  // namespace actstash

@@ -6,6 +6,7 @@
 #ifndef ACTSTASH_COMMON_NUMA_NODE_H_
 #define ACTSTASH_COMMON_NUMA_NODE_H_
 
+#include <atomic>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -23,11 +24,35 @@ absl::StatusOr<int> ReadPciNumaNode(const std::string& sysfs_root, absl::string_
 // The node of the CPU the calling thread runs on now (getcpu), or -1.
 int CurrentCpuNumaNode();
 
-// The node the calling thread copies from: in a CUDA build, on a thread
-// with a current CUDA context, its device's node (looked up once per
-// device); else its CPU's. -1 when neither is known. Creates no CUDA
-// context.
-int CallerNumaNode();
+// In a CUDA build, on a thread with a current CUDA context: the node of
+// its device (looked up once per device). Else, or when sysfs does not say,
+// -1. Creates no CUDA context.
+int CudaThreadNumaNode();
+
+// The node a client names in its leases (LeaseRequest.numa_node). A thread
+// with a CUDA context names its device's node, which the client then
+// remembers; a thread without one (a CPU trainer, or the store's background
+// threads: read-ahead, retention) names the remembered node or, before there
+// is one, the node of the CPU it runs on, which is then remembered (so that
+// a thread that migrates, or a background thread on another socket, does
+// not move the client's leases). `configured` >= 0
+// (ClientOptions::numa_node) overrides all of it. Thread-safe.
+class LeaseNumaNode {
+ public:
+  explicit LeaseNumaNode(int configured) : configured_(configured) {}
+  LeaseNumaNode(const LeaseNumaNode&) = delete;
+  LeaseNumaNode& operator=(const LeaseNumaNode&) = delete;
+
+  // For the calling thread; -1 when nothing is known.
+  int Get() { return Choose(CudaThreadNumaNode(), CurrentCpuNumaNode()); }
+  // The rule, given the calling thread's CUDA device node and CPU node
+  // (-1: unknown).
+  int Choose(int cuda_node, int cpu_node);
+
+ private:
+  const int configured_;
+  std::atomic<int> remembered_{-1};
+};
 
 }  // namespace actstash
 

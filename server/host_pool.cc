@@ -176,6 +176,7 @@ class MemfdHostPool final : public HostPool, private AllocationOwner {
     run.first_segment = static_cast<uint32_t>(*offset / segment_bytes_);
     run.count = count;
     run.numa_node = NodeOf(*offset, bytes);
+    run.spans_nodes = !slices_.empty() && run.numa_node < 0;
     // The flags are cleared by RenewSegments only: a run freed unrenewed
     // (its fds never left) keeps them.
     for (uint32_t i = run.first_segment; i < run.first_segment + count; ++i) {

@@ -83,7 +83,7 @@ absl::StatusOr<std::vector<std::shared_ptr<Lease>>> LeaseManager::Grant(
   }
   if (numa_node >= 0) session->SetNumaNode(numa_node);
   for (auto& [run, reservation] : parts) {
-    if (numa_node >= 0 && run.numa_node >= 0 && run.numa_node != numa_node) {
+    if (numa_node >= 0 && (run.spans_nodes || (run.numa_node >= 0 && run.numa_node != numa_node))) {
       session->CountLeaseOffNode();
     }
     auto lease =

@@ -19,7 +19,8 @@ struct SegmentRun {
   uint32_t first_segment = 0;
   uint32_t count = 0;
   bool needs_scrub = false;
-  int numa_node = -1;  // the node all of its memory is bound to; -1: none or several
+  int numa_node = -1;        // the node all of its memory is bound to; -1: none or several
+  bool spans_nodes = false;  // it lies across the parts of a pool split per node
 };
 
 // Thread-safe: every member may be called from any thread.

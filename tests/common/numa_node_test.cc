@@ -51,15 +51,32 @@ TEST_F(PciNumaNodeTest, MalformedFilesAndBusIdsAreErrors) {
   }
 }
 
-TEST(CallerNumaNodeTest, IsTheNodeOfACpuOfThisMachine) {
-  const int node = CurrentCpuNumaNode();
+TEST(LeaseNumaNodeTest, ACudaThreadsNodeIsRememberedForThreadsWithout) {
+  LeaseNumaNode node(-1);
+  EXPECT_EQ(node.Choose(-1, 0), 0);   // a CPU thread first: its CPU's node, remembered
+  EXPECT_EQ(node.Choose(-1, 1), 0);   // a thread on another socket names the same
+  EXPECT_EQ(node.Choose(3, 1), 3);    // a CUDA thread: its device's node...
+  EXPECT_EQ(node.Choose(-1, 1), 3);   // ...which threads without CUDA then name
+  EXPECT_EQ(node.Choose(-1, -1), 3);  // (the store's background threads)
+  LeaseNumaNode unknown(-1);
+  EXPECT_EQ(unknown.Choose(-1, -1), -1);
+  EXPECT_EQ(unknown.Choose(-1, 1), 1);
+  LeaseNumaNode configured(2);  // ClientOptions::numa_node
+  EXPECT_EQ(configured.Choose(3, 1), 2);
+  EXPECT_EQ(configured.Choose(-1, -1), 2);
+}
+
+TEST(LeaseNumaNodeTest, ThisThreadNamesTheNodeOfACpuOfThisMachine) {
+  const int cpu_node = CurrentCpuNumaNode();
   if (!fs::exists("/sys/devices/system/node/online")) GTEST_SKIP() << "no NUMA nodes in sysfs";
-  ASSERT_GE(node, 0);
-  EXPECT_TRUE(fs::exists("/sys/devices/system/node/node" + std::to_string(node)));
-  // No CUDA context on this thread: the CPU's node (compared on a one-node
-  // machine only: elsewhere the thread may move between the two calls).
+  ASSERT_GE(cpu_node, 0);
+  EXPECT_TRUE(fs::exists("/sys/devices/system/node/node" + std::to_string(cpu_node)));
+  EXPECT_EQ(CudaThreadNumaNode(), -1);  // no CUDA context on this thread
+  // Compared on a one-node machine only: elsewhere the thread may move
+  // between the two calls.
+  LeaseNumaNode node(-1);
   if (!fs::exists("/sys/devices/system/node/node1")) {
-    EXPECT_EQ(CallerNumaNode(), node);
+    EXPECT_EQ(node.Get(), cpu_node);
   }
 }
 

@@ -124,6 +124,7 @@ TEST(HostPoolNumaTest, ASplitPoolBindsEachPartToItsNodeAtCreationAndRenewal) {
   absl::StatusOr<SegmentRun> all = pool->AllocateSegments(5);
   ASSERT_TRUE(all.ok()) << all.status();
   EXPECT_EQ(all->numa_node, -1);  // across both parts
+  EXPECT_TRUE(all->spans_nodes);
   std::byte* base = static_cast<std::byte*>(all->memory.data());
   for (uint64_t i = 0; i < 5; ++i) {
     const std::vector<int> node = {i < 3 ? 2 : 7};
@@ -189,6 +190,8 @@ TEST(HostPoolNumaTest, LeasesComeFromTheCallersNodeThenTheOthersThenAcross) {
   ASSERT_TRUE(across.ok()) << across.status();
   EXPECT_EQ(across->first_segment, 1u);
   EXPECT_EQ(across->numa_node, -1);
+  EXPECT_TRUE(across->spans_nodes);
+  EXPECT_FALSE(held[0].spans_nodes);
 }
 
 TEST(HostPoolNumaTest, ASplitNeedsASegmentPerNode) {
@@ -225,6 +228,7 @@ TEST(HostPoolNumaTest, PartsAreReportedForSplitAndSingleNodePoolsOnly) {
   absl::StatusOr<SegmentRun> spread_run = (*spread)->AllocateSegments(1, 0);
   ASSERT_TRUE(spread_run.ok());
   EXPECT_EQ(spread_run->numa_node, -1);
+  EXPECT_FALSE(spread_run->spans_nodes);  // not split: no parts to span
   EXPECT_EQ(MakePool(2 * kMiB)->Stats().numa_nodes_size(), 0);
 }
 

@@ -293,10 +293,30 @@ void RunFuzz(uint32_t seed, FreeOrder order, uint64_t capacity, uint64_t granule
       const uint64_t size = random_size();
       const uint64_t alignment = random_alignment();
       const uint64_t eff_alignment = alignment == 0 ? granule : alignment;
-      const std::optional<uint64_t> got = a.Allocate(size, alignment);
+      // A quarter of the requests keep to a random window (a NUMA node's
+      // part), its ends anywhere: the reference clips the free runs to it.
+      const bool windowed = uniform(0, 3) == 0;
+      const uint64_t begin = windowed ? uniform(0, capacity) : 0;
+      const uint64_t end = windowed ? uniform(begin, capacity + granule) : capacity;
+      std::vector<Run> clipped;
+      uint64_t free_inside = 0;
+      for (const auto& [offset, run_size] : runs) {
+        const uint64_t from = std::max(offset, begin);
+        const uint64_t to = std::min(offset + run_size, end);
+        if (to > from) {
+          clipped.push_back({from, to - from});
+          free_inside += to - from;
+        }
+      }
+      if (windowed) {
+        ASSERT_EQ(a.FreeBytesWithin(begin, end), free_inside);
+      }
+      const std::optional<uint64_t> got =
+          windowed ? a.AllocateWithin(size, alignment, begin, end) : a.Allocate(size, alignment);
       const std::optional<uint64_t> want =
-          size > capacity ? std::nullopt : ExpectedOffset(runs, round_up(size), eff_alignment);
-      ASSERT_EQ(got, want) << "size " << size << " alignment " << eff_alignment;
+          size > capacity ? std::nullopt : ExpectedOffset(clipped, round_up(size), eff_alignment);
+      ASSERT_EQ(got, want) << "size " << size << " alignment " << eff_alignment << " window ["
+                           << begin << ", " << end << ")";
       if (got) {
         const uint64_t rounded = round_up(size);
         ASSERT_EQ(a.AllocationSize(*got), rounded);
