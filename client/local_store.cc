@@ -1,10 +1,6 @@
 #include "client/local_store.h"
 
-#include <sys/mman.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <cerrno>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -30,34 +26,6 @@ absl::Status Lost(const LeaseBackend& backend, bool device_tier) {
                              "still be fetched, new ones cannot be stored");
 }
 
-// Maps one lease's segment fds back to back; closes the fds either way
-// (lease->fds is left empty).
-absl::StatusOr<std::byte*> MapLease(GrantedLease* lease, uint64_t segment_bytes) {
-  const uint64_t bytes = uint64_t{lease->segments} * segment_bytes;
-  void* reserved =
-      mmap(nullptr, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  absl::Status status;
-  if (reserved == MAP_FAILED) {
-    status = absl::ResourceExhaustedError(
-        absl::StrCat("reserving ", bytes, " bytes of address space: ", std::strerror(errno)));
-  }
-  for (size_t i = 0; status.ok() && i < lease->fds.size(); ++i) {
-    // MAP_POPULATE: the page-table work happens now, not on the hot path.
-    void* at = static_cast<std::byte*>(reserved) + i * segment_bytes;
-    if (mmap(at, segment_bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED | MAP_POPULATE,
-             lease->fds[i].get(), 0) == MAP_FAILED) {
-      status = absl::InternalError(absl::StrCat("mapping segment ", i, " of lease ",
-                                                lease->lease_id, ": ", std::strerror(errno)));
-    }
-  }
-  lease->fds.clear();
-  if (!status.ok()) {
-    if (reserved != MAP_FAILED) munmap(reserved, bytes);
-    return status;
-  }
-  return static_cast<std::byte*>(reserved);
-}
-
 }  // namespace
 
 absl::Status LeaseBackend::GoneError(absl::string_view what, absl::string_view consequence) const {
@@ -71,9 +39,7 @@ LocalStore::LocalStore(LeaseBackend* backend, uint64_t segment_bytes, uint32_t l
     : backend_(*backend),
       segment_bytes_(segment_bytes),
       lease_batch_(std::max<uint32_t>(1, lease_batch)),
-      registrar_(registrar),
-      require_pinned_(require_pinned),
-      importer_(nullptr),
+      mapper_(std::make_unique<HostLeaseMapper>(segment_bytes, registrar, require_pinned)),
       restore_ahead_(restore_ahead),
       pool_wait_(pool_wait),
       retain_(registrar != nullptr ? retain : std::chrono::milliseconds(0)) {}
@@ -83,9 +49,7 @@ LocalStore::LocalStore(LeaseBackend* backend, uint64_t segment_bytes, uint32_t l
     : backend_(*backend),
       segment_bytes_(segment_bytes),
       lease_batch_(std::max<uint32_t>(1, lease_batch)),
-      registrar_(nullptr),
-      require_pinned_(false),
-      importer_(importer),
+      mapper_(std::make_unique<DeviceLeaseMapper>(importer)),
       restore_ahead_(0),
       pool_wait_(0),
       retain_(0) {}
@@ -105,42 +69,16 @@ LocalStore::~LocalStore() {
 
 absl::StatusOr<std::unique_ptr<LocalStore::Arena>> LocalStore::MapArena(GrantedLease* lease,
                                                                         bool dedicated) {
-  const uint64_t lease_bytes = uint64_t{lease->segments} * segment_bytes_;
-  if (importer_ != nullptr || lease->device.has_value()) {
-    lease->fds.clear();
-    if (importer_ == nullptr || !lease->device.has_value() || lease->device->bytes != lease_bytes) {
-      return absl::InternalError(
-          absl::StrCat("lease ", lease->lease_id, " does not match this store's tier or size"));
-    }
-    absl::StatusOr<void*> base = importer_->Resolve(*lease->device);
-    if (!base.ok()) return base.status();
-    auto arena = std::unique_ptr<Arena>(
-        new Arena{lease->lease_id, static_cast<std::byte*>(*base), lease_bytes, dedicated});
-    arena->on_device = true;
-    return arena;
-  }
-  absl::StatusOr<std::byte*> base = MapLease(lease, segment_bytes_);  // closes the fds
-  if (!base.ok()) return base.status();
   const uint64_t bytes = uint64_t{lease->segments} * segment_bytes_;
-  auto arena = std::unique_ptr<Arena>(new Arena{lease->lease_id, *base, bytes, dedicated});
-  if (registrar_ != nullptr && registrar_->Ready()) {
-    // Once per lease, for as long as it is mapped: a CUDA copy into or out of
-    // it is then a plain DMA (no staging, asynchronous).
-    arena->pin_tried = true;  // not shared yet
-    absl::Status status = registrar_->Register(arena->base, arena->bytes);
-    if (status.ok()) {
-      arena->pinned = true;
-    } else {
-      if (require_pinned_) {
-        munmap(arena->base, arena->bytes);
-        return absl::Status(status.code(),
-                            absl::StrCat("registering leased memory for CUDA (pinning is "
-                                         "required by the client's options): ",
-                                         status.message()));
-      }
-      absl::MutexLock lock(&mu_);
-      NotePinFailure(status);
-    }
+  absl::StatusOr<MappedLease> mapped = mapper_->Map(lease, bytes);  // closes the fds
+  if (!mapped.ok()) return mapped.status();
+  auto arena = std::unique_ptr<Arena>(new Arena{lease->lease_id, mapped->base, bytes, dedicated});
+  arena->pinned = mapped->pinned;
+  arena->pin_tried = mapped->pin_tried;  // not shared yet
+  arena->on_device = mapper_->on_device();
+  if (!mapped->pin_error.ok()) {
+    absl::MutexLock lock(&mu_);
+    NotePinFailure(mapped->pin_error);
   }
   return arena;
 }
@@ -158,11 +96,11 @@ void LocalStore::NotePinFailure(const absl::Status& status) {
 void LocalStore::MaybePinLate(Arena* arena) {
   {
     absl::MutexLock lock(&mu_);
-    if (arena->pin_tried || !registrar_->Ready()) return;
+    if (arena->pin_tried || !mapper_->CanPinNow()) return;
     arena->pin_tried = true;
   }
   // The caller's buffer in it keeps the arena mapped meanwhile.
-  absl::Status status = registrar_->Register(arena->base, arena->bytes);
+  absl::Status status = mapper_->Pin(arena->base, arena->bytes);
   absl::MutexLock lock(&mu_);
   if (status.ok()) {
     arena->pinned = true;
@@ -173,10 +111,7 @@ void LocalStore::MaybePinLate(Arena* arena) {
 }
 
 void LocalStore::UnmapArena(const Arena& arena) {
-  if (arena.on_device) return;  // the importer keeps the region mapped
-  // A failed unregister leaves nothing to undo: the range goes anyway.
-  if (arena.pinned) (void)registrar_->Unregister(arena.base);
-  munmap(arena.base, arena.bytes);
+  mapper_->Unmap(arena.base, arena.bytes, arena.pinned);
 }
 
 bool LocalStore::TryPlace(uint64_t nbytes, Placement* out) {
@@ -245,7 +180,7 @@ absl::StatusOr<uint64_t> LocalStore::Store(const void* src, size_t nbytes) {
   if (nbytes > 0 && src == nullptr) {
     return absl::InvalidArgumentError("Store: null source with a non-zero size");
   }
-  if (importer_ != nullptr) return DeviceTierError("Store");
+  if (mapper_->on_device()) return DeviceTierError("Store");
   absl::StatusOr<Placed> placed = Place(nbytes, /*written=*/false);
   if (!placed.ok()) return placed.status();
   if (nbytes > 0) std::memcpy(placed->data, src, nbytes);
@@ -271,7 +206,7 @@ absl::Status LocalStore::MarkWritten(uint64_t ticket) {
 }
 
 absl::StatusOr<Located> LocalStore::Locate(uint64_t ticket) {
-  if (importer_ != nullptr && backend_.Lost()) {
+  if (mapper_->on_device() && backend_.Lost()) {
     // Unlike host leases (renewal gives the daemon fresh pages; the old ones
     // stay with this mapping), device segments are zeroed and granted again
     // in place: the bytes are gone, and the range may be another session's.
@@ -287,7 +222,7 @@ absl::StatusOr<Located> LocalStore::Locate(uint64_t ticket) {
 }
 
 absl::StatusOr<Placed> LocalStore::Place(size_t nbytes, bool written) {
-  if (backend_.Lost()) return Lost(backend_, importer_ != nullptr);
+  if (backend_.Lost()) return Lost(backend_, mapper_->on_device());
   Placement placement;
   placement.written = written;
   uint64_t ticket = 0;
@@ -371,12 +306,12 @@ absl::StatusOr<Placed> LocalStore::Place(size_t nbytes, bool written) {
     absl::MutexLock lock(&mu_);
     arena = placement.block->arena;  // unwritten: cannot spill
   }
-  if (registrar_ != nullptr && !arena->pinned) MaybePinLate(arena);
+  if (!arena->pinned && mapper_->registers()) MaybePinLate(arena);
   return Placed{ticket, arena->base + placement.offset, arena->pinned, arena->on_device};
 }
 
 absl::Status LocalStore::Fetch(uint64_t ticket, void* dst, size_t capacity) {
-  if (importer_ != nullptr) return DeviceTierError("Fetch");
+  if (mapper_->on_device()) return DeviceTierError("Fetch");
   {
     absl::MutexLock lock(&mu_);
     auto it = tickets_.find(ticket);

@@ -26,17 +26,10 @@
 #include "actstash/v1/stash.pb.h"
 #include "client/arena_allocator.h"
 #include "client/device_import.h"
+#include "client/lease_mapper.h"
 #include "common/pinned_registrar.h"
-#include "common/unique_fd.h"
 
 namespace actstash::client_internal {
-
-struct GrantedLease {
-  uint64_t lease_id = 0;
-  uint32_t segments = 0;
-  std::vector<UniqueFd> fds;          // host: one per segment
-  std::optional<DeviceGrant> device;  // device tier: where in the pool's region
-};
 
 // Where leases come from: the daemon (Lease/Return RPCs plus the attach
 // channel), or a fake in unit tests. Called with no LocalStore lock held,
@@ -216,9 +209,10 @@ class LocalStore {
   bool TryPlace(uint64_t nbytes, Placement* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Reserve without the argument checks.
   absl::StatusOr<Placed> Place(size_t nbytes, bool written) ABSL_LOCKS_EXCLUDED(mu_);
-  // Maps (and registers) one granted lease; closes its fds either way
-  // (lease->fds is left empty).
-  absl::StatusOr<std::unique_ptr<Arena>> MapArena(GrantedLease* lease, bool dedicated);
+  // Maps (and registers) one granted lease through the mapper; closes its
+  // fds either way (lease->fds is left empty).
+  absl::StatusOr<std::unique_ptr<Arena>> MapArena(GrantedLease* lease, bool dedicated)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Unregisters and unmaps.
   void UnmapArena(const Arena& arena);
   // Registers an arena mapped by a thread without CUDA work, if the calling
@@ -293,9 +287,9 @@ class LocalStore {
   LeaseBackend& backend_;
   const uint64_t segment_bytes_;
   const uint32_t lease_batch_;
-  PinnedRegistrar* const registrar_;
-  const bool require_pinned_;
-  DeviceImporter* const importer_;                  // device tier when set
+  // What the leases' bytes are (host or device memory) and how they are
+  // mapped and registered. Set once; thread-safe (lease_mapper.h).
+  const std::unique_ptr<LeaseMapper> mapper_;
   absl::Mutex lease_mu_ ABSL_ACQUIRED_BEFORE(mu_);  // one lease RPC at a time
   mutable absl::Mutex mu_;
   std::vector<std::unique_ptr<Arena>> arenas_ ABSL_GUARDED_BY(mu_);

@@ -22,7 +22,7 @@ absl::StatusOr<std::vector<std::unique_ptr<LocalStore::Arena>>> LocalStore::Leas
     arenas = LeaseArenas(1, segments, dedicated);  // room for one, maybe
   }
   if (arenas.ok() || arenas.status().code() != absl::StatusCode::kResourceExhausted ||
-      !backend_.CanSpill() || importer_ != nullptr) {
+      !backend_.CanSpill() || mapper_->on_device()) {
     return arenas;
   }
   uint64_t return_bytes = 0;
