@@ -362,8 +362,50 @@ void LocalStore::FreshBlock(Arena* arena) {
 }
 
 void LocalStore::DeleteBlock(Block* block) {
+  ACTSTASH_CHECK(
+      !InFlight(block->state),
+      absl::StrCat("deleting a block while it is ", BlockStateName(block->state)).c_str());
+  if (OnDisk(block->state)) {
+    usage_.set_spilled_leases(usage_.spilled_leases() - 1);
+    usage_.set_spilled_bytes(usage_.spilled_bytes() - block->bytes);
+  }
   if (block->ahead) ahead_ -= 1;
   blocks_.erase(block);
+}
+
+void LocalStore::Move(Block* block, BlockEvent event) {
+  const BlockState from = block->state;
+  const std::optional<BlockState> to = NextBlockState(from, event);
+  ACTSTASH_CHECK(to.has_value(), absl::StrCat("a ", BlockStateName(from), " block cannot take '",
+                                              BlockEventName(event), "'")
+                                     .c_str());
+  block->state = *to;
+  if (OnDisk(*to) && !OnDisk(from)) {
+    usage_.set_spilled_leases(usage_.spilled_leases() + 1);
+    usage_.set_spilled_bytes(usage_.spilled_bytes() + block->bytes);
+  } else if (OnDisk(from) && !OnDisk(*to)) {
+    usage_.set_spilled_leases(usage_.spilled_leases() - 1);
+    usage_.set_spilled_bytes(usage_.spilled_bytes() - block->bytes);
+  }
+  switch (event) {
+    case BlockEvent::kSpillDone:
+      usage_.set_spills(usage_.spills() + 1);
+      break;
+    case BlockEvent::kRestoreDone:  // read ahead stays marked until read (PinForRead)
+      usage_.set_restores(usage_.restores() + 1);
+      usage_.set_restores_ahead(usage_.restores_ahead() + (block->ahead ? 1 : 0));
+      break;
+    case BlockEvent::kRestoreFailed:
+    case BlockEvent::kSpillGone:
+      if (block->ahead) {
+        block->ahead = false;
+        ahead_ -= 1;
+      }
+      break;
+    default:
+      break;
+  }
+  if (InFlight(from)) block_changed_.SignalAll();
 }
 
 std::unique_ptr<LocalStore::Arena> LocalStore::Detach(Arena* arena) {
@@ -432,8 +474,6 @@ absl::Status LocalStore::Release(uint64_t ticket) {
     switch (block->state) {
       case Block::State::kSpilled:  // nothing of it is needed any more
         drop_spill = block->spill_id;
-        usage_.set_spilled_leases(usage_.spilled_leases() - 1);
-        usage_.set_spilled_bytes(usage_.spilled_bytes() - block->bytes);
         DeleteBlock(block);
         break;
       case Block::State::kLost:

@@ -25,6 +25,7 @@
 #include "absl/types/span.h"
 #include "actstash/v1/stash.pb.h"
 #include "client/arena_allocator.h"
+#include "client/block_state.h"
 #include "client/device_import.h"
 #include "client/lease_mapper.h"
 #include "common/pinned_registrar.h"
@@ -179,9 +180,10 @@ class LocalStore {
     // When its block last became empty (under mu_): retention counts from it.
     std::chrono::steady_clock::time_point emptied{};
   };
-  // The buffers placed in one lease's bytes, wherever those bytes are.
+  // The buffers placed in one lease's bytes, wherever those bytes are
+  // (client/block_state.h). Its state changes only through Move.
   struct Block {
-    enum class State { kResident, kSpilling, kSpilled, kRestoring, kLost };
+    using State = BlockState;
     explicit Block(uint64_t bytes, bool dedicated)
         : allocator(bytes), bytes(bytes), dedicated(dedicated) {}
     ArenaAllocator allocator;
@@ -276,7 +278,14 @@ class LocalStore {
   void Adopt(std::unique_ptr<Arena> arena) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Gives an arena a fresh empty block (its old one is spilled or deleted).
   void FreshBlock(Arena* arena) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Removes a block that no RPC is working on (never kSpilling or
+  // kRestoring); one on disk stops counting as spilled.
   void DeleteBlock(Block* block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The one place a block changes state: the move `event` makes (a broken
+  // invariant when block_state.h's table has none), with what follows from
+  // it: the spill counters of usage_, the read-ahead count, and waking the
+  // readers that wait for a block to leave kSpilling or kRestoring.
+  void Move(Block* block, BlockEvent event) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Removes an arena (holding an empty block) from the table; the caller
   // unmaps and returns it.
   std::unique_ptr<Arena> Detach(Arena* arena) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -90,7 +90,7 @@ absl::StatusOr<bool> LocalStore::SpillColdest(uint32_t max_blocks, uint64_t* ret
               [](const Block* a, const Block* b) { return a->last_seq < b->last_seq; });
     if (candidates.size() > max_blocks) candidates.resize(max_blocks);
     for (Block* block : candidates) {
-      block->state = Block::State::kSpilling;
+      Move(block, BlockEvent::kSpill);
       chosen.push_back(block);
       lease_ids.push_back(block->arena->lease_id);
     }
@@ -111,24 +111,19 @@ absl::StatusOr<bool> LocalStore::SpillColdest(uint32_t max_blocks, uint64_t* ret
     for (size_t i = 0; i < chosen.size(); ++i) {
       Block* block = chosen[i];
       if (!ids.ok()) {
-        block->state = Block::State::kResident;  // its memory was never changed
+        Move(block, BlockEvent::kSpillFailed);  // its memory was never changed
         continue;
       }
       Arena* arena = block->arena;
-      block->state = Block::State::kSpilled;
+      Move(block, BlockEvent::kSpillDone);
       block->spill_id = (*ids)[i];
       block->arena = nullptr;
       FreshBlock(arena);
-      usage_.set_spills(usage_.spills() + 1);
       if (block->allocator.empty()) {  // released while it was being written
         drop.push_back(block->spill_id);
         DeleteBlock(block);
-        continue;
       }
-      usage_.set_spilled_leases(usage_.spilled_leases() + 1);
-      usage_.set_spilled_bytes(usage_.spilled_bytes() + block->bytes);
     }
-    block_changed_.SignalAll();
     if (ids.ok() && !restorer_.joinable() && restore_ahead_ > 0) {
       restorer_ = std::thread([this] { RunRestorer(); });
     }
@@ -155,7 +150,7 @@ absl::Status LocalStore::EnsureResident(Block* block) {
         break;
       case Block::State::kSpilled: {
         if (start == 0) start = MonotonicNowNs();
-        block->state = Block::State::kRestoring;
+        Move(block, BlockEvent::kRestore);
         mu_.Unlock();
         absl::Status status = RestoreBlock(block, /*may_spill=*/true);
         mu_.Lock();
@@ -177,18 +172,11 @@ absl::Status LocalStore::RestoreBlock(Block* block, bool may_spill) {
     uint64_t drop = 0;
     {
       absl::MutexLock lock(&mu_);
-      block->state = Block::State::kSpilled;
-      if (block->ahead) {
-        block->ahead = false;
-        ahead_ -= 1;
-      }
+      Move(block, BlockEvent::kRestoreFailed);
       if (block->allocator.empty()) {
         drop = block->spill_id;
-        usage_.set_spilled_leases(usage_.spilled_leases() - 1);
-        usage_.set_spilled_bytes(usage_.spilled_bytes() - block->bytes);
         DeleteBlock(block);
       }
-      block_changed_.SignalAll();
     }
     if (drop != 0) (void)backend_.DropSpilled(absl::MakeConstSpan(&drop, 1));
     return status;
@@ -268,42 +256,26 @@ absl::Status LocalStore::RestoreBlock(Block* block, bool may_spill) {
   absl::Status status = backend_.Restore(block->spill_id, target->lease_id);
   absl::MutexLock lock(&mu_);
   if (status.ok()) {
-    block->state = Block::State::kResident;
     block->spill_id = 0;
-    usage_.set_restores(usage_.restores() + 1);
-    usage_.set_restores_ahead(usage_.restores_ahead() + (block->ahead ? 1 : 0));
-  } else {
-    block->arena = nullptr;
-    FreshBlock(target);
-    if (status.code() == absl::StatusCode::kDataLoss ||
-        status.code() == absl::StatusCode::kNotFound) {
-      // The daemon dropped the spill: its buffers are gone for good.
-      block->state = Block::State::kLost;
-      block->error = absl::Status(
-          status.code(), absl::StrCat("a buffer of this session was spilled to the daemon's "
-                                      "disk and cannot be read back: ",
-                                      status.message()));
-      if (block->ahead) {
-        block->ahead = false;
-        ahead_ -= 1;
-      }
-    } else {
-      block->state = Block::State::kSpilled;  // e.g. a timeout: may be tried again
-      if (block->ahead) {
-        block->ahead = false;
-        ahead_ -= 1;
-      }
-      block_changed_.SignalAll();
-      return status;
-    }
+    Move(block, BlockEvent::kRestoreDone);
+    return absl::OkStatus();
   }
-  usage_.set_spilled_leases(usage_.spilled_leases() - 1);
-  usage_.set_spilled_bytes(usage_.spilled_bytes() - block->bytes);
-  const bool lost = block->state == Block::State::kLost;
+  block->arena = nullptr;
+  FreshBlock(target);
+  if (status.code() != absl::StatusCode::kDataLoss &&
+      status.code() != absl::StatusCode::kNotFound) {
+    Move(block, BlockEvent::kRestoreFailed);  // e.g. a timeout: may be tried again
+    return status;
+  }
+  // The daemon dropped the spill: its buffers are gone for good.
+  block->error = absl::Status(status.code(),
+                              absl::StrCat("a buffer of this session was spilled to the daemon's "
+                                           "disk and cannot be read back: ",
+                                           status.message()));
+  Move(block, BlockEvent::kSpillGone);
   const absl::Status error = block->error;
-  if (block->allocator.empty() && lost) DeleteBlock(block);
-  block_changed_.SignalAll();
-  return lost ? error : absl::OkStatus();
+  if (block->allocator.empty()) DeleteBlock(block);
+  return error;
 }
 
 void LocalStore::RestoreAhead(uint64_t seq) {
@@ -317,7 +289,7 @@ void LocalStore::RestoreAhead(uint64_t seq) {
       }
     }
     if (next == nullptr) return;
-    next->state = Block::State::kRestoring;  // a reader now waits for the restorer
+    Move(next, BlockEvent::kRestore);  // a reader now waits for the restorer
     next->ahead = true;
     ahead_ += 1;
     restore_queue_.push_back(next);
