@@ -207,14 +207,10 @@ absl::StatusOr<Object> Client::Get(Handle handle) {
 
 absl::Status Client::Delete(absl::Span<const Handle> handles) {
   if (absl::Status s = impl_->CheckOpen(); !s.ok()) return s;
-  grpc::ClientContext ctx;
-  impl_->rpc->Prepare(&ctx);
   v1::DeleteRequest request;
   for (Handle h : handles) request.add_handles(h.id);
   v1::DeleteReply reply;
-  grpc::Status status = impl_->rpc->stub().Delete(&ctx, request, &reply);
-  if (!status.ok()) return impl_->rpc->Fail(status, "Delete");
-  return absl::OkStatus();
+  return impl_->rpc->Call(&v1::Stash::Stub::Delete, request, &reply, "Delete");
 }
 
 absl::StatusOr<v1::StatsReply> Client::Stats(bool all_sessions) {
@@ -223,13 +219,13 @@ absl::StatusOr<v1::StatsReply> Client::Stats(bool all_sessions) {
   if (impl_->local != nullptr && !impl_->rpc->Lost()) {
     if (absl::Status s = impl_->ReportUsage(); !s.ok()) return s;
   }
-  grpc::ClientContext ctx;
-  impl_->rpc->Prepare(&ctx);
   v1::StatsRequest request;
   request.set_per_session(all_sessions);
   v1::StatsReply reply;
-  grpc::Status status = impl_->rpc->stub().Stats(&ctx, request, &reply);
-  if (!status.ok()) return impl_->rpc->Fail(status, "Stats");
+  if (absl::Status s = impl_->rpc->Call(&v1::Stash::Stub::Stats, request, &reply, "Stats");
+      !s.ok()) {
+    return s;
+  }
   return reply;
 }
 
@@ -241,14 +237,14 @@ absl::StatusOr<v1::CopyShareReply> Client::CopyShare(double probe_store_bytes_pe
         std::pair{"probe_fetch_bytes_per_second", probe_fetch_bytes_per_second}}) {
     if (absl::Status s = CheckBytesPerSecond(name, rate); !s.ok()) return s;
   }
-  grpc::ClientContext ctx;
-  impl_->rpc->Prepare(&ctx);
   v1::CopyShareRequest request;
   request.set_probe_store_bytes_per_second(probe_store_bytes_per_second);
   request.set_probe_fetch_bytes_per_second(probe_fetch_bytes_per_second);
   v1::CopyShareReply reply;
-  grpc::Status status = impl_->rpc->stub().CopyShare(&ctx, request, &reply);
-  if (!status.ok()) return impl_->rpc->Fail(status, "CopyShare");
+  if (absl::Status s = impl_->rpc->Call(&v1::Stash::Stub::CopyShare, request, &reply, "CopyShare");
+      !s.ok()) {
+    return s;
+  }
   return reply;
 }
 
@@ -264,12 +260,9 @@ absl::Status Client::Close() {
       if (impl->attach != nullptr) impl->attach->Shutdown();
     }
   } hang_up{impl_.get()};
-  grpc::ClientContext ctx;
-  impl_->rpc->Prepare(&ctx);
   v1::CloseSessionReply reply;
-  grpc::Status status = impl_->rpc->stub().CloseSession(&ctx, v1::CloseSessionRequest(), &reply);
-  if (!status.ok()) return impl_->rpc->Fail(status, "CloseSession");
-  return absl::OkStatus();
+  return impl_->rpc->Call(&v1::Stash::Stub::CloseSession, v1::CloseSessionRequest(), &reply,
+                          "CloseSession");
 }
 
 absl::StatusOr<Ticket> Client::Store(const void* src, size_t nbytes) {

@@ -62,11 +62,8 @@ absl::StatusOr<client_internal::LocalStore*> Client::Impl::DeviceStore(uint32_t 
 }
 
 absl::Status Client::Impl::ReportUsage(const v1::ClientUsage& usage) {
-  grpc::ClientContext ctx;
-  rpc->Prepare(&ctx);
   v1::ReportUsageReply reply;
-  grpc::Status status = rpc->stub().ReportUsage(&ctx, usage, &reply);
-  return status.ok() ? absl::OkStatus() : rpc->Fail(status, "ReportUsage");
+  return rpc->Call(&v1::Stash::Stub::ReportUsage, usage, &reply, "ReportUsage");
 }
 
 void Client::Impl::StartReporter() {

@@ -56,16 +56,16 @@ DeviceTiers::~DeviceTiers() {
 
 absl::StatusOr<std::vector<GrantedLease>> DeviceTiers::Lease(uint32_t device, uint32_t count,
                                                              uint32_t segments_per_lease) const {
-  grpc::ClientContext ctx;
-  rpc_.Prepare(&ctx);
   v1::LeaseRequest request;
   request.set_count(count);
   request.set_segments_per_lease(segments_per_lease);
   request.set_tier(v1::LEASE_TIER_DEVICE);
   request.set_device(device);
   v1::LeaseReply reply;
-  grpc::Status status = rpc_.stub().Lease(&ctx, request, &reply);
-  if (!status.ok()) return rpc_.Fail(status, "Lease (device pool)");
+  if (absl::Status s = rpc_.Call(&v1::Stash::Stub::Lease, request, &reply, "Lease (device pool)");
+      !s.ok()) {
+    return s;
+  }
   std::vector<GrantedLease> granted;
   std::vector<uint64_t> ids;
   absl::Status error;

@@ -7,16 +7,15 @@ namespace actstash::client_internal {
 
 absl::StatusOr<std::vector<GrantedLease>> HostLeases::Lease(uint32_t count,
                                                             uint32_t segments_per_lease) {
-  grpc::ClientContext ctx;
-  rpc_.Prepare(&ctx);
   v1::LeaseRequest request;
   request.set_count(count);
   request.set_segments_per_lease(segments_per_lease);
   const int numa_node = numa_node_.Get();
   if (numa_node >= 0) request.set_numa_node(numa_node);
   v1::LeaseReply reply;
-  grpc::Status status = rpc_.stub().Lease(&ctx, request, &reply);
-  if (!status.ok()) return rpc_.Fail(status, "Lease");
+  if (absl::Status s = rpc_.Call(&v1::Stash::Stub::Lease, request, &reply, "Lease"); !s.ok()) {
+    return s;
+  }
   std::vector<GrantedLease> granted;
   std::vector<uint64_t> stale;  // leases of earlier calls that timed out here
   absl::Status error;
@@ -52,13 +51,12 @@ absl::Status HostLeases::Return(absl::Span<const uint64_t> lease_ids) {
 
 absl::StatusOr<std::vector<uint64_t>> HostLeases::Spill(absl::Span<const uint64_t> lease_ids,
                                                         uint64_t* return_bytes) {
-  grpc::ClientContext ctx;
-  rpc_.Prepare(&ctx);
   v1::SpillRequest request;
   for (uint64_t id : lease_ids) request.add_lease_ids(id);
   v1::SpillReply reply;
-  grpc::Status status = rpc_.stub().Spill(&ctx, request, &reply);
-  if (!status.ok()) return rpc_.Fail(status, "Spill");
+  if (absl::Status s = rpc_.Call(&v1::Stash::Stub::Spill, request, &reply, "Spill"); !s.ok()) {
+    return s;
+  }
   std::vector<uint64_t> ids;
   for (const v1::SpilledLease& spilled : reply.spilled()) ids.push_back(spilled.spill_id());
   *return_bytes = reply.return_bytes();
@@ -66,24 +64,18 @@ absl::StatusOr<std::vector<uint64_t>> HostLeases::Spill(absl::Span<const uint64_
 }
 
 absl::Status HostLeases::Restore(uint64_t spill_id, uint64_t lease_id) {
-  grpc::ClientContext ctx;
-  rpc_.Prepare(&ctx);
   v1::RestoreRequest request;
   request.set_spill_id(spill_id);
   request.set_lease_id(lease_id);
   v1::RestoreReply reply;
-  grpc::Status status = rpc_.stub().Restore(&ctx, request, &reply);
-  return status.ok() ? absl::OkStatus() : rpc_.Fail(status, "Restore");
+  return rpc_.Call(&v1::Stash::Stub::Restore, request, &reply, "Restore");
 }
 
 absl::Status HostLeases::DropSpilled(absl::Span<const uint64_t> spill_ids) {
-  grpc::ClientContext ctx;
-  rpc_.Prepare(&ctx);
   v1::DropSpilledRequest request;
   for (uint64_t id : spill_ids) request.add_spill_ids(id);
   v1::DropSpilledReply reply;
-  grpc::Status status = rpc_.stub().DropSpilled(&ctx, request, &reply);
-  return status.ok() ? absl::OkStatus() : rpc_.Fail(status, "DropSpilled");
+  return rpc_.Call(&v1::Stash::Stub::DropSpilled, request, &reply, "DropSpilled");
 }
 
 }  // namespace actstash::client_internal

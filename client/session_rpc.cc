@@ -31,13 +31,10 @@ absl::Status SessionRpc::GoneError(absl::string_view what, absl::string_view con
 }
 
 absl::Status ReturnLeases(const SessionRpc& rpc, absl::Span<const uint64_t> lease_ids) {
-  grpc::ClientContext ctx;
-  rpc.Prepare(&ctx);
   v1::ReturnRequest request;
   for (uint64_t id : lease_ids) request.add_lease_ids(id);
   v1::ReturnReply reply;
-  grpc::Status status = rpc.stub().Return(&ctx, request, &reply);
-  return status.ok() ? absl::OkStatus() : rpc.Fail(status, "Return");
+  return rpc.Call(&v1::Stash::Stub::Return, request, &reply, "Return");
 }
 
 }  // namespace actstash::client_internal

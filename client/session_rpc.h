@@ -59,6 +59,18 @@ class SessionRpc {
 
   // Sets the call's deadline and the session's token.
   void Prepare(grpc::ClientContext* ctx) const;
+  // One unary call of the stub (`method`, e.g. &v1::Stash::Stub::Stats):
+  // Prepare'd, and a failure made the session's error by Fail. Streaming
+  // calls (Put, Get) Prepare and Fail themselves.
+  template <typename Request, typename Reply>
+  absl::Status Call(grpc::Status (v1::Stash::Stub::*method)(grpc::ClientContext*, const Request&,
+                                                            Reply*),
+                    const Request& request, Reply* reply, const char* what) const {
+    grpc::ClientContext ctx;
+    Prepare(&ctx);
+    const grpc::Status status = ((*stub_).*method)(&ctx, request, reply);
+    return status.ok() ? absl::OkStatus() : Fail(status, what);
+  }
   // A failed call's error. An attached client whose call found the daemon
   // unreachable looks at the attach connection (briefly: the kernel closes a
   // dead daemon's sockets one after the other) so that a daemon that went
