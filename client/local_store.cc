@@ -42,7 +42,8 @@ LocalStore::LocalStore(LeaseBackend* backend, uint64_t segment_bytes, uint32_t l
       mapper_(std::make_unique<HostLeaseMapper>(segment_bytes, registrar, require_pinned)),
       restore_ahead_(restore_ahead),
       pool_wait_(pool_wait),
-      retain_(registrar != nullptr ? retain : std::chrono::milliseconds(0)) {}
+      retain_(registrar != nullptr ? retain : std::chrono::milliseconds(0)),
+      sweeper_(SweepPeriod(retain_), [this] { Sweep(); }) {}
 
 LocalStore::LocalStore(LeaseBackend* backend, uint64_t segment_bytes, uint32_t lease_batch,
                        DeviceImporter* importer)
@@ -52,17 +53,12 @@ LocalStore::LocalStore(LeaseBackend* backend, uint64_t segment_bytes, uint32_t l
       mapper_(std::make_unique<DeviceLeaseMapper>(importer)),
       restore_ahead_(0),
       pool_wait_(0),
-      retain_(0) {}
+      retain_(0),
+      sweeper_(SweepPeriod(retain_), [this] { Sweep(); }) {}
 
 LocalStore::~LocalStore() {
-  std::thread sweeper;
-  {
-    absl::MutexLock lock(&mu_);
-    stopping_ = true;
-    sweeper = std::move(sweeper_);
-  }
-  if (restorer_.joinable()) restorer_.join();
-  if (sweeper.joinable()) sweeper.join();
+  read_ahead_.Stop();  // their tasks use the arenas
+  sweeper_.Stop();
   absl::MutexLock lock(&mu_);
   for (const std::unique_ptr<Arena>& arena : arenas_) UnmapArena(*arena);
 }
@@ -487,7 +483,7 @@ absl::Status LocalStore::Release(uint64_t ticket) {
         const auto now = std::chrono::steady_clock::now();
         block->arena->emptied = now;
         if (Retained(*block->arena, now)) {
-          StartSweeper();  // kept for the next step; the sweeper gives it back later
+          sweeper_.Start();  // kept for the next step; the sweeper gives it back later
         } else if (block->dedicated) {
           // This one becomes the spare; an older spare goes back (unless
           // retention keeps it).

@@ -11,11 +11,9 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <memory>
 #include <optional>
-#include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -25,6 +23,7 @@
 #include "absl/types/span.h"
 #include "actstash/v1/stash.pb.h"
 #include "client/arena_allocator.h"
+#include "client/background_worker.h"
 #include "client/block_state.h"
 #include "client/device_import.h"
 #include "client/lease_mapper.h"
@@ -251,9 +250,9 @@ class LocalStore {
   // others to get it). Sets its state (kResident, kSpilled again, or
   // kLost) before returning. No lock held.
   absl::Status RestoreBlock(Block* block, bool may_spill) ABSL_LOCKS_EXCLUDED(mu_, lease_mu_);
-  // Queues read-backs of the spilled blocks stored just before `seq`.
+  // Queues read-backs of the spilled blocks stored just before `seq` on
+  // read_ahead_ (no spilling for a read ahead: it uses memory that is free).
   void RestoreAhead(uint64_t seq) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void RunRestorer() ABSL_LOCKS_EXCLUDED(mu_);
   // A ticket's placement once its block is resident, pinned (pins + 1) for
   // the caller, who unpins it after copying. Counts as a fetch.
   absl::StatusOr<Placement> PinForRead(uint64_t ticket, bool locate) ABSL_LOCKS_EXCLUDED(mu_);
@@ -272,8 +271,11 @@ class LocalStore {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Gives back every empty arena that only retention keeps; its bytes.
   uint64_t GiveBackRetained() ABSL_LOCKS_EXCLUDED(mu_);
-  void StartSweeper() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void RunSweeper() ABSL_LOCKS_EXCLUDED(mu_);
+  // The sweeper's tick: gives back what stayed empty longer than retain_.
+  void Sweep() ABSL_LOCKS_EXCLUDED(mu_);
+  // How often the sweeper looks: a lease goes back at most a quarter of
+  // `retain` (10 ms to 1 s) late.
+  static absl::Duration SweepPeriod(std::chrono::milliseconds retain);
   // Adds a mapped arena (with a fresh empty block) to the table.
   void Adopt(std::unique_ptr<Arena> arena) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Gives an arena a fresh empty block (its old one is spilled or deleted).
@@ -310,16 +312,18 @@ class LocalStore {
   uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 1;
   v1::ClientUsage usage_ ABSL_GUARDED_BY(mu_);
   absl::Status pin_status_ ABSL_GUARDED_BY(mu_);
-  // Read-back ahead of need: blocks queued for the restorer thread (started
-  // at the first spill), and how many were read ahead and not read since.
+  // Read-back ahead of need: how many blocks it may hold, and how many were
+  // read ahead and not read since.
   const uint32_t restore_ahead_;
   const std::chrono::milliseconds pool_wait_;
-  std::deque<Block*> restore_queue_ ABSL_GUARDED_BY(mu_);
   uint32_t ahead_ ABSL_GUARDED_BY(mu_) = 0;
-  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  std::thread restorer_;
   const std::chrono::milliseconds retain_;
-  std::thread sweeper_ ABSL_GUARDED_BY(mu_);  // joined by the destructor
+  // The background threads, each started at its first use and stopped by
+  // the destructor before anything is unmapped: read-backs ahead of need
+  // (one at a time, in the order queued), and the sweep of retained leases.
+  // Their tasks take mu_ themselves; they are posted and started under it.
+  SerialWorker read_ahead_;
+  PeriodicWorker sweeper_;
 };
 
 }  // namespace actstash::client_internal

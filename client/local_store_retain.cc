@@ -61,24 +61,17 @@ uint64_t LocalStore::GiveBackRetained() {
   return bytes;
 }
 
-void LocalStore::StartSweeper() {
-  if (!sweeper_.joinable() && !stopping_) sweeper_ = std::thread([this] { RunSweeper(); });
+absl::Duration LocalStore::SweepPeriod(std::chrono::milliseconds retain) {
+  return std::clamp(absl::FromChrono(retain) / 4, absl::Milliseconds(10), absl::Seconds(1));
 }
 
-void LocalStore::RunSweeper() {
-  // A lease goes back at most a quarter of retain_ (10 ms to 1 s) late.
-  const absl::Duration period =
-      std::clamp(absl::FromChrono(retain_) / 4, absl::Milliseconds(10), absl::Seconds(1));
-  for (;;) {
-    std::vector<std::unique_ptr<Arena>> back;
-    {
-      absl::MutexLock lock(&mu_);
-      mu_.AwaitWithTimeout(absl::Condition(&stopping_), period);
-      if (stopping_) return;
-      back = DetachUnkept(/*expire_all=*/false);
-    }
-    for (std::unique_ptr<Arena>& arena : back) GiveBack(std::move(arena));
+void LocalStore::Sweep() {
+  std::vector<std::unique_ptr<Arena>> back;
+  {
+    absl::MutexLock lock(&mu_);
+    back = DetachUnkept(/*expire_all=*/false);
   }
+  for (std::unique_ptr<Arena>& arena : back) GiveBack(std::move(arena));
 }
 
 }  // namespace actstash::client_internal

@@ -124,9 +124,6 @@ absl::StatusOr<bool> LocalStore::SpillColdest(uint32_t max_blocks, uint64_t* ret
         DeleteBlock(block);
       }
     }
-    if (ids.ok() && !restorer_.joinable() && restore_ahead_ > 0) {
-      restorer_ = std::thread([this] { RunRestorer(); });
-    }
   }
   if (!drop.empty()) (void)backend_.DropSpilled(drop);
   if (!ids.ok()) return ids.status();
@@ -289,28 +286,10 @@ void LocalStore::RestoreAhead(uint64_t seq) {
       }
     }
     if (next == nullptr) return;
-    Move(next, BlockEvent::kRestore);  // a reader now waits for the restorer
+    Move(next, BlockEvent::kRestore);  // a reader now waits for the read-back
     next->ahead = true;
     ahead_ += 1;
-    restore_queue_.push_back(next);
-  }
-}
-
-void LocalStore::RunRestorer() {
-  for (;;) {
-    Block* block = nullptr;
-    {
-      absl::MutexLock lock(&mu_);
-      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return stopping_ || !restore_queue_.empty();
-      };
-      mu_.Await(absl::Condition(&ready));
-      if (stopping_) return;
-      block = restore_queue_.front();
-      restore_queue_.pop_front();
-    }
-    // No spilling for a read ahead: it uses memory that is free.
-    (void)RestoreBlock(block, /*may_spill=*/false);
+    read_ahead_.Post([this, next] { (void)RestoreBlock(next, /*may_spill=*/false); });
   }
 }
 
