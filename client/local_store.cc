@@ -383,23 +383,19 @@ void LocalStore::Move(Block* block, BlockEvent event) {
     usage_.set_spilled_leases(usage_.spilled_leases() - 1);
     usage_.set_spilled_bytes(usage_.spilled_bytes() - block->bytes);
   }
-  switch (event) {
-    case BlockEvent::kSpillDone:
-      usage_.set_spills(usage_.spills() + 1);
-      break;
-    case BlockEvent::kRestoreDone:  // read ahead stays marked until read (PinForRead)
-      usage_.set_restores(usage_.restores() + 1);
-      usage_.set_restores_ahead(usage_.restores_ahead() + (block->ahead ? 1 : 0));
-      break;
-    case BlockEvent::kRestoreFailed:
-    case BlockEvent::kSpillGone:
-      if (block->ahead) {
-        block->ahead = false;
-        ahead_ -= 1;
-      }
-      break;
-    default:
-      break;
+  if (event == BlockEvent::kSpillDone) usage_.set_spills(usage_.spills() + 1);
+  if (event == BlockEvent::kRestoreDone) {
+    usage_.set_restores(usage_.restores() + 1);
+    usage_.set_restores_ahead(usage_.restores_ahead() + (block->ahead ? 1 : 0));
+  }
+  // A block read ahead stays marked until a reader reads it (PinForRead) or
+  // it leaves memory unread: its read-back failed or is lost, or it spilled
+  // again (it was the coldest before anyone read it). Left marked, it would
+  // hold a place of the read-ahead forever and be counted again when read
+  // ahead once more.
+  if (block->ahead && (*to == BlockState::kSpilled || *to == BlockState::kLost)) {
+    block->ahead = false;
+    ahead_ -= 1;
   }
   if (InFlight(from)) block_changed_.SignalAll();
 }

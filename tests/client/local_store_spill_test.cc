@@ -5,10 +5,12 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstring>
 #include <map>
 #include <random>
 #include <set>
+#include <thread>
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
@@ -245,6 +247,49 @@ TEST(LocalStoreSpillTest, LostSpillIsDataLossForItsBuffersOnly) {
   }
   EXPECT_EQ(lost, 2);  // the two buffers of that segment
   for (const Held& h : held) EXPECT_TRUE(store.Release(h.ticket).ok());
+}
+
+// Waits (up to a minute) until `usage().restores_ahead()` reaches `n`.
+bool RestoresAheadReach(LocalStore& store, uint64_t n) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::minutes(1);
+  while (store.usage().restores_ahead() < n) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return true;
+}
+
+TEST(LocalStoreSpillTest, ABlockReadAheadAndSpilledAgainUnreadIsReadAheadAgain) {
+  // Two segments, one read-ahead; each buffer fills most of a segment, so a
+  // buffer is a block. A, B spill for C, D; D goes unread; reading C reads B
+  // back ahead into D's lease. Then E spills B again (the coldest) before
+  // anyone read it. Once E goes, reading C must read B ahead again: before,
+  // B kept its place in the read-ahead from the first time, and nothing more
+  // was ever read ahead.
+  SpillingBackend backend(2);
+  LocalStore store(&backend, kSegment, /*lease_batch=*/1, nullptr, false, /*restore_ahead=*/1);
+  std::vector<Held> held = StoreMany(store, 4, 768 << 10, 40);  // A, B, C, D
+  ASSERT_EQ(held.size(), 4u);
+  ASSERT_EQ(store.usage().spilled_leases(), 2u);
+  ASSERT_TRUE(store.Release(held[3].ticket).ok());  // D, unread
+  ExpectBack(store, held[2]);                       // C: B is read ahead
+  ASSERT_TRUE(RestoresAheadReach(store, 1));
+  std::vector<Held> e = StoreMany(store, 1, 768 << 10, 50);  // spills B, unread
+  ASSERT_EQ(e.size(), 1u);
+  EXPECT_EQ(store.usage().spilled_leases(), 2u);  // A and B
+  ASSERT_TRUE(store.Release(e[0].ticket).ok());
+  ExpectBack(store, held[2]);  // C again: B is read ahead again
+  EXPECT_TRUE(RestoresAheadReach(store, 2)) << "restores ahead: " << store.usage().restores_ahead();
+  for (int i = 2; i >= 0; --i) {
+    ExpectBack(store, held[i]);
+    ASSERT_TRUE(store.Release(held[i].ticket).ok());
+  }
+  const v1::ClientUsage usage = store.usage();
+  EXPECT_EQ(usage.spilled_leases(), 0u);
+  EXPECT_EQ(usage.spilled_bytes(), 0u);
+  EXPECT_LE(usage.restores_ahead(), usage.restores());
+  absl::MutexLock lock(&backend.mu_);
+  EXPECT_TRUE(backend.disk_.empty());
 }
 
 }  // namespace
