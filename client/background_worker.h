@@ -1,7 +1,8 @@
 // Threads of their own for a client's background jobs, each started by its
 // first use and stopped (joined) by its owner: SerialWorker runs queued tasks
 // one at a time (the store's read-back ahead of need), PeriodicWorker runs a
-// tick every period (the store's sweep of retained leases). The owner's data
+// tick every period (the store's sweep of retained leases, the client's usage
+// reports). The owner's data
 // stays the owner's: a task locks what it touches itself.
 //
 // Thread-safety: every method may be called from any thread, concurrently,

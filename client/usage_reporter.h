@@ -6,12 +6,11 @@
 #define ACTSTASH_CLIENT_USAGE_REPORTER_H_
 
 #include <chrono>
+#include <cstdint>
 #include <functional>
-#include <thread>
 
-#include "absl/base/thread_annotations.h"
-#include "absl/synchronization/mutex.h"
 #include "actstash/v1/stash.pb.h"
+#include "client/background_worker.h"
 
 namespace actstash::client_internal {
 
@@ -27,24 +26,25 @@ class UsageReporter {
   using Send = std::function<void(const v1::ClientUsage&)>;
 
   UsageReporter(std::chrono::milliseconds interval, Read read, Send send);
-  ~UsageReporter();
   UsageReporter(const UsageReporter&) = delete;
   UsageReporter& operator=(const UsageReporter&) = delete;
 
   // Starts the thread (once; later calls do nothing).
-  void Start() ABSL_LOCKS_EXCLUDED(mu_);
+  void Start() { worker_.Start(); }
   // Ends and joins the thread. Idempotent; a stopped reporter stays stopped.
-  void Stop() ABSL_LOCKS_EXCLUDED(mu_);
+  void Stop() { worker_.Stop(); }
 
  private:
-  void Run() ABSL_LOCKS_EXCLUDED(mu_);
+  // One look at the usage; on the worker's thread only.
+  void Tick();
 
-  const std::chrono::milliseconds interval_;
   const Read read_;
   const Send send_;
-  absl::Mutex mu_;
-  bool stop_ ABSL_GUARDED_BY(mu_) = false;
-  std::thread thread_;  // started and joined by the owner's thread only
+  // What the last send said; touched by Tick only.
+  uint64_t last_stores_ = 0;
+  uint64_t last_fetches_ = 0;
+  uint64_t last_objects_ = 0;
+  PeriodicWorker worker_;  // last: destroyed (stopped, joined) before the rest
 };
 
 }  // namespace actstash::client_internal
