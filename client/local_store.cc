@@ -71,7 +71,6 @@ absl::StatusOr<std::unique_ptr<LocalStore::Arena>> LocalStore::MapArena(GrantedL
   auto arena = std::unique_ptr<Arena>(new Arena{lease->lease_id, mapped->base, bytes, dedicated});
   arena->pinned = mapped->pinned;
   arena->pin_tried = mapped->pin_tried;  // not shared yet
-  arena->on_device = mapper_->on_device();
   if (!mapped->pin_error.ok()) {
     absl::MutexLock lock(&mu_);
     NotePinFailure(mapped->pin_error);
@@ -214,7 +213,8 @@ absl::StatusOr<Located> LocalStore::Locate(uint64_t ticket) {
   if (!placement.ok()) return placement.status();
   absl::MutexLock lock(&mu_);
   const Arena& arena = *placement->block->arena;  // pinned: stays until Release
-  return Located{arena.base + placement->offset, placement->size, arena.pinned, arena.on_device};
+  return Located{arena.base + placement->offset, placement->size, arena.pinned,
+                 mapper_->on_device()};
 }
 
 absl::StatusOr<Placed> LocalStore::Place(size_t nbytes, bool written) {
@@ -303,7 +303,7 @@ absl::StatusOr<Placed> LocalStore::Place(size_t nbytes, bool written) {
     arena = placement.block->arena;  // unwritten: cannot spill
   }
   if (!arena->pinned && mapper_->registers()) MaybePinLate(arena);
-  return Placed{ticket, arena->base + placement.offset, arena->pinned, arena->on_device};
+  return Placed{ticket, arena->base + placement.offset, arena->pinned, mapper_->on_device()};
 }
 
 absl::Status LocalStore::Fetch(uint64_t ticket, void* dst, size_t capacity) {

@@ -174,7 +174,6 @@ class LocalStore {
     // the first Reserve that lands here from a thread that does.
     std::atomic<bool> pinned{false};
     bool pin_tried = false;
-    bool on_device = false;  // imported device memory: nothing to unmap
     Block* block = nullptr;
     // When its block last became empty (under mu_): retention counts from it.
     std::chrono::steady_clock::time_point emptied{};

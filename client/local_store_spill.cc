@@ -73,6 +73,7 @@ absl::StatusOr<std::vector<std::unique_ptr<LocalStore::Arena>>> LocalStore::Leas
 }
 
 absl::StatusOr<bool> LocalStore::SpillColdest(uint32_t max_blocks, uint64_t* return_bytes) {
+  if (mapper_->on_device()) return false;  // device bytes do not outlive the daemon
   std::vector<Block*> chosen;
   std::vector<uint64_t> lease_ids;
   {
@@ -80,8 +81,8 @@ absl::StatusOr<bool> LocalStore::SpillColdest(uint32_t max_blocks, uint64_t* ret
     std::vector<Block*> candidates;
     for (const std::unique_ptr<Arena>& arena : arenas_) {
       Block* block = arena->block;
-      if (!arena->on_device && block->state == Block::State::kResident &&
-          !block->allocator.empty() && block->unwritten == 0 && block->pins == 0) {
+      if (block->state == Block::State::kResident && !block->allocator.empty() &&
+          block->unwritten == 0 && block->pins == 0) {
         candidates.push_back(block);
       }
     }
@@ -197,8 +198,8 @@ absl::Status LocalStore::RestoreBlock(Block* block, bool may_spill) {
     {
       absl::MutexLock lock(&mu_);
       for (const std::unique_ptr<Arena>& arena : arenas_) {
-        if (Empty(*arena) && arena->bytes == block->bytes && arena->dedicated == block->dedicated &&
-            !arena->on_device) {
+        // (Only host stores have spilled blocks: SpillColdest refuses device ones.)
+        if (Empty(*arena) && arena->bytes == block->bytes && arena->dedicated == block->dedicated) {
           target = arena.get();
           break;
         }
