@@ -124,6 +124,7 @@ absl::StatusOr<LocalStore::Spot> LocalStore::PlaceShared(size_t nbytes, bool wri
     {
       absl::MutexLock lock(&table_.mu());
       for (std::unique_ptr<Arena>& arena : fresh) table_.Adopt(std::move(arena));
+      fresh.clear();
       if (table_.TryPlace(nbytes, &placement)) return AddTicket(placement, written);
       if (leased && !spilled) {  // only if a segment cannot hold nbytes after alignment
         return absl::InternalError("Store: a fresh segment could not place the buffer");

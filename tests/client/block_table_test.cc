@@ -39,6 +39,14 @@ Arena* Add(BlockTable& table, std::unique_ptr<Arena> arena)
   return raw;
 }
 
+// Moves a resident block through a spill that the daemon answered: on disk,
+// out of its arena (which gets a fresh empty block).
+void Spill(BlockTable& table, Block* block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(table.mu()) {
+  table.Move(block, BlockEvent::kSpill);
+  table.Move(block, BlockEvent::kSpillDone);
+  table.Evict(block);
+}
+
 TEST(BlockTableTest, AdoptAndDetachKeepTheLeaseCounters) {
   BlockTable table;
   absl::MutexLock lock(&table.mu());
@@ -150,9 +158,7 @@ TEST(BlockTableTest, DeletingASpilledBlockStopsCountingIt) {
   absl::MutexLock lock(&table.mu());
   Arena* a = Add(table, NewArena(1));
   Block* block = a->block;
-  table.Move(block, BlockEvent::kSpill);
-  table.Move(block, BlockEvent::kSpillDone);
-  table.Evict(block);
+  Spill(table, block);
   ASSERT_EQ(table.usage().spilled_leases(), 1u);
   table.DeleteBlock(block);
   EXPECT_EQ(table.usage().spilled_leases(), 0u);
@@ -164,9 +170,7 @@ TEST(BlockTableTest, AReadAheadMarkLastsUntilReadOrUntilTheBlockLeavesMemoryUnre
   absl::MutexLock lock(&table.mu());
   Arena* a = Add(table, NewArena(1));
   Block* block = a->block;
-  table.Move(block, BlockEvent::kSpill);
-  table.Move(block, BlockEvent::kSpillDone);
-  table.Evict(block);
+  Spill(table, block);
   table.Move(block, BlockEvent::kRestore);
   table.MarkAhead(block);
   table.MarkAhead(block);  // marked once
@@ -194,11 +198,8 @@ TEST(BlockTableTest, NewestSpilledBeforeIsTheOneBackwardReadsNext) {
     blocks[i] = a->block;
   }
   EXPECT_EQ(table.NewestSpilledBefore(seqs[2] + 1), nullptr);  // none spilled
-  for (Block* block : {blocks[0], blocks[1]}) {
-    table.Move(block, BlockEvent::kSpill);
-    table.Move(block, BlockEvent::kSpillDone);
-    table.Evict(block);
-  }
+  Spill(table, blocks[0]);
+  Spill(table, blocks[1]);
   EXPECT_EQ(table.NewestSpilledBefore(seqs[2]), blocks[1]);
   EXPECT_EQ(table.NewestSpilledBefore(seqs[1]), blocks[0]);
   EXPECT_EQ(table.NewestSpilledBefore(seqs[0]), nullptr);
