@@ -131,6 +131,8 @@ def test_blocks_default_to_the_largest_module_list(stash, caplog):
     report = stash.plan()
     assert [c.name for c in report.costs] == ["blocks.0", "blocks.1", "blocks.2"]
     assert report.choices == ["keep"] * 3
+    # The planner waits for copies as the engine does: at the stash's in-flight bound.
+    assert report.machine.max_in_flight_bytes == stash.max_in_flight_bytes == 1 << 30
     text = str(report)
     assert "blocks.2" in text and "budget 1.0 GiB" in text and "keep" in text
     assert "plan profiled for inputs [2, 16, 32] float32 cpu: keep, keep, keep" in caplog.text

@@ -284,3 +284,40 @@ def test_a_perturbed_probe_does_not_move_a_plan_of_inline_stores():
             assert actual.time_s <= best_uniform * (1 + 1e-9), (factor, plan.choices)
             chosen.add(tuple(plan.choices))
     assert len(chosen) == 1, chosen
+
+
+def test_the_in_flight_bound_makes_forward_wait_and_caps_what_is_in_flight():
+    # 100 MiB per block in 10 stores, copied at 1 GB/s (105 ms) behind 2 ms forwards
+    # and a 0.5 s tail: without a bound the copies hide behind the tail and the sources
+    # stay in flight meanwhile; with the engine's bound the packing thread waits for the
+    # oldest copies instead.
+    costs = [block(f"b{i}", forward=0.002, work=MiB) for i in range(4)]
+    plan = [OFFLOAD] * 4
+
+    def machine(**kw):
+        return Machine(store_bps=1e9, fetch_bps=1e12, tail_s=0.5, **kw)
+
+    free = simulate(costs, machine(), plan)
+    assert free.forward_s == pytest.approx([0.002] * 4)
+    assert simulate(costs, machine(max_in_flight_bytes=0), plan) == free  # 0: no bound
+    bound = 30 * MiB
+    bounded = simulate(costs, machine(max_in_flight_bytes=bound), plan)
+    # The first block queues 100 MiB and waits until 30 MiB are left; each later one
+    # queues 100 MiB behind those 30 and waits as long (its own 2 ms copied meanwhile).
+    assert bounded.forward_s[0] == pytest.approx(0.002 + 70 * MiB / 1e9)
+    assert bounded.forward_s[1] == pytest.approx(0.002 + (100 * MiB - 2e6) / 1e9)
+    # The copies no longer hide behind the tail: the step is longer by exactly what
+    # forward waited.
+    waited = sum(bounded.forward_s) - sum(free.forward_s)
+    assert bounded.time_s == pytest.approx(free.time_s + waited)
+    # What is in flight at a block's end never passes the bound: the peak is the
+    # bound plus a block's own forward work, far below the unbounded one.
+    assert bounded.peak_bytes <= bound + 20 * MiB < free.peak_bytes
+    # A single store larger than the bound goes alone, without a wait before it, and
+    # counts in flight whole: at b1's end, its 100 MiB source and b1's forward work.
+    one = [block("b0", forward=0.002, tensors=1, work=MiB),
+           block("b1", forward=0.002, saved=MiB, tensors=1, work=MiB)]
+    alone = simulate(one, machine(max_in_flight_bytes=bound), [OFFLOAD, KEEP])
+    assert alone.forward_s[0] == pytest.approx(0.002)
+    assert alone.phase_peak[1] == 100 * MiB + 20 * MiB
+    assert alone.phase_peak == simulate(one, machine(), [OFFLOAD, KEEP]).phase_peak

@@ -242,7 +242,9 @@ class AutoPlanner:
         machine = _planner.Machine(tail_s=tail_s, tail_work=max(0, tail_peak - held),
                                    prefetch=self.stash.prefetch_depth,
                                    offload_allowed=self.stash.available,
-                                   fetched_in_place=not step.cuda and self.stash.cpu_views)
+                                   fetched_in_place=not step.cuda and self.stash.cpu_views,
+                                   max_in_flight_bytes=getattr(
+                                       self.stash, "max_in_flight_bytes", 0) or float("inf"))
         if machine.offload_allowed:
             largest = max(step.saved, key=lambda s: s.stored)
             self._probe(machine, largest.sizes, step)

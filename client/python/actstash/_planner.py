@@ -17,7 +17,11 @@ The model of one training step (all times in seconds, memory in bytes):
   slower than probed, by `Machine.store_slowdown`: on a loaded machine the
   probed throughput of one model varies 2-4x between profiles, and a store
   predicted to end just before the next boundary must not make the predicted
-  peak jump between two levels from one profile to the next.
+  peak jump between two levels from one profile to the next. The engine bounds
+  the sources in flight (`Machine.max_in_flight_bytes`): a block whose stores
+  would leave more than that waiting in the queue waits (compute-thread time)
+  until the oldest copies are done, and no more than that is ever counted in
+  flight.
 * Between the last block's forward and its backward: the tail (head, loss, and
   their backward), measured.
 * Backward runs the blocks in reverse. A block's backward cannot start before its
@@ -126,6 +130,7 @@ class Machine:
     #                                   of the daemon's memory): they add nothing in-process
     store_slowdown: float = 2.0       # for memory only: copies take this much longer than
     #                                   store_bps says before their sources count as freed
+    max_in_flight_bytes: float = float("inf")  # the engine's bound on sources in flight
     # What store_bps and fetch_bps were taken from: the probe alone, and the node's copy
     # share (the daemon's node bandwidth over the sessions copying at once; 0: unknown).
     # The rates planned with are the smaller of the two.
@@ -156,6 +161,8 @@ def simulate(costs, machine, plan):
     slow_copy_free = 0.0  # the same queue at store_bps / store_slowdown: for memory
     store_done = [0.0] * n
     in_flight = []  # (source freed at, with the slow queue; source bytes)
+    bound = machine.max_in_flight_bytes or float("inf")  # 0: no bound
+    biggest = 0  # the largest single store so far: it may be in flight alone
     held_prefix = [0] * (n + 1)
     held = [c.held(choice) for c, choice in zip(costs, plan)]
     stored = 0
@@ -167,20 +174,30 @@ def simulate(costs, machine, plan):
         queued = nbytes - inline
         t += c.forward_s + ntensors * machine.per_tensor_s + inline / machine.store_bps
         # At its end (what it holds is all there), with the stores still copying.
-        flying = sum(b for done, b in in_flight if done > t)
+        flying = min(max(bound, biggest), sum(b for done, b in in_flight if done > t))
         phase_peak[j] = held_prefix[j] + flying + max(c.forward_work, held[j])
         if queued:
             begin = max(copy_free, t)
             copy_free = begin + queued / machine.store_bps
             store_done[j] = copy_free
-            slow_copy_free = max(slow_copy_free, t) + (
+            # The packing thread waits for the oldest copies while more than the bound
+            # would be in flight; a single store larger than the bound goes alone.
+            one = c.largest_tensor if choice == OFFLOAD and c.largest_tensor else (
+                queued / max(ntensors, 1))
+            biggest = max(biggest, one)
+            backlog = (copy_free - t) * machine.store_bps
+            queued_at = t
+            if backlog > max(bound, one):
+                t += (backlog - max(bound, one)) / machine.store_bps
+            slow_copy_free = max(slow_copy_free, queued_at) + (
                 queued * machine.store_slowdown / machine.store_bps)
             in_flight.append((slow_copy_free, queued))
         stored += nbytes
         fwd[j] = t - start
         held_prefix[j + 1] = held_prefix[j] + held[j]
     t += machine.tail_s
-    flying = sum(b for done, b in in_flight if done > t)  # at its end, as for blocks
+    flying = min(max(bound, biggest),
+                 sum(b for done, b in in_flight if done > t))  # at its end, as for blocks
     peak = held_prefix[n] + flying + machine.tail_work
     for j in range(n - 1, -1, -1):
         c, choice = costs[j], plan[j]
