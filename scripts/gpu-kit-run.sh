@@ -51,6 +51,11 @@ for candidate in "${ACTSTASH_KIT_PYTHON:-}" /opt/torch/.venv/bin/python3 python3
   fi
 done
 
+# skipped NAME WHY: a phase that cannot run here, in the summary's format.
+skipped() {
+  printf '%-22s %-22s rc=-   %4ss\n' "$1" "skipped ($2)" 0 >> "$summary"
+}
+
 # phase NAME LIMIT_S KIND COMMAND...: KIND is gpu (skipped-no-GPU when there is
 # none and the command exits 0 or 77), torch (needs $python), or cpu.
 phase() {
@@ -58,7 +63,7 @@ phase() {
   shift 3
   start=$(date +%s)
   if [ "$kind" = torch ] && [ -z "$python" ]; then
-    printf '%-22s %-22s rc=-   %4ss\n' "$name" "skipped (no torch)" 0 >> "$summary"
+    skipped "$name" "no torch"
     echo "no Python here imports torch and pytest" > "$out/$name.log"
     return
   fi
@@ -154,7 +159,7 @@ if [ "$mode" = full ]; then
     phase memcheck 120 gpu compute-sanitizer --tool memcheck --error-exitcode 1 \
       "$build/tests/client/cuda_copy_engine_gpu_test"
   else
-    printf '%-22s %-22s rc=-   %4ss\n' memcheck "skipped (no compute-sanitizer)" 0 >> "$summary"
+    skipped memcheck "no compute-sanitizer"
   fi
 fi
 echo
