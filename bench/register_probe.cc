@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "CLI/CLI.hpp"
 #include "bench/bench_util.h"
 #include "kernels/cuda_status.h"
 
@@ -68,22 +69,18 @@ class Lease {
 double Seconds(Clock::time_point start) { return Since(start); }
 
 int Main(int argc, char** argv) {
+  CLI::App app{
+      "cudaHostRegister of a lease made of several memfd mappings against "
+      "cudaHostAlloc, per GiB, and a round trip through it (exits 77 without a device)"};
   size_t gib = 1, segments = 8;
   int reps = 3;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string flag = argv[i];
-    const long value = std::strtol(argv[i + 1], nullptr, 10);
-    if (value <= 0) Die("bad value for " + flag);
-    if (flag == "--gib") {
-      gib = static_cast<size_t>(value);
-    } else if (flag == "--segments") {
-      segments = static_cast<size_t>(value);
-    } else if (flag == "--reps") {
-      reps = static_cast<int>(value);
-    } else {
-      Die("unknown flag " + flag + " (--gib N, --segments N, --reps N)");
-    }
-  }
+  app.add_option("--gib", gib, "GiB registered per repetition (default 1)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--segments", segments, "memfd mappings the lease is made of (default 8)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--reps", reps, "Repetitions; the median is reported (default 3)")
+      ->check(CLI::PositiveNumber);
+  CLI11_PARSE(app, argc, argv);
   int devices = 0;
   if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
     std::printf("no CUDA device: skipped\n");
