@@ -249,6 +249,59 @@ TEST(LocalStoreSpillTest, LostSpillIsDataLossForItsBuffersOnly) {
   for (const Held& h : held) EXPECT_TRUE(store.Release(h.ticket).ok());
 }
 
+TEST(LocalStoreSpillTest, ThreadsStoringAndReadingBackThroughSpillsKeepEveryByte) {
+  // Four trainers' worth of buffers through one store at once: the threads
+  // store together (leasing turns and spills interleave), wait for each
+  // other, then each reads its own back in backward order and releases them
+  // (read-backs by readers and ahead of them interleave with releases).
+  // Every byte comes back, and everything spilled is read back or dropped.
+  // Small buffers only, so that at most one block per thread is being
+  // written or read and the rest can always spill.
+  SpillingBackend backend(16);
+  LocalStore store(&backend, kSegment, /*lease_batch=*/2, nullptr, false, /*restore_ahead=*/2);
+  constexpr int kThreads = 4;
+  constexpr int kBuffers = 48;  // 4 x 48 x 136 KiB on average: 25 MiB through 16
+  absl::Mutex mu;
+  int stored = 0;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      std::mt19937_64 random(100 + t);
+      std::vector<Held> held;
+      for (int i = 0; i < kBuffers; ++i) {
+        const size_t size = (16 << 10) * (1 + random() % 16);  // 16 to 256 KiB
+        Held h{0, Bytes(size, 1000 * t + i)};
+        absl::StatusOr<uint64_t> ticket = store.Store(h.data.data(), h.data.size());
+        EXPECT_TRUE(ticket.ok()) << "thread " << t << ", buffer " << i << ": " << ticket.status();
+        if (!ticket.ok()) break;
+        h.ticket = *ticket;
+        held.push_back(std::move(h));
+      }
+      {
+        absl::MutexLock lock(&mu);
+        stored += 1;
+        mu.Await(absl::Condition(
+            +[](int* n) { return *n == kThreads; }, &stored));
+      }
+      for (size_t i = held.size(); i-- > 0;) {
+        ExpectBack(store, held[i]);
+        EXPECT_TRUE(store.Release(held[i].ticket).ok());
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  const v1::ClientUsage usage = store.usage();
+  EXPECT_GT(usage.spills(), 0u);
+  EXPECT_GT(usage.restores(), 0u);
+  EXPECT_EQ(usage.objects(), 0u);
+  EXPECT_EQ(usage.bytes(), 0u);
+  EXPECT_EQ(usage.spilled_leases(), 0u);
+  EXPECT_EQ(usage.spilled_bytes(), 0u);
+  EXPECT_LE(usage.leased_bytes(), 16 * kSegment);
+  absl::MutexLock lock(&backend.mu_);
+  EXPECT_TRUE(backend.disk_.empty());
+}
+
 // Waits (up to a minute) until `usage().restores_ahead()` reaches `n`.
 bool RestoresAheadReach(LocalStore& store, uint64_t n) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::minutes(1);
