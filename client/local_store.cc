@@ -56,15 +56,11 @@ absl::StatusOr<uint64_t> LocalStore::Store(const void* src, size_t nbytes) {
     return absl::InvalidArgumentError("Store: null source with a non-zero size");
   }
   if (leases_.mapper().on_device()) return DeviceTierError("Store");
-  absl::StatusOr<Placed> placed = Place(nbytes, /*written=*/false);
+  absl::StatusOr<Placed> placed = Reserve(nbytes);
   if (!placed.ok()) return placed.status();
   if (nbytes > 0) std::memcpy(placed->data, src, nbytes);
   (void)MarkWritten(placed->ticket);
   return placed->ticket;
-}
-
-absl::StatusOr<Placed> LocalStore::Reserve(size_t nbytes) {
-  return Place(nbytes, /*written=*/false);
 }
 
 absl::Status LocalStore::MarkWritten(uint64_t ticket) {
@@ -90,17 +86,16 @@ absl::StatusOr<Located> LocalStore::Locate(uint64_t ticket) {
   return Located{arena.base + placement->offset, placement->size, arena.pinned, on_device};
 }
 
-LocalStore::Spot LocalStore::AddTicket(Placement placement, bool written) {
-  placement.written = written;
+LocalStore::Spot LocalStore::AddTicket(const Placement& placement) {
   const uint64_t ticket = table_.AddTicket(placement);
   return Spot{ticket, placement.block->arena, placement.offset};  // unwritten: cannot spill
 }
 
-absl::StatusOr<Placed> LocalStore::Place(size_t nbytes, bool written) {
+absl::StatusOr<Placed> LocalStore::Reserve(size_t nbytes) {
   LeaseBackend& backend = leases_.backend();
   if (backend.Lost()) return Lost(backend, leases_.mapper().on_device());
-  absl::StatusOr<Spot> spot = nbytes > leases_.segment_bytes() ? PlaceDedicated(nbytes, written)
-                                                               : PlaceShared(nbytes, written);
+  absl::StatusOr<Spot> spot =
+      nbytes > leases_.segment_bytes() ? PlaceDedicated(nbytes) : PlaceShared(nbytes);
   if (!spot.ok()) return spot.status();
   Arena* arena = spot->arena;
   if (!arena->pinned && leases_.mapper().registers()) leases_.MaybePinLate(arena);
@@ -108,11 +103,11 @@ absl::StatusOr<Placed> LocalStore::Place(size_t nbytes, bool written) {
                 leases_.mapper().on_device()};
 }
 
-absl::StatusOr<LocalStore::Spot> LocalStore::PlaceShared(size_t nbytes, bool written) {
+absl::StatusOr<LocalStore::Spot> LocalStore::PlaceShared(size_t nbytes) {
   Placement placement;
   {
     absl::MutexLock lock(&table_.mu());
-    if (table_.TryPlace(nbytes, &placement)) return AddTicket(placement, written);
+    if (table_.TryPlace(nbytes, &placement)) return AddTicket(placement);
   }
   // Slow path: lease more segments. One thread leases; the others wait for
   // its turn to end and then find room in what it mapped.
@@ -125,7 +120,7 @@ absl::StatusOr<LocalStore::Spot> LocalStore::PlaceShared(size_t nbytes, bool wri
       absl::MutexLock lock(&table_.mu());
       for (std::unique_ptr<Arena>& arena : fresh) table_.Adopt(std::move(arena));
       fresh.clear();
-      if (table_.TryPlace(nbytes, &placement)) return AddTicket(placement, written);
+      if (table_.TryPlace(nbytes, &placement)) return AddTicket(placement);
       if (leased && !spilled) {  // only if a segment cannot hold nbytes after alignment
         return absl::InternalError("Store: a fresh segment could not place the buffer");
       }
@@ -140,7 +135,7 @@ absl::StatusOr<LocalStore::Spot> LocalStore::PlaceShared(size_t nbytes, bool wri
   }
 }
 
-absl::StatusOr<LocalStore::Spot> LocalStore::PlaceDedicated(size_t nbytes, bool written) {
+absl::StatusOr<LocalStore::Spot> LocalStore::PlaceDedicated(size_t nbytes) {
   const uint64_t segment_bytes = leases_.segment_bytes();
   const uint64_t segments = (nbytes + segment_bytes - 1) / segment_bytes;
   if (segments > UINT32_MAX) return absl::ResourceExhaustedError("Store: buffer too large");
@@ -154,7 +149,7 @@ absl::StatusOr<LocalStore::Spot> LocalStore::PlaceDedicated(size_t nbytes, bool 
     {
       absl::MutexLock lock(&table_.mu());
       if (Arena* spare = SpareDedicated(want)) {
-        return AddTicket(table_.PlaceIn(spare, nbytes), written);
+        return AddTicket(table_.PlaceIn(spare, nbytes));
       }
     }
     absl::StatusOr<std::vector<std::unique_ptr<Arena>>> arenas =
@@ -169,7 +164,7 @@ absl::StatusOr<LocalStore::Spot> LocalStore::PlaceDedicated(size_t nbytes, bool 
     absl::MutexLock lock(&table_.mu());
     Arena* arena = arenas->front().get();
     table_.Adopt(std::move(arenas->front()));
-    return AddTicket(table_.PlaceIn(arena, nbytes), written);
+    return AddTicket(table_.PlaceIn(arena, nbytes));
   }
 }
 

@@ -135,18 +135,17 @@ class LocalStore {
     uint64_t offset = 0;
   };
 
-  // Reserve without the argument checks.
-  absl::StatusOr<Placed> Place(size_t nbytes, bool written) ABSL_LOCKS_EXCLUDED(table_.mu());
   // A buffer of at most a segment, in a shared lease: where there is room,
   // else (one thread at a time) in leases leased, or emptied by spilling.
-  absl::StatusOr<Spot> PlaceShared(size_t nbytes, bool written) ABSL_LOCKS_EXCLUDED(table_.mu());
+  absl::StatusOr<Spot> PlaceShared(size_t nbytes) ABSL_LOCKS_EXCLUDED(table_.mu());
   // A buffer bigger than a segment, in a dedicated lease of contiguous
   // segments: the spare one of its size if any, else a new one. The last one
   // released is kept as a spare for the next big buffer of the same size (a
   // layer's activations come back every step).
-  absl::StatusOr<Spot> PlaceDedicated(size_t nbytes, bool written) ABSL_LOCKS_EXCLUDED(table_.mu());
-  // Gives `placement` a ticket.
-  Spot AddTicket(Placement placement, bool written) ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_.mu());
+  absl::StatusOr<Spot> PlaceDedicated(size_t nbytes) ABSL_LOCKS_EXCLUDED(table_.mu());
+  // Gives `placement` a ticket; its bytes count as unwritten until
+  // MarkWritten (they cannot spill meanwhile).
+  Spot AddTicket(const Placement& placement) ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_.mu());
   // An empty dedicated arena of `bytes` kept for reuse, if any.
   Arena* SpareDedicated(uint64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_.mu());
 
