@@ -243,8 +243,7 @@ class AutoPlanner:
                                    prefetch=self.stash.prefetch_depth,
                                    offload_allowed=self.stash.available,
                                    fetched_in_place=not step.cuda and self.stash.cpu_views,
-                                   max_in_flight_bytes=getattr(
-                                       self.stash, "max_in_flight_bytes", 0) or float("inf"))
+                                   max_in_flight_bytes=self.stash.max_in_flight_bytes)
         if machine.offload_allowed:
             largest = max(step.saved, key=lambda s: s.stored)
             self._probe(machine, largest.sizes, step)

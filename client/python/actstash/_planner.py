@@ -130,7 +130,7 @@ class Machine:
     #                                   of the daemon's memory): they add nothing in-process
     store_slowdown: float = 2.0       # for memory only: copies take this much longer than
     #                                   store_bps says before their sources count as freed
-    max_in_flight_bytes: float = float("inf")  # the engine's bound on sources in flight
+    max_in_flight_bytes: float = 0    # the engine's bound on sources in flight; 0: none
     # What store_bps and fetch_bps were taken from: the probe alone, and the node's copy
     # share (the daemon's node bandwidth over the sessions copying at once; 0: unknown).
     # The rates planned with are the smaller of the two.
@@ -161,7 +161,7 @@ def simulate(costs, machine, plan):
     slow_copy_free = 0.0  # the same queue at store_bps / store_slowdown: for memory
     store_done = [0.0] * n
     in_flight = []  # (source freed at, with the slow queue; source bytes)
-    bound = machine.max_in_flight_bytes or float("inf")  # 0: no bound
+    bound = machine.max_in_flight_bytes or float("inf")
     biggest = 0  # the largest single store so far: it may be in flight alone
     held_prefix = [0] * (n + 1)
     held = [c.held(choice) for c, choice in zip(costs, plan)]
@@ -185,10 +185,11 @@ def simulate(costs, machine, plan):
             one = c.largest_tensor if choice == OFFLOAD and c.largest_tensor else (
                 queued / max(ntensors, 1))
             biggest = max(biggest, one)
+            left = max(bound, one)  # in flight once the packing thread may go on
             backlog = (copy_free - t) * machine.store_bps
             queued_at = t
-            if backlog > max(bound, one):
-                t += (backlog - max(bound, one)) / machine.store_bps
+            if backlog > left:
+                t += (backlog - left) / machine.store_bps
             slow_copy_free = max(slow_copy_free, queued_at) + (
                 queued * machine.store_slowdown / machine.store_bps)
             in_flight.append((slow_copy_free, queued))
