@@ -51,10 +51,12 @@ for candidate in "${ACTSTASH_KIT_PYTHON:-}" /opt/torch/.venv/bin/python3 python3
   fi
 done
 
-# skipped NAME WHY: a phase that cannot run here, in the summary's format.
-skipped() {
-  printf '%-22s %-22s rc=-   %4ss\n' "$1" "skipped ($2)" 0 >> "$summary"
+# summary_line NAME STATUS RC SECONDS: one phase's line of the summary.
+summary_line() {
+  printf '%-22s %-22s rc=%-3s %4ss\n' "$1" "$2" "$3" "$4" >> "$summary"
 }
+# skipped NAME WHY: a phase that cannot run here.
+skipped() { summary_line "$1" "skipped ($2)" - 0; }
 
 # phase NAME LIMIT_S KIND COMMAND...: KIND is gpu (skipped-no-GPU when there is
 # none and the command exits 0 or 77), torch (needs $python), or cpu.
@@ -82,7 +84,7 @@ phase() {
     status=FAILED
   fi
   case "$status" in FAILED|TIMEOUT*) failed=1 ;; esac
-  printf '%-22s %-22s rc=%-3s %4ss\n' "$name" "$status" "$rc" "$(( $(date +%s) - start ))" >> "$summary"
+  summary_line "$name" "$status" "$rc" "$(( $(date +%s) - start ))"
   echo "run.sh: $name: $status"
 }
 
