@@ -33,14 +33,12 @@ ARG CUDA_REPO=https://developer.download.nvidia.com/compute/cuda/repos/debian12/
 ARG CMAKE_ARGS=""
 
 ENV DEBIAN_FRONTEND=noninteractive
-# The part of scripts/setup's package list that the daemon and the CLI need
-# (no tests, benchmarks, Python or torch).
+# The packages of purpose 'daemon' of the project's one list
+# (scripts/debian-packages.txt): the toolchain and the daemon's and CLI's
+# libraries (no tests, benchmarks, Python or torch).
+COPY scripts/packages scripts/debian-packages.txt /tmp/actstash-packages/
 RUN apt-get update \
- && apt-get install -y --no-install-recommends \
-      build-essential cmake ninja-build pkg-config \
-      libgrpc++-dev libgrpc-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler grpc-proto \
-      libabsl-dev libspdlog-dev libfmt-dev libcli11-dev libtomlplusplus-dev libboost-dev \
-      libxxhash-dev prometheus-cpp-dev \
+ && apt-get install -y --no-install-recommends $(sh /tmp/actstash-packages/packages daemon) \
  && rm -rf /var/lib/apt/lists/*
 
 RUN set -eu; \
@@ -68,26 +66,38 @@ RUN cmake -S . -B /build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
  && /build/server/actstashd --version
 
 # Stage the binaries (debug info stripped, symbols kept for stack traces) and
-# the list of Debian packages that provide the shared libraries they load, so
-# the runtime stage installs exactly those (today: libabsl20220623 libc-ares2
-# libcivetweb1 libfmt9 libgrpc++1.51 libgrpc29 libprometheus-cpp-core1.0
-# libprometheus-cpp-pull1.0 libprotobuf32 libre2-9 libspdlog1.10 libssl3
-# libtomlplusplus3 libxxhash0 zlib1g, plus libc6/libgcc-s1/libstdc++6).
+# the runtime packages: purpose 'run' of the list, which must hold the owner
+# of every shared library the binaries load (libc6, libgcc-s1 and libstdc++6
+# are in every Debian image). A library whose package is missing from the
+# list stops the build here, naming the package, rather than the container
+# at its first start.
 RUN set -eu; \
     mkdir -p /out/bin; \
     cp /build/server/actstashd /build/tools/actstash /out/bin/; \
     strip --strip-debug /out/bin/actstashd /out/bin/actstash; \
     if ldd /out/bin/actstashd /out/bin/actstash | grep 'not found'; then exit 1; fi; \
-    : > /out/runtime-packages; \
+    sh /tmp/actstash-packages/packages run > /out/runtime-packages; \
+    : > /tmp/owners; \
     for lib in $(ldd /out/bin/actstashd /out/bin/actstash | awk '$2 == "=>" && $3 ~ /^\// {print $3}' | sort -u); do \
       owner=$(dpkg -S "$lib" 2>/dev/null || dpkg -S "$(readlink -f "$lib")" 2>/dev/null \
               || dpkg -S "$(echo "$lib" | sed 's|^/usr/lib/|/lib/|; t; s|^/lib/|/usr/lib/|')" 2>/dev/null) \
         || { echo "no Debian package provides $lib (needed at run time)" >&2; exit 1; }; \
-      echo "$owner" | head -n 1 | cut -d: -f1 >> /out/runtime-packages; \
+      echo "$owner" | head -n 1 | cut -d: -f1 >> /tmp/owners; \
     done; \
-    sort -u -o /out/runtime-packages /out/runtime-packages; \
+    missing=""; \
+    for p in $(sort -u /tmp/owners); do \
+      case "$p" in libc6|libgcc-s1|libstdc++6) continue ;; esac; \
+      grep -qx "$p" /out/runtime-packages || missing="$missing $p"; \
+    done; \
+    if [ -n "$missing" ]; then \
+      echo "actstashd/actstash load libraries of$missing, which scripts/debian-packages.txt" \
+           "does not list under 'run': add them there" >&2; \
+      exit 1; \
+    fi; \
+    for p in $(cat /out/runtime-packages); do \
+      grep -qx "$p" /tmp/owners || echo "note: runtime package $p is listed but no binary loads it"; \
+    done; \
     echo "runtime packages:"; cat /out/runtime-packages
-
 
 FROM ${RUNTIME_BASE}
 
@@ -107,6 +117,7 @@ RUN set -eu; \
     useradd --no-log-init --uid 10001 --gid 10001 --no-create-home --home-dir /nonexistent \
       --shell /usr/sbin/nologin actstash; \
     install -d -o 10001 -g 10001 -m 0755 /run/actstash; \
+    install -d -o 10001 -g 10001 -m 0750 /var/lib/actstash/spill; \
     install -d -m 0755 /etc/actstash
 
 COPY --from=build /out/bin/actstashd /out/bin/actstash /usr/local/bin/
@@ -125,6 +136,10 @@ USER 10001:10001
 # The gRPC socket and the attach socket beside it; share this directory with
 # the trainers (a host directory, or a named volume).
 VOLUME ["/run/actstash"]
+# The spill tier's directory when the daemon runs with --spill-dir
+# /var/lib/actstash/spill: mount a local disk there (-v /scratch:/var/lib/
+# actstash/spill, owned by 10001); without a mount it lives in the container's
+# writable layer.
 
 HEALTHCHECK --interval=30s --timeout=5s --start-period=60s --retries=3 \
   CMD ["/usr/local/bin/actstash", "--timeout", "3", "ping"]

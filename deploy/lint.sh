@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Lints the deployment files: the Kubernetes manifests with yamllint
-# (installed with apt-get if missing), the systemd unit with
+# (installed with apt-get if missing) and against the Kubernetes API's
+# schemas (kubernetes-validate from PyPI), the systemd unit with
 # `systemd-analyze verify` (skipped with a message where systemd-analyze is
 # missing), and the shell scripts with shellcheck when it is installed.
 # Exit status: 0 clean, 1 a finding.
@@ -23,6 +24,28 @@ if yamllint --strict -d "$YAMLLINT_CONFIG" deploy/k8s/; then
 else
   status=1
 fi
+
+# The manifests against the Kubernetes API's own schemas, strictly (an
+# unknown or misplaced field fails), for the oldest and the newest Kubernetes
+# the manifests support: kubernetes-validate from PyPI (its schemas are
+# bundled; no cluster), in a venv cached on the machine.
+KUBE_VALIDATE_VERSION=1.37.0
+KUBE_VERSIONS=(1.29.0 1.37.0)
+venv=${ACTSTASH_TOOLS_CACHE:-/var/cache/actstash-tools}/kubernetes-validate-$KUBE_VALIDATE_VERSION
+if [ ! -x "$venv/bin/kubernetes-validate" ]; then
+  echo "deploy/lint.sh: installing kubernetes-validate $KUBE_VALIDATE_VERSION into $venv"
+  rm -rf "$venv"
+  /usr/bin/python3 -m venv "$venv"
+  "$venv/bin/pip" install -q --disable-pip-version-check "kubernetes-validate==$KUBE_VALIDATE_VERSION"
+fi
+for version in "${KUBE_VERSIONS[@]}"; do
+  echo "deploy/lint.sh: kubernetes-validate --strict deploy/k8s (Kubernetes $version)"
+  if "$venv/bin/kubernetes-validate" --strict --quiet -k "$version" deploy/k8s/*.yaml; then
+    echo "  ok"
+  else
+    status=1
+  fi
+done
 
 # The TOML embedded in the ConfigMap must parse and name only keys the daemon
 # knows (an unknown key stops it at start): start the built daemon on it, if
@@ -88,8 +111,8 @@ else
 fi
 
 if command -v shellcheck >/dev/null; then
-  echo "deploy/lint.sh: shellcheck deploy/*.sh"
-  if shellcheck deploy/*.sh; then echo "  ok"; else status=1; fi
+  echo "deploy/lint.sh: shellcheck -x deploy/*.sh"
+  if shellcheck -x deploy/*.sh; then echo "  ok"; else status=1; fi
 else
   echo "deploy/lint.sh: shellcheck not found; skipping the scripts"
 fi

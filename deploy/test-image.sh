@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
 # Builds the top-level Dockerfile without a Docker daemon and smoke-tests the
-# image: `actstashd --help`, a daemon started from the image answering
-# `actstash ping`/`stats` (also from outside, through the shared socket
-# directory), the image's HEALTHCHECK command, the mlock warning under a low
-# memlock limit, and a clean SIGTERM stop.
+# image: its configuration (user, entrypoint, volume, healthcheck, stop
+# signal); `actstashd --help`; a daemon started from the image with a spill
+# tier (--spill-dir) and a metrics endpoint answering `actstash ping`/`stats`
+# (also from outside, through the shared socket directory); `actstash verify`
+# storing more than the pool so that objects go to disk and come back, every
+# byte compared; /metrics showing those spill bytes; the image's HEALTHCHECK
+# command; the mlock warning under a low memlock limit; a clean SIGTERM stop.
+# CI runs it (.ci/run).
 #
 #   deploy/test-image.sh                  # the working tree, CPU-only image
 #   deploy/test-image.sh --from-git HEAD  # a committed tree instead (git archive)
@@ -12,11 +16,11 @@
 # Needs root. Uses podman (`podman build --isolation=chroot`); installs podman
 # and debootstrap with apt-get when missing. No registry is needed: the base
 # images debian:bookworm and debian:bookworm-slim are made with debootstrap
-# from deb.debian.org and imported (once; they stay in podman's storage).
-# Containers run with `podman run` when that works here, else the image's
-# filesystem is mounted (podman create + podman mount) and the binaries run
-# under chroot as uid 10001. Slow (the image compiles the project): not part
-# of the default CI.
+# from this machine's apt mirror (ACTSTASH_DEBIAN_MIRROR overrides) and
+# imported (once; they stay in podman's storage, and podman's layer cache
+# keeps the package stage between runs). Containers run with `podman run`
+# when that works here, else the image's filesystem is mounted (podman create
+# + podman mount) and the binaries run under chroot as uid 10001.
 #
 # Environment: ACTSTASH_IMAGE (tag, default localhost/actstash:test),
 # ACTSTASH_ROOTFS (debootstrap directory, default /var/tmp/actstash-bookworm-rootfs),
@@ -24,6 +28,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$PWD
+# shellcheck source=scripts/lib/debian_mirror.sh
+. scripts/lib/debian_mirror.sh
 
 image=${ACTSTASH_IMAGE:-localhost/actstash:test}
 rootfs=${ACTSTASH_ROOTFS:-/var/tmp/actstash-bookworm-rootfs}
@@ -34,7 +40,7 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --from-git) from_git=$2; shift 2 ;;
     --cuda) build_args+=(--build-arg ACTSTASH_WITH_CUDA=ON); shift ;;
-    -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
     *) echo "test-image.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -65,7 +71,7 @@ else
   if [ ! -x "$rootfs/usr/bin/apt-get" ]; then
     log "debootstrap bookworm into $rootfs (a few minutes)"
     rm -rf "$rootfs"
-    debootstrap --variant=minbase bookworm "$rootfs" http://deb.debian.org/debian
+    debootstrap --variant=minbase bookworm "$rootfs" "$(debian_mirror)"
   fi
   rm -rf "$rootfs"/var/lib/apt/lists/* "$rootfs"/var/cache/apt/archives/*.deb
   log "importing $rootfs as debian:bookworm and debian:bookworm-slim"
@@ -141,12 +147,37 @@ outside_ping() {
   fi
 }
 
+# The daemon under test: a 256 MiB pool, a spill tier in the image's spill
+# directory, Prometheus metrics on a free loopback port.
+pool_args=(--pool-size 256MiB --spill-dir /var/lib/actstash/spill)
+metrics_port=$(/usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+metrics_args=(--metrics-address "127.0.0.1:$metrics_port")
+# More than the pool: the oldest objects must go to disk and come back.
+verify_args=(verify --bytes 384MiB --object-size 16MiB --require-spill)
+
+# /metrics, read from the host: the endpoint answers and counts the spill
+# tier's writes and reads of the verify run.
+check_metrics() {
+  log "metrics: http://127.0.0.1:$metrics_port/metrics"
+  /usr/bin/python3 - "$metrics_port" <<'PY' || fail "the metrics endpoint is missing or does not count the spill"
+import re, sys, urllib.request
+text = urllib.request.urlopen("http://127.0.0.1:%s/metrics" % sys.argv[1], timeout=5).read().decode()
+def value(direction):
+    m = re.search(r'^actstash_spill_io_bytes_total\{direction="%s"\} (\S+)$' % direction, text, re.M)
+    return float(m.group(1)) if m else 0.0
+written, read = value("write"), value("read")
+print("test-image.sh: metrics: spill written %.0f bytes, read %.0f bytes" % (written, read))
+sys.exit(0 if written > 0 and read > 0 else 1)
+PY
+}
+
 run_with_podman() {
   log "podman run: actstashd --help"
-  podman run --rm --pull=never --network=none "$image" --help | head -n 3
-  log "podman run: daemon (256 MiB pool, memlock unlimited)"
-  podman run -d --name "$container" --pull=never --network=none --ulimit memlock=-1:-1 \
-    -v "$sockdir:/run/actstash" "$image" --socket "$socket_in" --pool-size 256MiB --mlock on
+  podman run --rm --pull=never --network=none "$image" --help | sed -n '1,3p'  # reads it all: no SIGPIPE
+  log "podman run: daemon (256 MiB pool, spill tier, metrics, memlock unlimited)"
+  podman run -d --name "$container" --pull=never --network=host --ulimit memlock=-1:-1 \
+    -v "$sockdir:/run/actstash" "$image" --socket "$socket_in" "${pool_args[@]}" \
+    "${metrics_args[@]}" --mlock on
   local up=""
   for _ in $(seq 60); do
     if podman exec "$container" actstash ping 2>/dev/null; then up=1; break; fi
@@ -155,6 +186,9 @@ run_with_podman() {
   [ -n "$up" ] || { podman logs "$container"; fail "the daemon in the container never answered ping"; }
   podman exec "$container" actstash stats
   outside_ping
+  log "verify: more than the pool through the daemon, every byte compared"
+  podman exec "$container" actstash "${verify_args[@]}" || fail "actstash verify failed"
+  check_metrics
   log "image HEALTHCHECK"
   podman healthcheck run "$container" || fail "healthcheck failed"
   log "healthcheck: healthy"
@@ -191,7 +225,7 @@ run_with_chroot() {
     fail "missing shared libraries in the image"
   fi
   log "chroot: actstashd --help"
-  "${as_user[@]}" "${env[@]}" /usr/local/bin/actstashd --help | head -n 3
+  "${as_user[@]}" "${env[@]}" /usr/local/bin/actstashd --help | sed -n '1,3p'  # reads it all: no SIGPIPE
   # Pinned, the two ways the deployments do it: a memlock limit above the pool
   # (docker --ulimit memlock), else CAP_IPC_LOCK as an ambient capability of
   # uid 10001 (the systemd unit). Raising the limit needs CAP_SYS_RESOURCE.
@@ -209,10 +243,10 @@ run_with_chroot() {
     pin_how="NOT pinned: cannot raise the memlock limit nor pass CAP_IPC_LOCK here"
     mlock_mode=auto
   fi
-  log "chroot: daemon as uid 10001, 256 MiB pool, $pin_how"
+  log "chroot: daemon as uid 10001, 256 MiB pool, spill tier, metrics, $pin_how"
   ( ulimit -l unlimited 2>/dev/null || true
-    exec "${start[@]}" /usr/local/bin/actstashd --socket "$socket_in" --pool-size 256MiB \
-      --mlock "$mlock_mode" ) > "$work/daemon.log" 2>&1 &
+    exec "${start[@]}" /usr/local/bin/actstashd --socket "$socket_in" "${pool_args[@]}" \
+      "${metrics_args[@]}" --mlock "$mlock_mode" ) > "$work/daemon.log" 2>&1 &
   daemon_pid=$!
   local up=""
   for _ in $(seq 60); do
@@ -223,10 +257,14 @@ run_with_chroot() {
   [ -n "$up" ] || { cat "$work/daemon.log"; fail "the daemon never answered ping"; }
   "${as_user[@]}" "${env[@]}" /usr/local/bin/actstash stats
   grep 'host pool:' "$work/daemon.log"
-  if [ "$mlock_mode" = on ] && ! grep -q 'host pool:.*(mlocked)' "$work/daemon.log"; then
+  if [ "$mlock_mode" = on ] && ! grep -Eq 'host pool:.*\(mlocked[;)]' "$work/daemon.log"; then
     fail "the pool is not pinned"
   fi
   outside_ping
+  log "verify: more than the pool through the daemon, every byte compared"
+  "${as_user[@]}" "${env[@]}" /usr/local/bin/actstash "${verify_args[@]}" ||
+    fail "actstash verify failed"
+  check_metrics
   log "image HEALTHCHECK command"
   local health
   health=$(/usr/bin/python3 -c 'import json,sys; i=json.load(open(sys.argv[1]))[0]; t=(i["Config"].get("Healthcheck") or i["Healthcheck"])["Test"]; print(" ".join(t[1:]))' "$work/image-inspect.json")

@@ -16,41 +16,16 @@
 #include "absl/strings/str_format.h"
 #include "actstash/client.h"
 #include "common/units.h"
+#include "tools/cli_common.h"
+#include "tools/verify_command.h"
 
 namespace {
 
-constexpr int kExitUnavailable = 1;
-constexpr int kExitUsage = 2;
-constexpr int kExitNotServing = 3;
-
-// Global flags shared by the subcommands.
-struct Common {
-  std::string address;
-  std::chrono::milliseconds timeout{5000};
-  actstash::ClientOptions tls;  // only the tls_* fields
-};
-
-bool ReadFile(const std::string& path, std::string* out) {
-  FILE* f = std::fopen(path.c_str(), "rb");
-  if (f == nullptr) return false;
-  char buffer[4096];
-  size_t n = 0;
-  while ((n = std::fread(buffer, 1, sizeof(buffer), f)) > 0) out->append(buffer, n);
-  std::fclose(f);
-  return true;
-}
-
-absl::StatusOr<std::unique_ptr<actstash::Client>> ConnectCli(const Common& common, uint64_t quota,
-                                                             bool attach) {
-  actstash::ClientOptions options = common.tls;
-  options.attach = attach ? actstash::AttachMode::kAuto : actstash::AttachMode::kOff;
-  options.address = common.address;
-  options.client_name = "actstash-cli";
-  options.connect_timeout = common.timeout;
-  options.rpc_timeout = common.timeout;
-  options.quota_bytes = quota;
-  return actstash::Client::Connect(options);
-}
+using actstash::cli::Common;
+using actstash::cli::ConnectCli;
+using actstash::cli::kExitNotServing;
+using actstash::cli::kExitUnavailable;
+using actstash::cli::kExitUsage;
 
 // The stats messages as JSON: protobuf's own printer (proto field names,
 // every field, one line). 64-bit integers are JSON strings, as the proto3
@@ -276,6 +251,18 @@ int main(int argc, char** argv) {
   double seconds = 1;
   bench->add_option("--sizes", sizes, "Buffer sizes (default 1MiB 64MiB)");
   bench->add_option("--seconds", seconds, "Time per size (default 1)")->check(CLI::PositiveNumber);
+  CLI::App* verify = app.add_subcommand(
+      "verify",
+      "Store --bytes of patterned data, read every byte back and compare; with more than the "
+      "session's quota or the pool, a daemon with --spill-dir writes to disk and reads back");
+  actstash::cli::VerifyOptions verify_options;
+  std::string verify_bytes = "64MiB", verify_object = "8MiB";
+  verify->add_option("--bytes", verify_bytes, "Data to store in all (default 64MiB)");
+  verify->add_option("--object-size", verify_object, "Size of each object (default 8MiB)");
+  verify->add_flag("--zero-copy", verify_options.zero_copy,
+                   "Use the attached (leased memory) path instead of inline gRPC");
+  verify->add_flag("--require-spill", verify_options.require_spill,
+                   "Fail unless the spill tier wrote to disk and read back meanwhile");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& error) {
@@ -286,7 +273,7 @@ int main(int argc, char** argv) {
        {std::tuple{&tls_ca, &common.tls.tls_root_certs, "--tls-ca"},
         std::tuple{&tls_cert, &common.tls.tls_cert_chain, "--tls-cert"},
         std::tuple{&tls_key, &common.tls.tls_private_key, "--tls-key"}}) {
-    if (!path->empty() && !ReadFile(*path, out)) {
+    if (!path->empty() && !actstash::cli::ReadFile(*path, out)) {
       std::fprintf(stderr, "actstash: cannot read %s %s\n", what, path->c_str());
       return kExitUsage;
     }
@@ -295,5 +282,17 @@ int main(int argc, char** argv) {
   if (stats->parsed()) return RunStats(common, json, /*sessions_only=*/false);
   if (sessions->parsed()) return RunStats(common, json, /*sessions_only=*/true);
   if (bench->parsed()) return RunBench(common, sizes, seconds);
+  if (verify->parsed()) {
+    for (const auto& [text, out] : {std::pair{&verify_bytes, &verify_options.total_bytes},
+                                    std::pair{&verify_object, &verify_options.object_bytes}}) {
+      absl::StatusOr<uint64_t> n = actstash::ParseByteSize(*text);
+      if (!n.ok()) {
+        std::fprintf(stderr, "actstash verify: bad size '%s'\n", text->c_str());
+        return kExitUsage;
+      }
+      *out = *n;
+    }
+    return actstash::cli::RunVerify(common, verify_options);
+  }
   return kExitUsage;
 }

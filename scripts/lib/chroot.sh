@@ -6,7 +6,8 @@
 #   chroot_rootfs CACHE SUITE PACKAGE...
 #     Makes (once) CACHE/SUITE/rootfs: `debootstrap --variant=minbase SUITE`
 #     plus PACKAGEs (no recommends). Reused while its package list is the same;
-#     sets CHROOT_ROOTFS. Downloads from deb.debian.org the first time.
+#     sets CHROOT_ROOTFS. Downloads the first time, from this machine's apt
+#     mirror (scripts/lib/debian_mirror.sh; ACTSTASH_DEBIAN_MIRROR overrides).
 #   chroot_enter LOWER SCRATCH
 #     Mounts a writable overlay of LOWER at SCRATCH/root (changes go to
 #     SCRATCH/upper, dropped on exit) with /proc, read-only /sys, /dev,
@@ -20,6 +21,9 @@
 #   chroot_check_unmounted DIR
 #     Fails when something is still mounted under DIR (a run killed with
 #     SIGKILL): removing DIR then would reach into the mounts.
+
+# shellcheck source=scripts/lib/debian_mirror.sh
+. "$(dirname "${BASH_SOURCE[0]}")/debian_mirror.sh"
 
 CHROOT_MOUNTS=()
 CHROOT_ROOT=""
@@ -53,7 +57,7 @@ chroot_rootfs() {
   CHROOT_PARTIAL=$(realpath -m "$partial")
   rm -rf "$CHROOT_ROOTFS" "$partial"
   mkdir -p "$dir"
-  debootstrap --variant=minbase "$suite" "$partial" http://deb.debian.org/debian
+  debootstrap --variant=minbase "$suite" "$partial" "$(debian_mirror)"
   cp /etc/resolv.conf "$partial/etc/resolv.conf"
   chroot_mount "$partial/proc" -t proc proc
   chroot_mount "$partial/dev/pts" -t devpts -o newinstance,ptmxmode=0666 devpts

@@ -1,6 +1,6 @@
 // Operations against a real actstashd: Prometheus metrics scraped over HTTP,
 // the TCP listener (plaintext on loopback, refusal elsewhere, TLS, mutual
-// TLS), and the CLI's sessions/bench commands.
+// TLS), and the CLI's sessions/bench/verify commands.
 #include <arpa/inet.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -94,8 +94,8 @@ TEST(OperationsTest, MetricsAreScrapedAndMove) {
   EXPECT_GT(after["actstash_pool_bytes{state=\"used\"}"], 0);
 }
 
-// The CLI's stdout (and stderr) for `args`.
-std::string RunCli(const std::vector<std::string>& args) {
+// The CLI's stdout (and stderr) for `args`; its exit code must be `exit_code`.
+std::string RunCli(const std::vector<std::string>& args, int exit_code = 0) {
   std::string command = Cli();
   for (const std::string& arg : args) command += " '" + arg + "'";
   FILE* pipe = popen((command + " 2>&1").c_str(), "r");
@@ -103,8 +103,59 @@ std::string RunCli(const std::vector<std::string>& args) {
   char buffer[4096];
   size_t n = 0;
   while ((n = fread(buffer, 1, sizeof(buffer), pipe)) > 0) output.append(buffer, n);
-  EXPECT_EQ(WEXITSTATUS(pclose(pipe)), 0) << output;
+  EXPECT_EQ(WEXITSTATUS(pclose(pipe)), exit_code) << output;
   return output;
+}
+
+// `actstash verify` stores more than the pool: the oldest objects go to disk
+// (the daemon's spill counters and /metrics say so) and every byte comes back.
+TEST(OperationsTest, CliVerifyGoesThroughTheSpillTier) {
+  char spill_dir[] = "/tmp/actstash-verify-XXXXXX";
+  ASSERT_NE(mkdtemp(spill_dir), nullptr);
+  DaemonProcessOptions options;
+  options.pool_size = "32MiB";
+  options.segment_size = "4MiB";
+  options.extra_args = {"--metrics-address", "127.0.0.1:0", "--spill-dir", spill_dir};
+  auto daemon = StartDaemonOrDie(options);
+  ASSERT_NE(daemon, nullptr);
+  const int port = LoggedPort(*daemon, "metrics on");
+  ASSERT_GT(port, 0) << daemon->log();
+  for (const char* path : {"inline", "zero-copy"}) {
+    std::vector<std::string> args = {"--address", daemon->address(), "verify", "--bytes",
+                                     "96MiB",     "--object-size",   "4MiB",   "--require-spill"};
+    if (std::string(path) == "zero-copy") args.push_back("--zero-copy");
+    const std::string out = RunCli(args);
+    EXPECT_THAT(out, HasSubstr(std::string(path == std::string("inline") ? "inline gRPC" : path) +
+                               " path"));
+    EXPECT_THAT(out, HasSubstr("every byte came back"));
+    EXPECT_THAT(out, ::testing::Not(HasSubstr("spill tier: 0 B written")));
+  }
+  std::map<std::string, double> metrics = Scrape(port);
+  EXPECT_GE(metrics["actstash_spill_io_bytes_total{direction=\"write\"}"], 64.0 * (1 << 20));
+  EXPECT_GE(metrics["actstash_spill_io_bytes_total{direction=\"read\"}"], 64.0 * (1 << 20));
+  EXPECT_EQ(metrics["actstash_spill_failures_total{kind=\"checksum\"}"], 0);
+  // Less than the pool spills nothing, and --require-spill says so.
+  EXPECT_THAT(RunCli({"--address", daemon->address(), "verify", "--bytes", "8MiB", "--object-size",
+                      "1MiB", "--require-spill"},
+                     /*exit_code=*/1),
+              HasSubstr("nothing went to disk and back"));
+  EXPECT_THAT(RunCli({"--address", daemon->address(), "verify", "--object-size", "7"},
+                     /*exit_code=*/2),
+              HasSubstr("multiple of 8"));
+  daemon.reset();
+  rmdir(spill_dir);
+}
+
+// Without --spill-dir, verify still checks every byte; --require-spill fails.
+TEST(OperationsTest, CliVerifyWithoutSpillTier) {
+  auto daemon = StartDaemonOrDie({});
+  ASSERT_NE(daemon, nullptr);
+  EXPECT_THAT(RunCli({"--address", daemon->address(), "verify", "--bytes", "16MiB"}),
+              HasSubstr("spill tier: off"));
+  EXPECT_THAT(
+      RunCli({"--address", daemon->address(), "verify", "--bytes", "16MiB", "--require-spill"},
+             /*exit_code=*/1),
+      HasSubstr("no spill tier"));
 }
 
 TEST(OperationsTest, SpillMetricsAndCliStats) {
