@@ -41,6 +41,7 @@
 #include "absl/status/statusor.h"
 #include "actstash/client.h"
 #include "actstash/copy_engine.h"
+#include "actstash/v1/stash.pb.h"
 #include "bench/bench_util.h"
 #include "testing/daemon_process.h"
 

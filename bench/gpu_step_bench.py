@@ -1,19 +1,37 @@
-"""Training step of a GPT-style model on a CUDA device, in the same run for every
-variant: plain autograd, torch.utils.checkpoint per block, torch's save_on_cpu,
-actstash offload, actstash checkpoint+offload per block, and actstash
-policy="auto" at a budget halfway between the smallest peak a plan reaches and
-keeping everything. Per variant: the median step time over --steps (after
---warmup), its ratio to plain, torch.cuda.max_memory_allocated during the step
-above what was allocated before it (the step's activations and transients), the
-bytes actstash moved, and whether the first step's gradients are bitwise equal to
-plain autograd on the same seed (dropout on, so the RNG replay is checked too).
+"""Training step on a CUDA device, every variant in the same run, for two models.
+
+GPT-style model (examples/gpt.py): plain autograd, torch.utils.checkpoint per
+block, torch's save_on_cpu, actstash offload, actstash checkpoint+offload per
+block, and actstash policy="auto" at a budget halfway between the smallest peak
+a plan reaches and keeping everything.
+
+Hugging Face Llama made from a config (random weights, eager attention), beside
+the offloaders its users already have: plain; transformers' gradient
+checkpointing; transformers' checkpointing with its own offload
+(gradient_checkpointing_enable(offload=True): save_on_cpu around each layer's
+checkpoint, transformers >= 5.17); torchtune's OffloadActivations with
+torch.utils.checkpoint per layer (as torchtune recommends; CUDA only); actstash
+offload; actstash checkpoint+offload (wrap, the decoder layers); actstash
+through transformers' own route (use_for_gradient_checkpointing). A peer whose
+package or version is missing, or that needs CUDA on the CPU, is a row that
+says "skipped" and why.
+
+Per variant: the median step time over --steps (after --warmup), its ratio to
+plain, torch.cuda.max_memory_allocated during the step above what was
+allocated before it (the step's activations and transients), the bytes actstash
+moved, and whether the first step's gradients are bitwise equal to plain
+autograd on the same seed (dropout on in the GPT, so the RNG replay is checked
+too).
 
     python3 bench/gpu_step_bench.py [--layers 12 --dim 2048 --heads 16 --seq 2048
                                      --batch 1 --dtype bf16 --steps 5] [--csv PATH]
+                                    [--models gpt,llama]
     python3 bench/gpu_step_bench.py --quick      # a small model: seconds per variant
+    python3 bench/gpu_step_bench.py --cpu-dry-run  # the benchmark's own code, no GPU
 
 Without a CUDA device (torch's or actstash's) it prints "no CUDA device: skipped"
 and exits 77. Starts its own actstashd (the build tree's, or $ACTSTASH_DAEMON_BINARY).
+Exits 1 when an actstash variant is not bitwise equal to plain.
 """
 import argparse
 import copy
@@ -47,6 +65,8 @@ def main():
     parser.add_argument("--pool", default="", help="daemon pool (default: 3x plain's peak)")
     parser.add_argument("--quick", action="store_true", help="6 layers, d=1024, seq 1024")
     parser.add_argument("--csv", default="")
+    parser.add_argument("--models", default="gpt,llama",
+                        help="comma-separated: gpt (examples/gpt.py), llama (transformers)")
     parser.add_argument("--cpu-dry-run", action="store_true",
                         help="run every variant on the CPU with a tiny model (peaks read 0): "
                              "checks the benchmark's own code without a GPU")
@@ -110,21 +130,58 @@ def main():
             block.forward = (lambda f: lambda x: checkpoint(f, x, use_reentrant=False))(forward)
         return model
 
+    models = [m for m in args.models.split(",") if m]
+    for m in models:
+        if m not in ("gpt", "llama"):
+            parser.error("--models: gpt, llama")
+
     # Plain first: its gradients are the reference, its peak sizes the pool.
     plain = copy.deepcopy(base)
     run_step(plain, 0)
-    reference = grads(plain)
     _, plain_peak = run_step(plain, 0)
+    del plain
     pool = args.pool or "%dMiB" % max(1024, 3 * plain_peak >> 20)
     daemon = start_daemon(pool=pool)
     stash = actstash.connect(daemon.socket)
     rows = []
+
+    def measure(model_name, name, model, context, reference, step=run_step):
+        """One variant: its first step's gradients against `reference` (returned, the
+        reference of the variants after plain), then the timed steps."""
+        before = stash.stats()
+        step(model, 0, context)
+        first = grads(model)
+        bitwise = reference is None or all(torch.equal(a, b) for a, b in zip(reference, first))
+        times, peaks = [], []
+        for k in range(args.warmup + args.steps):
+            seconds, peak = step(model, k + 1, context)
+            if k >= args.warmup:
+                times.append(seconds)
+                peaks.append(peak)
+        after = stash.stats()
+        plan = ""
+        if name.startswith("actstash auto") and stash.plan() is not None:
+            plan = " ".join(stash.plan().choices)
+        rows.append({
+            "model": model_name, "variant": name, "step_ms": 1e3 * statistics.median(times),
+            "peak_mib": max(peaks) / 2**20, "bitwise": bitwise,
+            "offloaded_mib": (after["bytes_offloaded"] - before["bytes_offloaded"]) / 2**20,
+            "fetched_mib": (after["bytes_fetched"] - before["bytes_fetched"]) / 2**20,
+            "wait_ms": (after["wait_ns"] - before["wait_ns"]) / 1e6,
+            "plan": plan, "skipped": ""})
+        return first
+
+    def skipped(model_name, name, why):
+        rows.append({"model": model_name, "variant": name, "step_ms": 0.0, "peak_mib": 0.0,
+                     "bitwise": None, "offloaded_mib": 0.0, "fetched_mib": 0.0,
+                     "wait_ms": 0.0, "plan": "", "skipped": why})
+
     try:
         def offload_context():
             return stash.offload(min_bytes=args.min_bytes)
 
         def save_on_cpu():
-            return torch.autograd.graph.save_on_cpu(pin_memory=True)
+            return torch.autograd.graph.save_on_cpu(pin_memory=cuda)
 
         def auto(model):
             actstash.wrap(model, stash, policy="auto", budget=1 << 50, min_bytes=args.min_bytes)
@@ -136,68 +193,69 @@ def main():
             actstash.wrap(model, stash, policy="auto", budget=budget, min_bytes=args.min_bytes)
             return model
 
-        variants = [
-            ("plain", lambda m: m, None),
-            ("torch.checkpoint", torch_checkpointed, None),
-            ("save_on_cpu", lambda m: m, save_on_cpu),
-            ("actstash offload", lambda m: m, offload_context),
-            ("actstash ckpt+offload",
-             lambda m: actstash.wrap(m, stash, blocks=Block, mode="checkpoint+offload",
-                                     min_bytes=args.min_bytes) or m, None),
-            ("actstash auto (middle)", auto, None),
-        ]
-        for name, prepare, context in variants:
-            model = prepare(copy.deepcopy(base))
-            before = stash.stats()
-            run_step(model, 0, context)
-            bitwise = all(torch.equal(a, b) for a, b in zip(reference, grads(model)))
-            times, peaks = [], []
-            for k in range(args.warmup + args.steps):
-                seconds, peak = run_step(model, k + 1, context)
-                if k >= args.warmup:
-                    times.append(seconds)
-                    peaks.append(peak)
-            after = stash.stats()
-            plan = ""
-            if name.startswith("actstash auto") and stash.plan() is not None:
-                plan = " ".join(stash.plan().choices)
-            if name.startswith("actstash"):
-                actstash.unwrap(model)
-            rows.append({
-                "variant": name, "step_ms": 1e3 * statistics.median(times),
-                "peak_mib": max(peaks) / 2**20, "bitwise": bitwise,
-                "offloaded_mib": (after["bytes_offloaded"] - before["bytes_offloaded"]) / 2**20,
-                "fetched_mib": (after["bytes_fetched"] - before["bytes_fetched"]) / 2**20,
-                "wait_ms": (after["wait_ns"] - before["wait_ns"]) / 1e6,
-                "plan": plan})
-            del model
-            if cuda:
-                torch.cuda.empty_cache()
+        if "gpt" in models:
+            variants = [
+                ("plain", lambda m: m, None),
+                ("torch.checkpoint", torch_checkpointed, None),
+                ("save_on_cpu", lambda m: m, save_on_cpu),
+                ("actstash offload", lambda m: m, offload_context),
+                ("actstash ckpt+offload",
+                 lambda m: actstash.wrap(m, stash, blocks=Block, mode="checkpoint+offload",
+                                         min_bytes=args.min_bytes) or m, None),
+                ("actstash auto (middle)", auto, None),
+            ]
+            reference = None
+            for name, prepare, context in variants:
+                model = prepare(copy.deepcopy(base))
+                got = measure("gpt", name, model, context, reference)
+                if reference is None:
+                    reference = got
+                if name.startswith("actstash"):
+                    actstash.unwrap(model)
+                del model
+                if cuda:
+                    torch.cuda.empty_cache()
+        del base
+        if "llama" in models:
+            from llama_peers import run_llama_peers
+            run_llama_peers(args, torch, actstash, stash, device, dtype, measure, skipped,
+                            synchronize, offload_context)
     finally:
         stash.close()
         daemon.stop()
 
-    base_ms, base_peak = rows[0]["step_ms"], rows[0]["peak_mib"]
-    print("GPT %d layers, d=%d, %d heads, seq %d, batch %d, %s, on %s; median of %d steps"
+    print("%d layers, d=%d, %d heads, seq %d, batch %d, %s, on %s; median of %d steps"
           % (args.layers, args.dim, args.heads, args.seq, args.batch, args.dtype,
              torch.cuda.get_device_name(0) if cuda else "the CPU (dry run)", args.steps))
-    print("%-24s %9s %6s %10s %6s %8s %11s %9s %7s"
-          % ("variant", "step ms", "×plain", "peak MiB", "×plain", "bitwise", "offload MiB",
-             "fetch MiB", "wait ms"))
-    for r in rows:
-        r["time_ratio"] = r["step_ms"] / base_ms
-        r["peak_ratio"] = r["peak_mib"] / base_peak if base_peak else 0.0
-        print("%-24s %9.1f %6.2f %10.0f %6.2f %8s %11.0f %9.0f %7.1f %s"
-              % (r["variant"], r["step_ms"], r["time_ratio"], r["peak_mib"], r["peak_ratio"],
-                 "yes" if r["bitwise"] else "NO", r["offloaded_mib"], r["fetched_mib"],
-                 r["wait_ms"], r["plan"]))
+    for model_name in models:
+        mine = [r for r in rows if r["model"] == model_name]
+        if not mine:
+            continue
+        base_ms, base_peak = mine[0]["step_ms"], mine[0]["peak_mib"]
+        print("\n%s" % {"gpt": "GPT (examples/gpt.py)",
+                        "llama": "Hugging Face Llama (random weights)"}[model_name])
+        print("%-26s %9s %6s %10s %6s %8s %11s %9s %7s"
+              % ("variant", "step ms", "×plain", "peak MiB", "×plain", "bitwise", "offload MiB",
+                 "fetch MiB", "wait ms"))
+        for r in mine:
+            if r["skipped"]:
+                r["time_ratio"] = r["peak_ratio"] = 0.0
+                print("%-26s skipped: %s" % (r["variant"], r["skipped"]))
+                continue
+            r["time_ratio"] = r["step_ms"] / base_ms if base_ms else 0.0
+            r["peak_ratio"] = r["peak_mib"] / base_peak if base_peak else 0.0
+            print("%-26s %9.1f %6.2f %10.0f %6.2f %8s %11.0f %9.0f %7.1f %s"
+                  % (r["variant"], r["step_ms"], r["time_ratio"], r["peak_mib"],
+                     r["peak_ratio"], "yes" if r["bitwise"] else "NO", r["offloaded_mib"],
+                     r["fetched_mib"], r["wait_ms"], r["plan"]))
     if args.csv:
         with open(args.csv, "w", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=list(rows[0].keys()))
             writer.writeheader()
             writer.writerows(rows)
-    # Exit 1 when an actstash variant is not bitwise (torch's own are reported only).
-    return 0 if all(r["bitwise"] for r in rows if r["variant"].startswith("actstash")) else 1
+    # Exit 1 when an actstash variant is not bitwise (the peers' are reported only).
+    return 0 if all(r["bitwise"] for r in rows
+                    if r["variant"].startswith("actstash") and not r["skipped"]) else 1
 
 
 if __name__ == "__main__":

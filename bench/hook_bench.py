@@ -109,8 +109,9 @@ def fmt_size(n):
 def start_daemon(binary=None, pool="2GiB", segment=None, extra=()):
     """A private actstashd for the run (actstash_testing's DaemonProcess, as the
     tests start it, at log level info: finish() reports its warnings); binary:
-    default the build tree's. Exits with its log when it does not start."""
-    binary = binary or BUILT_DAEMON
+    default $ACTSTASH_DAEMON_BINARY, else the build tree's. Exits with its log when it
+    does not start."""
+    binary = binary or os.environ.get("ACTSTASH_DAEMON_BINARY") or BUILT_DAEMON
     if not os.access(binary, os.X_OK):
         raise SystemExit(f"no actstashd at {binary}: build the project (scripts/setup) "
                          "or pass --actstashd / --address")

@@ -19,6 +19,7 @@
 
 #include "CLI/CLI.hpp"
 #include "actstash/client.h"
+#include "actstash/v1/stash.pb.h"
 #include "bench/bench_util.h"
 
 namespace {

@@ -35,6 +35,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "actstash/client.h"
+#include "actstash/v1/stash.pb.h"
 #include "bench/bench_util.h"
 #include "testing/daemon_process.h"
 

@@ -5,9 +5,10 @@
 #   bash run.sh OUT [quick|full]
 #
 #   quick (default; about 5 minutes at most): the environment, the carried
-#         libraries, the gpu gtests, the registration probe, the CUDA pytest
-#         and a CPU pytest (the kit's package and daemon at work), the copy
-#         benchmark's quick mode
+#         libraries, the gpu gtests, the libtorch adapter's gtests (CPU and
+#         CUDA tensors, against this machine's torch), the registration
+#         probe, the CUDA pytest and a CPU pytest (the kit's package and
+#         daemon at work), the copy benchmark's quick mode
 #   full  (about 9 minutes at most): quick's phases, then the step benchmark
 #         (bench/gpu_step_bench.py), the full copy benchmark, and
 #         compute-sanitizer memcheck over the copy-engine test when the
@@ -50,6 +51,12 @@ for candidate in "${ACTSTASH_KIT_PYTHON:-}" /opt/torch/.venv/bin/python3 python3
     break
   fi
 done
+# The libtorch adapter's tests load this machine's libtorch (the kit carries
+# none): its lib/ goes on their LD_LIBRARY_PATH.
+torch_lib=""
+if [ -n "$python" ]; then
+  torch_lib=$("$python" -c 'import os, torch; print(os.path.join(torch.__path__[0], "lib"))' 2>/dev/null)
+fi
 
 # summary_line NAME STATUS RC SECONDS: one phase's line of the summary.
 summary_line() {
@@ -113,13 +120,20 @@ PY
   fi
 }
 
-# Every carried native file resolves all of its libraries here.
+# Every carried native file resolves all of its libraries here (the libtorch
+# adapter's tests with this machine's torch).
 libraries() {
-  local missing=0 file
+  local missing=0 file path
   while IFS= read -r -d '' file; do
-    if ldd "$file" 2>&1 | grep -q 'not found'; then
+    path=""
+    case "$file" in
+      "$build"/tests/torch/*)
+        if [ -z "$torch_lib" ]; then echo "needs torch (none here): ${file#"$kit"/}"; continue; fi
+        path=$torch_lib ;;
+    esac
+    if LD_LIBRARY_PATH=$path ldd "$file" 2>&1 | grep -q 'not found'; then
       echo "UNRESOLVED: $file"
-      ldd "$file" | grep 'not found'
+      LD_LIBRARY_PATH=$path ldd "$file" | grep 'not found'
       missing=1
     else
       echo "ok: ${file#"$kit"/}"
@@ -132,12 +146,18 @@ gtest() {  # name binary
   "$build/$2" --gtest_output="xml:$out/$1.xml"
 }
 
+torch_gtest() {  # name binary: a libtorch adapter test, on this machine's torch
+  if [ -z "$torch_lib" ]; then echo "no Python here imports torch"; return 77; fi
+  if [ ! -x "$build/$2" ]; then echo "the kit carries no $2 (built with --no-torch)"; return 77; fi
+  LD_LIBRARY_PATH=$torch_lib "$build/$2" --gtest_output="xml:$out/$1.xml"
+}
+
 pytest_run() {  # pytest arguments
   (cd "$kit" && "$python" -m pytest -q -p no:cacheprovider "$@")
 }
 
-export kit out build python
-export -f env_report libraries gtest pytest_run
+export kit out build python torch_lib
+export -f env_report libraries gtest torch_gtest pytest_run
 echo "run.sh: $mode, GPU: $gpu, Python: ${python:-none}; logs in $out"
 phase env 60 cpu env_report
 phase libraries 60 cpu libraries
@@ -150,6 +170,8 @@ phase daemon_smoke 60 cpu bash -c '
 phase gtest_copy_engine 90 gpu gtest gtest_copy_engine tests/client/cuda_copy_engine_gpu_test
 phase gtest_kernels 60 gpu gtest gtest_kernels tests/kernels/kernels_gpu_test
 phase gtest_device_pool 90 gpu gtest gtest_device_pool tests/integration/device_pool_gpu_test
+phase gtest_torch_cpu 120 torch torch_gtest gtest_torch_cpu tests/torch/torch_offload_test
+phase gtest_torch_cuda 120 gpu torch_gtest gtest_torch_cuda tests/torch/torch_cuda_test
 phase register_probe 60 gpu "$build/bench/register_probe" --gib 1 --reps 3
 phase pytest_cuda 150 torch pytest_run tests/python/test_cuda.py -rs
 phase pytest_cpu 150 torch pytest_run tests/python/test_offload.py tests/python/test_stats.py

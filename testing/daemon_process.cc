@@ -1,7 +1,9 @@
 #include "testing/daemon_process.h"
 
 #include <fcntl.h>
+#include <ftw.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -9,7 +11,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <thread>
@@ -139,9 +140,14 @@ std::string DaemonProcess::log() const {
 
 DaemonProcess::~DaemonProcess() {
   if (pid_ > 0) (void)Stop(SIGKILL);
+  // nftw, not std::filesystem::remove_all: a test that links libtorch from
+  // PyPI gets that libtorch's exported copy of std::filesystem, which crashes
+  // (found running the adapter's tests against torch 2.11.0).
   if (!temp_dir_.empty()) {
-    std::error_code ignored;
-    std::filesystem::remove_all(temp_dir_, ignored);
+    (void)nftw(
+        temp_dir_.c_str(),
+        [](const char* path, const struct stat*, int, struct FTW*) { return remove(path); }, 16,
+        FTW_DEPTH | FTW_PHYS);
   }
 }
 

@@ -15,6 +15,7 @@
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_format.h"
 #include "actstash/client.h"
+#include "actstash/v1/stash.pb.h"
 #include "common/units.h"
 #include "tools/cli_common.h"
 #include "tools/verify_command.h"

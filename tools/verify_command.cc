@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/strings/str_format.h"
+#include "actstash/v1/stash.pb.h"
 #include "common/units.h"
 
 namespace actstash::cli {

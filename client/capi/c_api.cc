@@ -13,6 +13,7 @@
 #include "actstash/client.h"
 #include "actstash/copy_engine.h"
 #include "actstash/saved_tensors.h"
+#include "actstash/v1/stash.pb.h"
 #include "client/capi/json_writer.h"
 #include "client/capi/message_json.h"
 #include "client/capi/options_json.h"

@@ -5,6 +5,7 @@
 // order. The boundary inputs go through the offloader when one is given.
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
+#include <c10/core/GradMode.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/saved_variable_hooks.h>
 
@@ -176,7 +177,7 @@ void Frame::Recompute() {
   for (const BoundaryInput& input : inputs_) inputs.push_back(input.Restore());
   auto refill = std::make_shared<Refill>(std::move(holders));
   ForkCpuRng rng(rng_state_);  // the same dropout masks as in forward
-  at::AutoGradMode grad(true);
+  c10::AutoGradMode grad(true);
   internal::ScopedHookSource scope(refill);
   fn_(inputs);  // its outputs and graph are dropped: only the holders matter
 }
@@ -185,7 +186,7 @@ void Frame::Recompute() {
 
 std::vector<at::Tensor> Checkpoint(CheckpointFn fn, const std::vector<at::Tensor>& inputs,
                                    std::shared_ptr<Offloader> offloader) {
-  if (!at::GradMode::is_enabled()) return fn(inputs);  // nothing to recompute for
+  if (!c10::GradMode::is_enabled()) return fn(inputs);  // nothing to recompute for
   const absl::Status installed = InstallSavedVariableHooks();
   TORCH_CHECK(installed.ok(), installed.ToString());
   if (offloader == nullptr) offloader = CurrentOffloader();

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "actstash/client.h"
+#include "actstash/v1/stash.pb.h"
 #include "testing/built_binary.h"
 #include "testing/daemon_process.h"
 

@@ -14,6 +14,7 @@
 #include "actstash/copy_engine.h"
 #include "actstash/torch.h"
 #include "testing/daemon_process.h"
+#include "tests/torch/session_counts.h"
 
 namespace actstash::torch {
 namespace {
@@ -80,10 +81,9 @@ Result Train(Mlp& mlp, bool checkpoint, const std::shared_ptr<Offloader>& offloa
   if (offloader) result.after_forward = offloader->stats();
   if (offloader && sync_then_count) {
     offloader->Synchronize();
-    auto stats = offloader->client().Stats();
-    EXPECT_TRUE(stats.ok()) << stats.status();
-    if (stats.ok())
-      result.daemon_objects = stats->self().client().objects() + stats->self().objects();
+    auto counts = CountSession(offloader->client());
+    EXPECT_TRUE(counts.ok()) << counts.status();
+    if (counts.ok()) result.daemon_objects = counts->zero_copy_objects + counts->inline_objects;
   }
   for (at::Tensor& loss : losses) {
     loss.backward();
@@ -151,10 +151,10 @@ class TorchOffloadTest : public ::testing::Test {
     offloader.Synchronize();
     EXPECT_EQ(offloader.stats().live_tensors, 0u);
     EXPECT_EQ(offloader.stats().live_bytes, 0u);
-    auto stats = offloader.client().Stats();
-    ASSERT_TRUE(stats.ok()) << stats.status();
-    EXPECT_EQ(stats->self().client().objects(), 0u);
-    EXPECT_EQ(stats->self().objects(), 0u);
+    auto counts = CountSession(offloader.client());
+    ASSERT_TRUE(counts.ok()) << counts.status();
+    EXPECT_EQ(counts->zero_copy_objects, 0u);
+    EXPECT_EQ(counts->inline_objects, 0u);
   }
 
   static DaemonProcess* daemon_;
@@ -251,11 +251,11 @@ TEST_F(TorchOffloadTest, InlinePathGradientsBitwiseEqualAndDaemonHoldsTensors) {
     loss = mlp_.Loss(x, y, true, nullptr);
   }
   offloader->Synchronize();  // the stores are done: the daemon holds the tensors now
-  auto stats = client->Stats();
-  ASSERT_TRUE(stats.ok()) << stats.status();
+  auto counts = CountSession(*client);
+  ASSERT_TRUE(counts.ok()) << counts.status();
   EXPECT_EQ(offloader->stats().store_failures, 0u);
-  EXPECT_EQ(stats->self().objects(), offloader->stats().live_tensors);
-  EXPECT_GT(stats->self().used_bytes(), 0u);
+  EXPECT_EQ(counts->inline_objects, offloader->stats().live_tensors);
+  EXPECT_GT(counts->used_bytes, 0u);
   loss.backward();
   ExpectAllReleased(*offloader);
   ExpectBitwiseEqual(plain, Train(mlp_, true, offloader));

@@ -24,7 +24,18 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "actstash/pinned.h"
-#include "actstash/v1/stash.pb.h"
+
+// The wire messages that Stats, CopyShare and zero_copy_usage return
+// (actstash/v1/stash.proto). Declared, not included: a caller of those
+// includes "actstash/v1/stash.pb.h". This header then pulls in no protobuf
+// header, so it compiles beside a libtorch from PyPI, whose include folder
+// carries its own, older protobuf headers (a translation unit that sees
+// both would mix the two versions).
+namespace actstash::v1 {
+class StatsReply;
+class CopyShareReply;
+class ClientUsage;
+}  // namespace actstash::v1
 
 namespace actstash {
 

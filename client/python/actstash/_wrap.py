@@ -111,7 +111,8 @@ def _refuse_double_checkpoint(blocks, what):
         if getattr(block, "gradient_checkpointing", False) is True:
             raise ValueError(
                 f"wrap({what}): {type(block).__name__} is already checkpointed by transformers' "
-                "gradient checkpointing; call model.gradient_checkpointing_disable() first, or "
+                "gradient checkpointing; call model.gradient_checkpointing_disable() (or, in "
+                "transformers 5.2x, activation_checkpointing_disable()) first, or "
                 "use actstash.use_for_gradient_checkpointing(model, stash) to keep that route "
                 "with actstash's checkpoint")
 
@@ -137,8 +138,13 @@ def use_for_gradient_checkpointing(model, stash=None, min_bytes=None, **checkpoi
                          "interface (before 4.35); use actstash.wrap(model, stash, "
                          "mode='checkpoint+offload')")
     # transformers' own set-up first (e.g. inputs that require grad for adapters),
-    # then its layers get actstash's checkpoint.
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    # then its layers get actstash's checkpoint. transformers 5.2x renamed the
+    # method activation_checkpointing_enable (the old name warns, and goes in v6).
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(
+            activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if stash is not None:
         stash.keep(model)
     if min_bytes is None:  # the engine's default_min_bytes

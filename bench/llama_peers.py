@@ -1,0 +1,120 @@
+"""The Hugging Face Llama part of gpu_step_bench.py: actstash beside the offloaders
+a transformers user already has (transformers' own checkpoint offload, torchtune's
+OffloadActivations), on one model made from a config with random weights.
+
+A peer that cannot run here is a row that says why: transformers missing or
+older than the offload keyword, torchtune (or the torchao it imports) missing,
+torchtune on the CPU (its OffloadActivations copies on CUDA streams).
+"""
+import copy
+import inspect
+import time
+
+
+def _transformers():
+    try:
+        import transformers
+        from transformers import LlamaConfig, LlamaForCausalLM
+    except ImportError as e:
+        return None, None, None, "transformers not installed (%s)" % e
+    return transformers, LlamaConfig, LlamaForCausalLM, ""
+
+
+def _torchtune_offload(cuda):
+    """torchtune's OffloadActivations class, or (None, why)."""
+    if not cuda:
+        return None, "needs CUDA (OffloadActivations copies on CUDA streams)"
+    try:
+        from torchtune.training import OffloadActivations
+    except Exception as e:  # torchtune imports torchao and more: any failure is a skip
+        return None, "torchtune not importable (%s: %s)" % (type(e).__name__, e)
+    return OffloadActivations, ""
+
+
+def run_llama_peers(args, torch, actstash, stash, device, dtype, measure, skipped,
+                    synchronize, offload_context):
+    transformers, LlamaConfig, LlamaForCausalLM, why = _transformers()
+    names = ["plain", "transformers checkpoint", "transformers ckpt+offload",
+             "torchtune offload+ckpt", "actstash offload", "actstash ckpt+offload",
+             "actstash via HF checkpoint"]
+    if transformers is None:
+        for name in names:
+            skipped("llama", name, why)
+        return
+    cuda = device == "cuda"
+    config = LlamaConfig(vocab_size=args.vocab, hidden_size=args.dim,
+                         intermediate_size=(8 * args.dim // 3 + 63) // 64 * 64,
+                         num_hidden_layers=args.layers, num_attention_heads=args.heads,
+                         num_key_value_heads=args.heads, max_position_embeddings=args.seq,
+                         use_cache=False)
+    config._attn_implementation = "eager"  # deterministic backward: bitwise is meaningful
+    torch.manual_seed(0)
+    base = LlamaForCausalLM(config).to(device, dtype)
+    base.train()
+    ids = torch.randint(0, args.vocab, (args.batch, args.seq), device=device)
+
+    def step(model, k, context=None):
+        model.zero_grad(set_to_none=True)
+        synchronize()
+        before = torch.cuda.memory_allocated() if cuda else 0
+        if cuda:
+            torch.cuda.reset_peak_memory_stats()
+        torch.manual_seed(1000 + k)
+        start = time.perf_counter()
+        if context is None:
+            loss = model(input_ids=ids, labels=ids).loss
+        else:
+            with context():
+                loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        synchronize()
+        seconds = time.perf_counter() - start
+        return seconds, (torch.cuda.max_memory_allocated() - before) if cuda else 0
+
+    def hf_checkpoint(model):
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        return model
+
+    hf_offload_why = ""
+    if "offload" not in inspect.signature(base.gradient_checkpointing_enable).parameters:
+        hf_offload_why = ("transformers %s has no gradient_checkpointing_enable(offload=...) "
+                          "(5.17 and later)" % transformers.__version__)
+
+    def hf_checkpoint_offload(model):
+        model.gradient_checkpointing_enable(
+            gradient_checkpointing_kwargs={"use_reentrant": False}, offload=True)
+        return model
+
+    tune_offload, tune_why = _torchtune_offload(cuda)
+
+    def tune_context():
+        return tune_offload(use_pin_memory=True, use_streams=True)
+
+    variants = [
+        ("plain", lambda m: m, None, ""),
+        ("transformers checkpoint", hf_checkpoint, None, ""),
+        ("transformers ckpt+offload", hf_checkpoint_offload, None, hf_offload_why),
+        # torchtune: OffloadActivations around the step, checkpoint per layer.
+        ("torchtune offload+ckpt", hf_checkpoint, tune_context, tune_why),
+        ("actstash offload", lambda m: m, offload_context, ""),
+        ("actstash ckpt+offload",
+         lambda m: actstash.wrap(m, stash, mode="checkpoint+offload",
+                                 min_bytes=args.min_bytes) or m, None, ""),
+        ("actstash via HF checkpoint",
+         lambda m: actstash.use_for_gradient_checkpointing(m, stash, min_bytes=args.min_bytes),
+         None, ""),
+    ]
+    reference = None
+    for name, prepare, context, why in variants:
+        if why:
+            skipped("llama", name, why)
+            continue
+        model = prepare(copy.deepcopy(base))
+        got = measure("llama", name, model, context, reference, step=step)
+        if reference is None:
+            reference = got
+        if name == "actstash ckpt+offload":
+            actstash.unwrap(model)
+        del model
+        if cuda:
+            torch.cuda.empty_cache()

@@ -1,0 +1,54 @@
+"""bench/gpu_step_bench.py's own code, without a GPU (--cpu-dry-run): every
+variant of both models runs on the CPU with a tiny model, the actstash variants
+are bitwise equal to plain and move bytes through the daemon, and the peers
+that cannot run here say why instead of failing. On a torch with transformers
+>= 5.17 (the pip lanes) transformers' own checkpoint offload runs too."""
+import csv
+import inspect
+import os
+import subprocess
+import sys
+
+from conftest import PACKAGE_ENV, ROOT, daemon_binary
+
+
+def test_step_bench_dry_run_runs_every_variant(tmp_path):
+    out_csv = tmp_path / "rows.csv"
+    env = dict(os.environ, ACTSTASH_DAEMON_BINARY=daemon_binary(), **PACKAGE_ENV)
+    proc = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "bench", "gpu_step_bench.py"), "--cpu-dry-run",
+         "--csv", str(out_csv)], env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = {(r["model"], r["variant"]): r for r in csv.DictReader(open(out_csv))}
+    gpt = [v for m, v in rows if m == "gpt"]
+    assert gpt == ["plain", "torch.checkpoint", "save_on_cpu", "actstash offload",
+                   "actstash ckpt+offload", "actstash auto (middle)"]
+    for variant in gpt:
+        assert rows[("gpt", variant)]["bitwise"] == "True", variant
+    assert float(rows[("gpt", "actstash offload")]["offloaded_mib"]) > 0
+    assert float(rows[("gpt", "actstash offload")]["fetched_mib"]) > 0
+
+    llama = {v: r for (m, v), r in rows.items() if m == "llama"}
+    assert set(llama) == {"plain", "transformers checkpoint", "transformers ckpt+offload",
+                          "torchtune offload+ckpt", "actstash offload",
+                          "actstash ckpt+offload", "actstash via HF checkpoint"}
+    try:
+        import transformers
+    except ImportError:
+        for variant, r in llama.items():
+            assert "transformers not installed" in r["skipped"], variant
+        return
+    # torchtune's offload copies on CUDA streams: never on the CPU.
+    assert "needs CUDA" in llama["torchtune offload+ckpt"]["skipped"]
+    for variant in ("plain", "transformers checkpoint", "actstash offload",
+                    "actstash ckpt+offload", "actstash via HF checkpoint"):
+        assert not llama[variant]["skipped"], (variant, llama[variant]["skipped"])
+        assert llama[variant]["bitwise"] == "True", variant
+    assert float(llama["actstash offload"]["offloaded_mib"]) > 0
+    has_offload = "offload" in inspect.signature(
+        transformers.PreTrainedModel.gradient_checkpointing_enable).parameters
+    if has_offload:
+        assert not llama["transformers ckpt+offload"]["skipped"]
+        assert llama["transformers ckpt+offload"]["bitwise"] == "True"
+    else:
+        assert "offload=" in llama["transformers ckpt+offload"]["skipped"]
