@@ -92,7 +92,7 @@ class TorchCudaTest : public ::testing::TestWithParam<at::ScalarType> {
     setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", /*overwrite=*/0);
     at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/true);
     if (!at::cuda::is_available() || !CudaDeviceAvailable()) {
-      GTEST_SKIP() << "skipped (no GPU): torch sees " << at::cuda::device_count()
+      GTEST_SKIP() << "skipped (no GPU): torch sees " << static_cast<int>(at::cuda::device_count())
                    << " CUDA device(s); actstash " << (CudaDeviceAvailable() ? "does" : "does not");
     }
     testing::DaemonProcessOptions options;
