@@ -21,14 +21,44 @@ def _transformers():
 
 
 def _torchtune_offload(cuda):
-    """torchtune's OffloadActivations class, or (None, why)."""
+    """torchtune's OffloadActivations class, or (None, why).
+
+    torchtune's package __init__ imports its dataset builders, and so Hugging
+    Face datasets and pyarrow (tens of MB, which the GPU kit cannot carry).
+    When that import fails, the module that defines OffloadActivations is
+    loaded by itself, with torchtune's and torchtune.training's __init__
+    skipped: the class measured is torchtune's own, unchanged."""
     if not cuda:
         return None, "needs CUDA (OffloadActivations copies on CUDA streams)"
     try:
         from torchtune.training import OffloadActivations
-    except Exception as e:  # torchtune imports torchao and more: any failure is a skip
-        return None, "torchtune not importable (%s: %s)" % (type(e).__name__, e)
-    return OffloadActivations, ""
+        return OffloadActivations, ""
+    except ImportError as first:
+        import importlib
+        import importlib.util
+        import os
+        import sys
+        import types
+        try:
+            spec = importlib.util.find_spec("torchtune")
+        except (ImportError, ValueError):
+            spec = None
+        if spec is None or spec.origin is None:
+            return None, "torchtune not installed (%s)" % first
+        for name in [n for n in sys.modules if n == "torchtune" or n.startswith("torchtune.")]:
+            del sys.modules[name]  # what the failed import left half made
+        root = os.path.dirname(spec.origin)
+        for name, folder in (("torchtune", root), ("torchtune.training",
+                                                   os.path.join(root, "training"))):
+            package = types.ModuleType(name)
+            package.__path__ = [folder]
+            sys.modules[name] = package
+        try:
+            module = importlib.import_module("torchtune.training._activation_offloading")
+        except Exception as e:  # torchao missing or of another API: a skip, with why
+            return None, "torchtune not importable (%s; then %s: %s)" % (
+                first, type(e).__name__, e)
+        return module.OffloadActivations, ""
 
 
 def run_llama_peers(args, torch, actstash, stash, device, dtype, measure, skipped,

@@ -156,8 +156,25 @@ pytest_run() {  # pytest arguments
   (cd "$kit" && "$python" -m pytest -q -p no:cacheprovider "$@")
 }
 
+# The step benchmark's peers (scripts/gpu-kit --peers): installed without
+# dependencies or network into OUT/peers-site, which the step benchmark gets
+# on its PYTHONPATH; then torchtune's OffloadActivations must load.
+peers() {
+  if ! compgen -G "$kit/peers/*.whl" > /dev/null; then
+    echo "the kit carries no peers (scripts/gpu-kit --peers)"
+    return 77
+  fi
+  "$python" -m pip install --no-index --no-deps --disable-pip-version-check \
+    --target "$out/peers-site" "$kit"/peers/*.whl || return 1
+  PYTHONPATH=$out/peers-site:$kit/bench "$python" -c '
+import sys, llama_peers
+cls, why = llama_peers._torchtune_offload(True)
+print("torchtune OffloadActivations:", cls or why)
+sys.exit(0 if cls else 1)'
+}
+
 export kit out build python torch_lib
-export -f env_report libraries gtest torch_gtest pytest_run
+export -f env_report libraries gtest torch_gtest pytest_run peers
 echo "run.sh: $mode, GPU: $gpu, Python: ${python:-none}; logs in $out"
 phase env 60 cpu env_report
 phase libraries 60 cpu libraries
@@ -176,8 +193,10 @@ phase register_probe 60 gpu "$build/bench/register_probe" --gib 1 --reps 3
 phase pytest_cuda 150 torch pytest_run tests/python/test_cuda.py -rs
 phase pytest_cpu 150 torch pytest_run tests/python/test_offload.py tests/python/test_stats.py
 phase copy_bench_quick 90 gpu "$build/bench/gpu_copy_bench" --quick
+phase peers 60 torch peers
 if [ "$mode" = full ]; then
-  phase step_bench 240 torch "$python" "$kit/bench/gpu_step_bench.py"
+  phase step_bench 240 torch env PYTHONPATH="$out/peers-site" "$python" \
+    "$kit/bench/gpu_step_bench.py" --csv "$out/step_bench.csv"
   phase copy_bench_full 180 gpu "$build/bench/gpu_copy_bench"
   if command -v compute-sanitizer > /dev/null; then
     phase memcheck 120 gpu compute-sanitizer --tool memcheck --error-exitcode 1 \
