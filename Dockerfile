@@ -37,8 +37,9 @@ ENV DEBIAN_FRONTEND=noninteractive
 # (scripts/debian-packages.txt): the toolchain and the daemon's and CLI's
 # libraries (no tests, benchmarks, Python or torch).
 COPY scripts/packages scripts/debian-packages.txt /tmp/actstash-packages/
-RUN apt-get update \
- && apt-get install -y --no-install-recommends $(sh /tmp/actstash-packages/packages daemon) \
+RUN packages=$(sh /tmp/actstash-packages/packages daemon) && [ -n "$packages" ] \
+ && apt-get update \
+ && apt-get install -y --no-install-recommends $packages \
  && rm -rf /var/lib/apt/lists/*
 
 RUN set -eu; \

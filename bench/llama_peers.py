@@ -101,19 +101,24 @@ def run_llama_peers(args, torch, actstash, stash, device, dtype, measure, skippe
         seconds = time.perf_counter() - start
         return seconds, (torch.cuda.max_memory_allocated() - before) if cuda else 0
 
-    def hf_checkpoint(model):
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    # transformers 5.2x renamed gradient_checkpointing_* to activation_checkpointing_*
+    # (the old names forward **kwargs, so only the new one's signature tells).
+    new_names = hasattr(base, "activation_checkpointing_enable")
+    enable = "activation_checkpointing_enable" if new_names else "gradient_checkpointing_enable"
+    kwargs_name = ("activation_checkpointing_kwargs" if new_names
+                   else "gradient_checkpointing_kwargs")
+
+    def hf_checkpoint(model, **extra):
+        getattr(model, enable)(**{kwargs_name: {"use_reentrant": False}}, **extra)
         return model
 
     hf_offload_why = ""
-    if "offload" not in inspect.signature(base.gradient_checkpointing_enable).parameters:
-        hf_offload_why = ("transformers %s has no gradient_checkpointing_enable(offload=...) "
-                          "(5.17 and later)" % transformers.__version__)
+    if "offload" not in inspect.signature(getattr(base, enable)).parameters:
+        hf_offload_why = ("transformers %s has no %s(offload=...) (5.17 and later)"
+                          % (transformers.__version__, enable))
 
     def hf_checkpoint_offload(model):
-        model.gradient_checkpointing_enable(
-            gradient_checkpointing_kwargs={"use_reentrant": False}, offload=True)
-        return model
+        return hf_checkpoint(model, offload=True)
 
     tune_offload, tune_why = _torchtune_offload(cuda)
 

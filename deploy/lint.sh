@@ -31,21 +31,30 @@ fi
 # bundled; no cluster), in a venv cached on the machine.
 KUBE_VALIDATE_VERSION=1.37.0
 KUBE_VERSIONS=(1.29.0 1.37.0)
-venv=${ACTSTASH_TOOLS_CACHE:-/var/cache/actstash-tools}/kubernetes-validate-$KUBE_VALIDATE_VERSION
+tools_cache=/var/cache/actstash-tools
+[ "$(id -u)" -eq 0 ] || tools_cache=${XDG_CACHE_HOME:-$HOME/.cache}/actstash-tools
+venv=${ACTSTASH_TOOLS_CACHE:-$tools_cache}/kubernetes-validate-$KUBE_VALIDATE_VERSION
 if [ ! -x "$venv/bin/kubernetes-validate" ]; then
   echo "deploy/lint.sh: installing kubernetes-validate $KUBE_VALIDATE_VERSION into $venv"
   rm -rf "$venv"
-  /usr/bin/python3 -m venv "$venv"
-  "$venv/bin/pip" install -q --disable-pip-version-check "kubernetes-validate==$KUBE_VALIDATE_VERSION"
-fi
-for version in "${KUBE_VERSIONS[@]}"; do
-  echo "deploy/lint.sh: kubernetes-validate --strict deploy/k8s (Kubernetes $version)"
-  if "$venv/bin/kubernetes-validate" --strict --quiet -k "$version" deploy/k8s/*.yaml; then
-    echo "  ok"
-  else
+  if ! { /usr/bin/python3 -m venv "$venv" &&
+         "$venv/bin/pip" install -q --disable-pip-version-check \
+           "kubernetes-validate==$KUBE_VALIDATE_VERSION"; }; then
+    echo "  could not install it (PyPI unreachable?): the schema check FAILED"
+    rm -rf "$venv"
     status=1
   fi
-done
+fi
+if [ -x "$venv/bin/kubernetes-validate" ]; then
+  for version in "${KUBE_VERSIONS[@]}"; do
+    echo "deploy/lint.sh: kubernetes-validate --strict deploy/k8s (Kubernetes $version)"
+    if "$venv/bin/kubernetes-validate" --strict --quiet -k "$version" deploy/k8s/*.yaml; then
+      echo "  ok"
+    else
+      status=1
+    fi
+  done
+fi
 
 # The TOML embedded in the ConfigMap must parse and name only keys the daemon
 # knows (an unknown key stops it at start): start the built daemon on it, if

@@ -13,17 +13,19 @@
 namespace actstash::cli {
 namespace {
 
-// Object `index`'s bytes: 64-bit words of a splitmix64 sequence seeded by the
-// index, so that two objects (or an object and its neighbour's tail) never
-// match and a misplaced block is caught, not only a zeroed one.
+uint64_t Mix(uint64_t z) {  // splitmix64's finalizer
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+// Object `index`'s bytes: 64-bit words of a splitmix64 sequence whose start
+// is the mixed index, so that no object is another shifted by some words (a
+// start of golden * index would make object i+1 object i moved by 8 bytes)
+// and a misplaced block is caught, not only a zeroed one.
 void Fill(uint64_t index, std::vector<uint64_t>& words) {
-  uint64_t state = 0x9e3779b97f4a7c15ull * (index + 1);
-  for (uint64_t& word : words) {
-    uint64_t z = (state += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    word = z ^ (z >> 31);
-  }
+  uint64_t state = Mix(index ^ 0x5eed5eed5eed5eedull);
+  for (uint64_t& word : words) word = Mix(state += 0x9e3779b97f4a7c15ull);
 }
 
 struct SpillCounters {

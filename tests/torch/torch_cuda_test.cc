@@ -9,9 +9,12 @@
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/cuda/Sleep.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAStream.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <memory>
 #include <string>
@@ -127,6 +130,17 @@ class TorchCudaTest : public ::testing::TestWithParam<at::ScalarType> {
     return offloader.ok() ? *offloader : nullptr;
   }
 
+  // The caching allocator hands the next run the blocks the plain run
+  // freed, still holding its activations: a copy that raced its producer
+  // could read the right bytes by luck. Fill every cached block with NaN
+  // first, so that such a copy reads NaN and the gradients differ.
+  static void Poison() {
+    c10::cuda::CUDACachingAllocator::emptyCache();
+    at::Tensor poison =
+        at::full({256ll << 20}, NAN, at::TensorOptions().device(at::kCUDA).dtype(at::kFloat));
+    c10::cuda::device_synchronize();
+  }
+
   void ExpectBitwise(const Result& expected, const Result& actual) {
     ASSERT_EQ(expected.grads.size(), actual.grads.size());
     for (size_t i = 0; i < expected.grads.size(); ++i) {
@@ -160,6 +174,7 @@ TEST_P(TorchCudaTest, OffloadIsBitwiseWithASlowComputeStream) {
     const Result plain = Train(mlp, /*checkpoint=*/false, nullptr);
     auto offloader = MakeOffloader();
     ASSERT_NE(offloader, nullptr);
+    Poison();
     const Result offloaded = Train(mlp, /*checkpoint=*/false, offloader);
     ExpectBitwise(plain, offloaded);
     // The effect, not only the result: CUDA tensors went to leased memory and came back.
@@ -176,6 +191,7 @@ TEST_P(TorchCudaTest, CheckpointOffloadIsBitwiseWithASlowComputeStream) {
   const Result plain = Train(mlp, /*checkpoint=*/false, nullptr);
   auto offloader = MakeOffloader();
   ASSERT_NE(offloader, nullptr);
+  Poison();
   const Result checkpointed = Train(mlp, /*checkpoint=*/true, offloader);
   ExpectBitwise(plain, checkpointed);
   EXPECT_GE(checkpointed.after_forward.tensors_offloaded, 2u);  // each block's input

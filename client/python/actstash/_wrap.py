@@ -125,7 +125,8 @@ def use_for_gradient_checkpointing(model, stash=None, min_bytes=None, **checkpoi
     actstash.checkpoint (e.g. context_fn). Call it instead of
     model.gradient_checkpointing_enable(), and leave Trainer's gradient_checkpointing
     off (it would put torch's checkpoint back). model.gradient_checkpointing_disable()
-    undoes it. Returns the model."""
+    (activation_checkpointing_disable() in transformers 5.2x) undoes it. Returns the
+    model."""
     if not hasattr(model, "gradient_checkpointing_enable"):
         raise ValueError(f"{type(model).__name__} is not a transformers model with gradient "
                          "checkpointing (no gradient_checkpointing_enable); use "
