@@ -103,23 +103,29 @@ def main():
                context=args.seq, dropout=0.1).to(device, dtype)
     idx = torch.randint(0, args.vocab, (args.batch, args.seq + 1), device=device)
 
-    def run_step(model, k, context=None):
-        model.zero_grad(set_to_none=True)
-        synchronize()
-        before = torch.cuda.memory_allocated() if cuda else 0
-        if cuda:
-            torch.cuda.reset_peak_memory_stats()
-        torch.manual_seed(1000 + k)
-        start = time.perf_counter()
-        if context is None:
-            loss = loss_fn(model, idx)
-        else:
-            with context():
-                loss = loss_fn(model, idx)
-        loss.backward()
-        synchronize()
-        seconds = time.perf_counter() - start
-        return seconds, (torch.cuda.max_memory_allocated() - before) if cuda else 0
+    def make_step(loss_of):
+        """One timed training step of `model` whose loss is loss_of(model): the
+        seconds and the device memory peak above what was allocated before."""
+        def step(model, k, context=None):
+            model.zero_grad(set_to_none=True)
+            synchronize()
+            before = torch.cuda.memory_allocated() if cuda else 0
+            if cuda:
+                torch.cuda.reset_peak_memory_stats()
+            torch.manual_seed(1000 + k)
+            start = time.perf_counter()
+            if context is None:
+                loss = loss_of(model)
+            else:
+                with context():
+                    loss = loss_of(model)
+            loss.backward()
+            synchronize()
+            seconds = time.perf_counter() - start
+            return seconds, (torch.cuda.max_memory_allocated() - before) if cuda else 0
+        return step
+
+    run_step = make_step(lambda model: loss_fn(model, idx))
 
     def grads(model):
         return [p.grad.clone() for p in model.parameters()]
@@ -219,7 +225,7 @@ def main():
         if "llama" in models:
             from llama_peers import run_llama_peers
             run_llama_peers(args, torch, actstash, stash, device, dtype, measure, skipped,
-                            synchronize, offload_context)
+                            make_step, offload_context)
     finally:
         stash.close()
         daemon.stop()

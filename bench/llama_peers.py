@@ -8,7 +8,6 @@ torchtune on the CPU (its OffloadActivations copies on CUDA streams).
 """
 import copy
 import inspect
-import time
 
 
 def _transformers():
@@ -62,7 +61,7 @@ def _torchtune_offload(cuda):
 
 
 def run_llama_peers(args, torch, actstash, stash, device, dtype, measure, skipped,
-                    synchronize, offload_context):
+                    make_step, offload_context):
     transformers, LlamaConfig, LlamaForCausalLM, why = _transformers()
     names = ["plain", "transformers checkpoint", "transformers ckpt+offload",
              "torchtune offload+ckpt", "actstash offload", "actstash ckpt+offload",
@@ -83,23 +82,7 @@ def run_llama_peers(args, torch, actstash, stash, device, dtype, measure, skippe
     base.train()
     ids = torch.randint(0, args.vocab, (args.batch, args.seq), device=device)
 
-    def step(model, k, context=None):
-        model.zero_grad(set_to_none=True)
-        synchronize()
-        before = torch.cuda.memory_allocated() if cuda else 0
-        if cuda:
-            torch.cuda.reset_peak_memory_stats()
-        torch.manual_seed(1000 + k)
-        start = time.perf_counter()
-        if context is None:
-            loss = model(input_ids=ids, labels=ids).loss
-        else:
-            with context():
-                loss = model(input_ids=ids, labels=ids).loss
-        loss.backward()
-        synchronize()
-        seconds = time.perf_counter() - start
-        return seconds, (torch.cuda.max_memory_allocated() - before) if cuda else 0
+    step = make_step(lambda model: model(input_ids=ids, labels=ids).loss)
 
     # transformers 5.2x renamed gradient_checkpointing_* to activation_checkpointing_*
     # (the old names forward **kwargs, so only the new one's signature tells).
