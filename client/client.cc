@@ -20,6 +20,7 @@
 #include "common/address.h"
 #include "common/checksum.h"
 #include "common/grpc_status.h"
+#include "common/mutex_mode.h"
 #include "common/protocol.h"
 #include "common/tiered_id.h"
 #include "common/units.h"
@@ -52,6 +53,7 @@ Client::~Client() {
 }
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options) {
+  ConfigureMutexes();
   if (options.numa_node < -1 || options.numa_node > 1023) {
     return absl::InvalidArgumentError(absl::StrCat(
         "numa_node: ", options.numa_node, " is not -1 (the caller's) or a node in 0..1023"));

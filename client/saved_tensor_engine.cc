@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/saved_tensor_engine_impl.h"
 #include "common/check.h"
+#include "common/mutex_mode.h"
 #include "kernels/bf16.h"
 
 namespace actstash {
@@ -217,6 +218,9 @@ absl::Status SavedTensorEngine::Impl::Reap(bool wait) {
   std::vector<void*> owners;
   {
     absl::MutexLock lock(&mu_);
+    // The common case of the hot path (every store so far copied on the
+    // packing thread): nothing to reap, one lock.
+    if (in_flight_.empty() && orphans_.empty()) return absl::OkStatus();
     std::vector<uint64_t> still;
     for (uint64_t id : in_flight_) {
       const Entry& e = entries_.at(id);  // never erased while its store runs
@@ -246,7 +250,7 @@ absl::Status SavedTensorEngine::Impl::Reap(bool wait) {
   for (auto& [id, event] : done) statuses.push_back(event->Wait());
   absl::Status first;
   std::vector<Ticket> written;  // copies finished: spillable from now on
-  {
+  if (!done.empty()) {
     absl::MutexLock lock(&mu_);
     for (size_t i = 0; i < done.size(); ++i) {
       auto it = entries_.find(done[i].first);
@@ -542,6 +546,7 @@ void SavedTensorEngine::Impl::FreeTicketLocked(Entry& e) {
 
 absl::StatusOr<std::unique_ptr<SavedTensorEngine>> SavedTensorEngine::Create(
     std::shared_ptr<Client> client, EngineOptions options) {
+  ConfigureMutexes();  // a client-less engine (everything kept) too
   if (options.prefetch < 0) return absl::InvalidArgumentError("prefetch must be >= 0");
   if (options.device_pool >= 0 && options.pool_importer < 0) {
     return absl::InvalidArgumentError("a device pool needs the importing device (pool_importer)");

@@ -6,12 +6,14 @@
 #include <cstdio>
 #include <thread>
 
+#include "common/mutex_mode.h"
 #include "server/config.h"
 #include "server/daemon.h"
 #include "spdlog/sinks/stdout_sinks.h"
 #include "spdlog/spdlog.h"
 
 int main(int argc, char** argv) {
+  actstash::ConfigureMutexes();
   actstash::server::CommandLine command_line = actstash::server::ParseCommandLine(argc, argv);
   if (command_line.exit_code.has_value()) return *command_line.exit_code;
   const actstash::server::DaemonConfig& config = command_line.config;
