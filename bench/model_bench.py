@@ -35,8 +35,13 @@ for dropout), so all variants see the same sequence of parameters as long as
 their gradients are bitwise equal to plain autograd's. Per round and model,
 each variant runs --warmup untimed steps then --steps timed ones (median); the
 variants' order rotates from round to round, and "x plain" is the median over
-rounds of the per-round ratio to plain, so each ratio pairs runs made close
-together. No stash.synchronize() inside a timed step (stores overlap the rest
+rounds of the per-round ratio to plain (or to --baseline), so each ratio pairs
+runs made close together; "spread" is the least and the largest of those
+ratios. What a ratio means here: on virtual machines a first write to a fresh
+page costs 5-12 us, and glibc's heap hands memory back and takes it again
+depending on what was freed before, so the same variant's step moves by
+several percent between rounds (faults/step shows those first touches); a
+median of paired rounds and its spread are the figure, one round is not. No stash.synchronize() inside a timed step (stores overlap the rest
 of forward and backward, as in training); the stash is synchronized between
 variants, outside the timing. Between steps, outside the timing, the benchmark
 reads the stash's counters and hashes the gradients (work of the previous
@@ -239,7 +244,8 @@ def bench_model(torch, spec, stash, args, checks):
             gc.collect()
             medians[v] = median(runners[v].run(args.warmup, args.steps, spec.make_batch, checks))
         per_round.append(medians)
-    base = "plain" if "plain" in variants else variants[0]
+    base = args.baseline if args.baseline in variants else (
+        "plain" if "plain" in variants else variants[0])
     rows = []
     for v in variants:
         r = runners[v]
@@ -253,6 +259,9 @@ def bench_model(torch, spec, stash, args, checks):
             "variant": v,
             "step_ms": median([m[v] for m in per_round]) * 1e3,
             "x_plain": median([m[v] / m[base] for m in per_round]),
+            # The spread of those per-round ratios (min, max): what one round can say.
+            "x_plain_spread": [min(m[v] / m[base] for m in per_round),
+                               max(m[v] / m[base] for m in per_round)],
             "round_step_ms": [round(m[v] * 1e3, 3) for m in per_round],
             "grads_equal": equal,
             "grads_compared_with": ref,
@@ -274,7 +283,7 @@ def bench_model(torch, spec, stash, args, checks):
                 checks.expect(f"{spec.name}: {v} offloaded something in every timed step",
                               bool(r.offloaded) and
                               min(c["bytes_offloaded"] for c in r.offloaded) > 0, True)
-    return {"model": spec.name, "describe": spec.describe, "variants": rows}
+    return {"model": spec.name, "describe": spec.describe, "variants": rows, "baseline": base}
 
 
 def print_report(result):
@@ -282,12 +291,13 @@ def print_report(result):
     print(f"model_bench: torch {cfg['torch']}, {cfg['threads']} torch thread(s), "
           f"{cfg['rounds']} round(s) of {cfg['warmup']} warm-up + {cfg['steps']} timed steps "
           f"per variant (median), min_bytes {cfg['min_bytes']}, daemon {cfg['daemon']}")
-    print("step ms: median over rounds of each round's median; x plain: median of the "
-          "per-round ratios")
+    print("step ms: median over rounds of each round's median; x <baseline>: median of the "
+          "per-round ratios (spread: their min-max)")
     for m in result["models"]:
         print()
         print(m["describe"])
-        print(f"  {'variant':<28}{'step ms':>9}{'x plain':>9}{'grads equal':>13}"
+        print(f"  {'variant':<28}{'step ms':>9}{'x ' + m['baseline'][:12]:>15}{'spread':>12}"
+              f"{'grads equal':>13}"
               f"{'offloaded MiB/step':>20}{'tensors/step':>14}{'faults/step':>13}"
               "   per-round ms")
         for r in m["variants"]:
@@ -295,7 +305,9 @@ def print_report(result):
                    f"{r['offloaded_tensors_per_step']:>14.0f}"
                    if "offloaded_bytes_per_step" in r else f"{'-':>20}{'-':>14}")
             rounds = " ".join(f"{t:.1f}" for t in r["round_step_ms"])
-            print(f"  {r['variant']:<28}{r['step_ms']:>9.1f}{r['x_plain']:>9.2f}"
+            lo, hi = r["x_plain_spread"]
+            print(f"  {r['variant']:<28}{r['step_ms']:>9.1f}{r['x_plain']:>15.3f}"
+                  f"{f'{lo:.2f}-{hi:.2f}':>12}"
                   f"{str(r['grads_equal']):>13}{off}{r['minor_faults_per_step']:>13.0f}"
                   f"   {rounds}")
         for r in m["variants"]:
@@ -329,6 +341,10 @@ def main():
     parser.add_argument("--warmup", type=int, default=1, help="untimed steps before them")
     parser.add_argument("--rounds", type=int, default=3, help="rounds (variants interleaved)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    parser.add_argument("--baseline", default="plain",
+                        help="the variant ratios are taken against (x_plain in JSON; default "
+                             "plain; e.g. checkpoint to compare actstash_checkpoint_offload with "
+                             "torch's checkpoint)")
     parser.add_argument("--min-bytes", type=parse_size, default=64 << 10,
                         help="actstash offload threshold (default 64KiB)")
     parser.add_argument("--gpt-layers", type=int, default=6)

@@ -21,7 +21,7 @@ import actstash
 from actstash_testing.memory import MMAP_THRESHOLD_ENV
 from conftest import EXAMPLES, PACKAGE_ENV, TESTING_PYTHON
 
-STEPS = 6  # at most: profiling, checking, up to two corrections and the steady steps
+STEPS = 8  # at most: profiling, up to 3 candidates, two corrections and the steady steps
 STEADY = 2  # the last steps of a run: ones whose plan had settled before they began
 CHILD_TIMEOUT_S = 1800
 

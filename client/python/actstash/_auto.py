@@ -12,7 +12,14 @@ the first block's tensor inputs):
    reaches on this machine and device. The daemon is asked for this session's share
    of the node's copy bandwidth (its node figure over the sessions copying at once);
    while other sessions copy too, the plan counts on the smaller of probe and share.
-2. Solve (_planner.solve) and apply the plan from the next step on.
+2. Solve (_planner.solve), then measure before committing: the solved plan and
+   up to two more candidates (_planner.candidates: the plan solved without the
+   model's safety factor on copies, the fastest uniform plan predicted to fit) run
+   one measured step each, and the fastest whose measured peak fits the budget is
+   kept (the solved plan unless another is more than 3% faster). A model that
+   predicted wrong, in time or memory, on this machine costs a few steps, not the
+   run. When no candidate fits as measured, the solved plan's step goes to 3.
+   wrap(candidates=1) commits to the solved plan without trials.
 3. Verify: the first step under a new plan is measured the same way. If it
    reached more memory than the budget, the plan is solved again for a budget
    smaller by what the model missed (the measured peak less the predicted one;
@@ -63,6 +70,9 @@ _MAX_PROFILES = 2
 _PROBE_BYTES = 64 << 20
 _PROBE_RUNS = 3
 _CPU_HEADROOM = 0.05  # sampled RssAnon misses short peaks and varies by step
+# Another candidate replaces the solved plan only when measured this much faster: one
+# step's time varies by a few percent, and the solved plan is the model's answer.
+_TRIAL_MARGIN = 0.03
 
 
 class _Entry:
@@ -81,13 +91,28 @@ class _Entry:
         self.verify = False
         self.measured = None  # the last measured step: {"time_s", "peak", "blocks": [...]}
         self.share_refused = None  # (store, fetch) rates a re-plan found no plan for
+        self.trials = None    # [_Trial], the candidates measured after profiling
+        self.trial_index = 0  # the next to measure; == len(trials) once chosen
+        self.chosen = None    # the _Trial kept
+
+
+class _Trial:
+    """A candidate plan and its one measured step."""
+
+    def __init__(self, choices, prediction):
+        self.choices, self.prediction = list(choices), prediction
+        self.measured = None  # {"time_s", "peak", "blocks", "choices"}, as _Entry.measured
+        self.check = None     # (step, peaks) of that step, for _check
 
 
 class AutoPlanner:
     """Owns the plans of one wrapped model (see the module comment)."""
 
-    def __init__(self, stash, blocks, names, budget, memory_limit, min_bytes):
+    def __init__(self, stash, blocks, names, budget, memory_limit, min_bytes, candidates=3):
+        if isinstance(candidates, bool) or not isinstance(candidates, int) or candidates < 1:
+            raise ValueError(f"candidates must be an int >= 1, not {candidates!r}")
         self.stash, self.blocks, self.names = stash, blocks, names
+        self.max_candidates = candidates
         self.budget_spec, self.memory_limit = budget, memory_limit
         self.min_bytes = min_bytes
         self.entries = {}
@@ -175,6 +200,9 @@ class AutoPlanner:
             smallest = _planner.CHECKPOINT_OFFLOAD if self.stash.available else \
                 _planner.CHECKPOINT
             self.step = Step(entry, [smallest] * n, True, n, self.min_bytes, device)
+        elif entry.trials is not None and entry.trial_index < len(entry.trials):
+            self.step = Step(entry, entry.trials[entry.trial_index].choices, True, n,
+                             self.min_bytes, device)
         else:
             self.step = Step(entry, entry.plan.choices, entry.verify, n, self.min_bytes, device)
 
@@ -198,6 +226,8 @@ class AutoPlanner:
         entry = step.entry
         if entry.plan is None:
             self._solve_profile(entry, step, peaks)
+        elif entry.trials is not None and entry.trial_index < len(entry.trials):
+            self._trial_done(entry, step, peaks)
         else:
             self._check(entry, step, peaks)
 
@@ -262,6 +292,57 @@ class AutoPlanner:
             # Profile once more (the plan stays None) before refusing the budget.
             entry.profiled = (costs, machine)
             log.info("actstash: %s; profiling once more before refusing it", error)
+            return
+        self._plan_trials(entry)
+
+    # -- measure the candidates, keep the fastest that fits ------------------------------
+    def _plan_trials(self, entry):
+        choices = _planner.candidates(entry.costs, entry.machine, entry.plan,
+                                      entry.stored_limit, self.max_candidates)
+        if len(choices) < 2:
+            return  # the solved plan alone: checked as in 3
+        entry.trials = [_Trial(c, _planner.simulate(entry.costs, entry.machine, c))
+                        for c in choices]
+        entry.trial_index = 0
+        log.info("actstash: measuring %d candidate plans for inputs %s, one step each: %s",
+                 len(choices), _describe_key(entry.key),
+                 "; ".join(", ".join(c) for c in choices))
+
+    def _trial_done(self, entry, step, peaks):
+        trial = entry.trials[entry.trial_index]
+        blocks, _, _, step_s = self._phases(step, peaks)
+        trial.measured = {"time_s": step_s, "peak": max(peaks.values(), default=0),
+                          "blocks": blocks, "choices": list(step.choices)}
+        trial.check = (step, peaks)
+        entry.trial_index += 1
+        if entry.trial_index == len(entry.trials):
+            self._choose(entry, _target(entry.budget, step.device))
+
+    def _choose(self, entry, target):
+        first = entry.trials[0]  # the solved plan, entry.plan
+        fitting = [t for t in entry.trials if t.measured["peak"] <= target]
+        if not fitting:
+            # None fits as measured: the solved plan's step is checked (corrections).
+            log.info("actstash: no candidate plan fit the budget as measured; checking the "
+                     "solved one")
+            self._check(entry, *first.check)
+            return
+        best = min(fitting, key=lambda t: t.measured["time_s"])
+        if best is not first and first in fitting and \
+                best.measured["time_s"] > first.measured["time_s"] * (1 - _TRIAL_MARGIN):
+            best = first
+        entry.chosen = best
+        if best is not first:
+            solved = entry.plan
+            entry.plan = _planner.Plan(choices=list(best.choices), prediction=best.prediction,
+                                       budget=solved.budget, exact=False,
+                                       smallest_peak=solved.smallest_peak,
+                                       kept_peak=solved.kept_peak)
+        entry.measured = best.measured
+        entry.verify = False
+        self._log_plan(entry, f"chosen by measurement of {len(entry.trials)} candidates "
+                              f"(measured {best.measured['time_s'] * 1e3:.1f} ms/step, peak "
+                              f"{_planner.format_bytes(best.measured['peak'])})")
 
     def _probe(self, machine, sizes, step):
         """Stores and fetches tensors of these sizes through the stash, timed: the copy
@@ -458,6 +539,15 @@ class PlanReport:
             "share_bps": m.share_bps, "node_bps": m.node_bps, "node_source": m.node_source,
             "copying_sessions": m.copying_sessions}
         self._plan, self._measured = plan, measured if same else None
+        # The candidates measured after profiling (empty: none were): each one's
+        # choices, predicted and measured step time and peak, and whether it was kept.
+        self.candidates = [
+            {"choices": list(t.choices), "predicted_time_s": t.prediction.time_s,
+             "predicted_peak": t.prediction.peak_bytes,
+             "measured_time_s": t.measured["time_s"] if t.measured else None,
+             "measured_peak": t.measured["peak"] if t.measured else None,
+             "chosen": t is entry.chosen}
+            for t in entry.trials or ()]
 
     def __str__(self):
         mib = _planner.format_bytes
@@ -493,6 +583,15 @@ class PlanReport:
             lines.append(f"  {c.name[:20]:<20} {mib(c.saved_bytes):>10} {choice:<19} {fwd:>13} "
                          f"{bwd:>13} {mib(p.held[j]):>10} {peak:>21}")
         lines.append("  (fwd, bwd, peak: predicted/measured; held: kept until backward)")
+        if self.candidates:
+            lines.append("  candidates measured (step ms and peak: predicted/measured):")
+            for c in self.candidates:
+                measured = (f"{c['measured_time_s'] * 1e3:.1f}", mib(c["measured_peak"])) \
+                    if c["measured_time_s"] is not None else ("-", "-")
+                lines.append(f"  {'*' if c['chosen'] else ' '} "
+                             f"{c['predicted_time_s'] * 1e3:.1f}/{measured[0]} ms, "
+                             f"{mib(c['predicted_peak'])}/{measured[1]}: "
+                             f"{', '.join(c['choices'])}")
         return "\n".join(lines)
 
     __repr__ = __str__

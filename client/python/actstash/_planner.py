@@ -396,6 +396,37 @@ def solve(costs, machine, budget, stored_limit=float("inf"), max_nodes=20_000):
     return result
 
 
+def candidates(costs, machine, plan, stored_limit=float("inf"), limit=3):
+    """The plans worth one measured step each before one is committed to: `plan`
+    (solve's answer), then the plan solve gives when copies are counted at the probed
+    rate for memory too (store_slowdown 1: the safety factor set aside), then the
+    fastest uniform plan (every block the same choice) that fits the budget by that
+    count. The model's safety factor and its time model can be wrong in either
+    direction on a given machine; a measured step is not. At most `limit` plans,
+    each once, `plan` first; every one is predicted, without the safety factor, to
+    fit plan.budget (a measured step may still reach more: it is then not chosen)."""
+    n = len(costs)
+    optimistic = dataclasses.replace(machine, store_slowdown=1.0)
+    found = [list(plan.choices)]
+    try:
+        relaxed = solve(costs, optimistic, plan.budget, stored_limit)
+        found.append(list(relaxed.choices))
+    except BudgetError:
+        pass
+    uniform = []
+    for choice in _allowed(machine):
+        prediction = simulate(costs, optimistic, [choice] * n)
+        if _fits(prediction, plan.budget, stored_limit):
+            uniform.append((prediction.time_s, CHOICES.index(choice), [choice] * n))
+    if uniform:
+        found.append(min(uniform)[2])
+    unique = []
+    for choices in found:
+        if choices not in unique:
+            unique.append(choices)
+    return unique[:max(1, limit)]
+
+
 def _infeasible_message(costs, machine, budget, stored_limit, smallest, prediction):
     def need(c):
         return max(_min_backward_work(c, machine), c.forward_work)

@@ -39,7 +39,7 @@ def _repeated_blocks(model):
 
 
 def wrap(model, stash, blocks=None, mode="checkpoint+offload", min_bytes=None,
-         policy="manual", budget=None, memory_limit=None):
+         policy="manual", budget=None, memory_limit=None, candidates=3):
     """Makes each selected block offload its saved tensors ("offload"), recompute its
     interior ("checkpoint"), or recompute its interior and offload its inputs
     ("checkpoint+offload"). blocks: a module class (or tuple), a ModuleList, a
@@ -56,13 +56,16 @@ def wrap(model, stash, blocks=None, mode="checkpoint+offload", min_bytes=None,
     (CUDA) or of memory_limit (CPU; default: the node's available memory). It bounds
     the memory a step adds from the first block's forward to the end of backward
     (saved activations and the transients of forward and backward). stash.plan()
-    shows the plan; actstash.BudgetError is raised from forward when no plan fits."""
+    shows the plan; actstash.BudgetError is raised from forward when no plan fits.
+    candidates: before committing, auto measures one step of each of at most this many
+    candidate plans (the solved one first) and keeps the fastest whose measured peak
+    fits; 1 commits to the solved plan (its check step alone)."""
     if policy not in _POLICIES:
         raise ValueError(f"policy must be one of {_POLICIES}")
     if min_bytes is None:  # saved tensors below it stay: the engine's default_min_bytes
         min_bytes = _lib.DEFAULT_MIN_BYTES
     if policy == "auto":
-        return _wrap_auto(model, stash, blocks, min_bytes, budget, memory_limit)
+        return _wrap_auto(model, stash, blocks, min_bytes, budget, memory_limit, candidates)
     if mode not in _MODES:
         raise ValueError(f"mode must be one of {_MODES}")
     if stash is None and mode != "checkpoint":
@@ -156,7 +159,7 @@ def use_for_gradient_checkpointing(model, stash=None, min_bytes=None, **checkpoi
     return model
 
 
-def _wrap_auto(model, stash, blocks, min_bytes, budget, memory_limit):
+def _wrap_auto(model, stash, blocks, min_bytes, budget, memory_limit, candidates):
     from actstash._auto import AutoPlanner
     if stash is None:
         raise ValueError("policy='auto' needs a stash")
@@ -170,7 +173,7 @@ def _wrap_auto(model, stash, blocks, min_bytes, budget, memory_limit):
     _refuse_double_checkpoint(selected, "policy='auto'")
     names = {id(m): name for name, m in model.named_modules()}
     planner = AutoPlanner(stash, selected, [names.get(id(b), type(b).__name__) for b in selected],
-                          budget, memory_limit, min_bytes)
+                          budget, memory_limit, min_bytes, candidates)
     stash.keep(model)
     for j, block in enumerate(selected):
         original = block.forward
