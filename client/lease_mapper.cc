@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/huge_pages.h"
 
 namespace actstash::client_internal {
 namespace {
@@ -19,28 +20,29 @@ absl::Status WrongTier(const GrantedLease& lease) {
 // (lease->fds is left empty).
 absl::StatusOr<std::byte*> MapSegments(GrantedLease* lease, uint64_t segment_bytes) {
   const uint64_t bytes = uint64_t{lease->segments} * segment_bytes;
-  void* reserved =
-      mmap(nullptr, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  // On a 2 MiB boundary, so that the daemon's huge pages map as huge pages
+  // here too.
+  std::byte* reserved = ReserveAligned(bytes);
   absl::Status status;
-  if (reserved == MAP_FAILED) {
+  if (reserved == nullptr) {
     status = absl::ResourceExhaustedError(
         absl::StrCat("reserving ", bytes, " bytes of address space: ", std::strerror(errno)));
   }
   for (size_t i = 0; status.ok() && i < lease->fds.size(); ++i) {
-    // MAP_POPULATE: the page-table work happens now, not on the hot path.
-    void* at = static_cast<std::byte*>(reserved) + i * segment_bytes;
-    if (mmap(at, segment_bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED | MAP_POPULATE,
-             lease->fds[i].get(), 0) == MAP_FAILED) {
-      status = absl::InternalError(absl::StrCat("mapping segment ", i, " of lease ",
-                                                lease->lease_id, ": ", std::strerror(errno)));
+    // Populated: the page-table work happens now, not on the hot path.
+    const absl::Status mapped = MapSharedPopulated(reserved + i * segment_bytes, segment_bytes,
+                                                   lease->fds[i].get(), NodeShmemHugePages());
+    if (!mapped.ok()) {
+      status = absl::Status(mapped.code(), absl::StrCat("segment ", i, " of lease ",
+                                                        lease->lease_id, ": ", mapped.message()));
     }
   }
   lease->fds.clear();
   if (!status.ok()) {
-    if (reserved != MAP_FAILED) munmap(reserved, bytes);
+    if (reserved != nullptr) munmap(reserved, bytes);
     return status;
   }
-  return static_cast<std::byte*>(reserved);
+  return reserved;
 }
 
 }  // namespace

@@ -18,6 +18,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "common/check.h"
+#include "common/huge_pages.h"
 #include "common/unique_fd.h"
 #include "common/units.h"
 #include "server/pool_segment.h"
@@ -394,10 +395,9 @@ absl::StatusOr<std::unique_ptr<HostPool>> CreateHostPool(const HostPoolOptions& 
   absl::StatusOr<std::vector<NumaSlice>> slices = SliceByNode(options, segments);
   if (!slices.ok()) return slices.status();
 
-  void* reserved =
-      mmap(nullptr, total, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  if (reserved == MAP_FAILED) return ErrnoStatus("reserving the pool's address range", errno);
-  auto* base = static_cast<std::byte*>(reserved);
+  // On a 2 MiB boundary: segments then start on one, and can use huge pages.
+  std::byte* base = ReserveAligned(total);
+  if (base == nullptr) return ErrnoStatus("reserving the pool's address range", errno);
 
   std::vector<UniqueFd> fds;
   auto fail = [&](absl::Status status) {
@@ -413,6 +413,8 @@ absl::StatusOr<std::unique_ptr<HostPool>> CreateHostPool(const HostPoolOptions& 
     if (!fd.ok()) return fail(fd.status());
     fds.push_back(*std::move(fd));
   }
+  // Once per daemon: the node's setting decides, and an operator can change it.
+  spdlog::info("{}", DescribePoolPages(NodeShmemHugePages()));
 
   uint64_t locked = 0;
   if (options.mlock != Tristate::kOff) {

@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/huge_pages.h"
 #include "spdlog/spdlog.h"
 
 namespace actstash::server {
@@ -65,11 +66,15 @@ absl::StatusOr<UniqueFd> MapFreshSegment(std::byte* at, uint64_t index, uint64_t
   if (ftruncate(fd.get(), static_cast<off_t>(bytes)) != 0) {
     return ErrnoStatus("ftruncate of a pool segment", errno);
   }
-  const int populate = nodes.empty() ? MAP_POPULATE : 0;
-  void* mapped =
-      mmap(at, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED | populate, fd.get(), 0);
-  if (mapped == MAP_FAILED) return ErrnoStatus("mapping a pool segment", errno);
-  if (!nodes.empty()) {
+  const ShmemHugePages pages = NodeShmemHugePages();
+  if (nodes.empty()) {
+    if (absl::Status s = MapSharedPopulated(at, bytes, fd.get(), pages); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("pool segment ", index, ": ", s.message()));
+    }
+  } else {
+    void* mapped = mmap(at, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd.get(), 0);
+    if (mapped == MAP_FAILED) return ErrnoStatus("mapping a pool segment", errno);
+    if (HugePagesAllowed(pages)) (void)madvise(at, bytes, MADV_HUGEPAGE);  // advice only
     const absl::Status bound = binder ? binder(at, bytes, nodes) : MbindToNodes(at, bytes, nodes);
     if (!bound.ok()) return bound;
     if (absl::Status s = Populate(at, bytes); !s.ok()) return s;

@@ -29,7 +29,8 @@ absl::Status MbindToNodes(std::byte* at, uint64_t bytes, const std::vector<int>&
 absl::Status ErrnoStatus(absl::string_view what, int error);
 
 // Creates a zeroed memfd for segment `index` and maps it at `at` (MAP_FIXED
-// over whatever was there), bound to `nodes` with `binder` if any nodes are
+// over whatever was there) with 2 MiB pages where the node allows them
+// (common/huge_pages.h), bound to `nodes` with `binder` if any nodes are
 // given (else populated by the kernel's default policy), populated, and
 // mlocked if `lock` (*locked says whether that worked).
 absl::StatusOr<UniqueFd> MapFreshSegment(std::byte* at, uint64_t index, uint64_t bytes, bool lock,

@@ -164,3 +164,37 @@ def test_every_candidate_is_a_known_choice():
     plan = solve(costs, machine, _budget_only_the_optimistic_count_meets())
     for choices in candidates(costs, machine, plan):
         assert set(choices) <= {KEEP, OFFLOAD, CHECKPOINT, CHECKPOINT_OFFLOAD}
+
+
+class _Share:
+    """A stash whose node copy share the test sets."""
+
+    def __init__(self, share_bps, sessions):
+        self.share_bps, self.sessions = share_bps, sessions
+
+    def copy_share(self, store_bps, fetch_bps):
+        return {"share_bytes_per_second": self.share_bps,
+                "node": {"node_bytes_per_second": self.share_bps * self.sessions,
+                         "node_source": "test", "copying_sessions": self.sessions}}
+
+
+def test_a_new_share_that_changes_nothing_costs_no_measured_step():
+    planner, entry = _planner_with_trials(10 << 30)  # everything fits: keep
+    assert entry.trials is None and entry.plan.choices == [KEEP] * N
+    entry.verify = False  # checked
+    entry.machine.probe_store_bps = entry.machine.probe_fetch_bps = 8e9
+    planner.stash = _Share(share_bps=1e9, sessions=4)  # other ranks start copying
+    planner._follow_share(entry)
+    assert entry.machine.store_bps == 1e9  # re-planned with the share...
+    assert entry.plan.choices == [KEEP] * N and not entry.verify  # ...nothing to check
+
+
+def test_a_new_share_that_changes_the_plan_is_checked():
+    budget = _budget_only_the_optimistic_count_meets()
+    planner, entry = _planner_with_trials(budget, limit=1)
+    entry.verify = False
+    before = list(entry.plan.choices)
+    entry.machine.probe_store_bps = entry.machine.probe_fetch_bps = 8e9
+    planner.stash = _Share(share_bps=0.2e9, sessions=8)  # copies 40x slower: re-plan
+    planner._follow_share(entry)
+    assert entry.plan.choices != before and entry.verify

@@ -423,7 +423,10 @@ class AutoPlanner:
             return
         entry.share_refused = None
         if entry.plan.choices == previous[1].choices:
-            self._log_plan(entry, why)  # same choices, new predictions: said once
+            # Same choices, new predictions: said once, and not measured again (that
+            # plan was checked; a measured step costs its sampling and is slower).
+            entry.verify = False
+            self._log_plan(entry, why)
 
     def _solve(self, entry, why, final=True):
         """Solves for the entry's costs. BudgetError when no plan fits; `final`: the
