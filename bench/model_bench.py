@@ -41,8 +41,9 @@ ratios. What a ratio means here: on virtual machines a first write to a fresh
 page costs 5-12 us, and glibc's heap hands memory back and takes it again
 depending on what was freed before, so the same variant's step moves by
 several percent between rounds (faults/step shows those first touches); a
-median of paired rounds and its spread are the figure, one round is not. No stash.synchronize() inside a timed step (stores overlap the rest
-of forward and backward, as in training); the stash is synchronized between
+median of paired rounds and its spread are the figure, one round is not.
+No stash.synchronize() inside a timed step (stores overlap the rest of forward
+and backward, as in training); the stash is synchronized between
 variants, outside the timing. Between steps, outside the timing, the benchmark
 reads the stash's counters and hashes the gradients (work of the previous
 step still in flight, such as releases, may finish there).
