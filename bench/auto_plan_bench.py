@@ -15,11 +15,15 @@ every variant's step k computes the gradients of the same parameters on batch k
 with seed 100 + k: each is compared bitwise with plain autograd's (exit 1 when
 an actstash variant differs).
 
+Auto measures --candidates plans (wrap(candidates=), default 3) for one step
+each before it commits; --candidates 1 shows the model's plan alone.
+
 Budgets: a first auto run with an unlimited budget reports the peaks any plan can
 reach (predicted: the smallest, and every block kept); the budgets are the
 kept peak x 1.1 (everything fits), 3/4, 1/2 and 1/4 of the way from the smallest
 to the kept peak, and the smallest x 1.3. Each budget's model is wrapped once and
-warmed up for --warmup steps (profiling, checking, corrections) before timing.
+warmed up for --warmup steps (profiling, candidates, checks, corrections) before
+timing.
 
 Memory: the peak of RssAnon from the first block's forward to the end of
 backward, above RssAnon at the first block's forward, sampled by a thread in one
@@ -57,7 +61,7 @@ MIB = 1 << 20
 
 class Variant:
     def __init__(self, torch, actstash, spec, initial, kind, stash, budget=None,
-                 min_bytes=64 << 10):
+                 min_bytes=64 << 10, candidates=3):
         self.torch, self.spec, self.kind, self.stash, self.budget = torch, spec, kind, stash, budget
         self.model = copy.deepcopy(initial)
         self.model.train()
@@ -65,7 +69,7 @@ class Variant:
         self.meter = PeakMeter(blocks[0], armed=False)
         if kind == "auto":
             actstash.wrap(self.model, stash, blocks=spec.layer_class, policy="auto", budget=budget,
-                          min_bytes=min_bytes)
+                          min_bytes=min_bytes, candidates=candidates)
         elif kind == "torch_checkpoint":
             checkpoint_layers(blocks)
         elif kind != "plain":
@@ -115,7 +119,7 @@ def bench_model(torch, actstash, spec, address, args):
                         None if kind in ("plain", "checkpoint", "torch_checkpoint") else stash(),
                         min_bytes=args.min_bytes) for kind in UNIFORM]
     autos = [Variant(torch, actstash, spec, initial, "auto", stash(), budget=b,
-                     min_bytes=args.min_bytes) for b in budgets]
+                     min_bytes=args.min_bytes, candidates=args.candidates) for b in budgets]
     errors = {}
     for v in autos:
         try:
@@ -229,8 +233,11 @@ def main():
     parser.add_argument("--models", default="gpt,encoder")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=3, help="timed steps per variant and round")
-    parser.add_argument("--warmup", type=int, default=5, help="auto steps before timing")
+    parser.add_argument("--warmup", type=int, default=8,
+                        help="auto steps before timing (profiling, candidates, corrections)")
     parser.add_argument("--min-bytes", type=int, default=64 << 10)
+    parser.add_argument("--candidates", type=int, default=3,
+                        help="wrap(candidates=): plans auto measures before committing (1: none)")
     parser.add_argument("--plot", default=None, help="write the trade-off plot (PNG) here")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--quick", action="store_true", help="1 round of 1 step, small models")
