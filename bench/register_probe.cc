@@ -1,6 +1,6 @@
 // register_probe: what registering a lease with CUDA costs, on the memory as
 // the client really maps it: several memfd segments mapped back to back into
-// one reserved range (client/local_store.cc, MapLease), registered as one
+// one reserved range (client/store/local_store.cc, MapLease), registered as one
 // range with the client's flags (common/pinned_registrar.cc). Prints, per
 // GiB, the median cudaHostRegister and cudaHostUnregister times next to
 // cudaHostAlloc and cudaFreeHost of the same size measured in the same run,

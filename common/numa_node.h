@@ -1,6 +1,6 @@
 // The NUMA node a process copies from: its GPU's (the PCI device's node in
 // sysfs) or, for CPU work, the node of the CPU it runs on. The daemon reads
-// its GPUs' nodes for the pool's placement (server/numa_topology.h); a
+// its GPUs' nodes for the pool's placement (server/pool/numa_topology.h); a
 // client names its own node when it leases (LeaseRequest.numa_node).
 // Thread-safety: every function may be called from any thread.
 #ifndef ACTSTASH_COMMON_NUMA_NODE_H_

@@ -150,7 +150,7 @@ Setting<T> OneOf(absl::string_view name, E T::*member, const Choice<E> (&choices
 constexpr Choice<AttachMode> kAttachNames[] = {
     {"auto", AttachMode::kAuto}, {"required", AttachMode::kRequired}, {"off", AttachMode::kOff}};
 // PinPolicy has Tristate's enumerators and values (asserted in the client,
-// client/client_impl.h): it is spelled like every auto/on/off setting.
+// client/rpc/client_impl.h): it is spelled like every auto/on/off setting.
 constexpr Choice<PinPolicy> kPinPolicyNames[] = {
     {kTristateNames[0].name, static_cast<PinPolicy>(kTristateNames[0].value)},
     {kTristateNames[1].name, static_cast<PinPolicy>(kTristateNames[1].value)},

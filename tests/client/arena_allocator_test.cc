@@ -4,7 +4,7 @@
 // Environment: ACTSTASH_ARENA_TEST_OPS (ops per randomized run, default 20000)
 // and ACTSTASH_ARENA_BENCH_ITERS (default 1000000) shrink the run, e.g. under
 // valgrind.
-#include "client/arena_allocator.h"
+#include "client/store/arena_allocator.h"
 
 #include <gtest/gtest.h>
 

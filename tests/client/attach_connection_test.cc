@@ -2,7 +2,7 @@
 // daemon's end closes, ConfirmLost says so at once, whatever the watcher
 // thread has or has not seen yet; a lease message waiting to be read is not a
 // hang-up.
-#include "client/attach_connection.h"
+#include "client/rpc/attach_connection.h"
 
 #include <gtest/gtest.h>
 #include <stdlib.h>

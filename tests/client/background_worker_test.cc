@@ -1,8 +1,8 @@
-// The client's background workers (client/background_worker.h): a
+// The client's background workers (client/store/background_worker.h): a
 // SerialWorker runs its tasks one at a time, in order, on one thread of its
 // own, and Stop drops what is queued after the running task ends; a
 // PeriodicWorker ticks until Stop, which does not wait out the period.
-#include "client/background_worker.h"
+#include "client/store/background_worker.h"
 
 #include <gtest/gtest.h>
 

@@ -1,7 +1,7 @@
-// The states of a LocalStore block (client/block_state.h): exactly the
+// The states of a LocalStore block (client/store/block_state.h): exactly the
 // documented edges are legal, and what each state implies (an RPC in flight,
 // bytes on the daemon's disk) agrees with the edges.
-#include "client/block_state.h"
+#include "client/store/block_state.h"
 
 #include <gtest/gtest.h>
 

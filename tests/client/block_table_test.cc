@@ -1,8 +1,8 @@
-// LocalStore's table (client/block_table.h): the counters follow what it
+// LocalStore's table (client/store/block_table.h): the counters follow what it
 // holds through every change, a block moves only along the table of
 // block_state.h, and the invariants that tie arenas and blocks hold (a
 // broken one is a crash, not a silent miscount).
-#include "client/block_table.h"
+#include "client/store/block_table.h"
 
 #include <gtest/gtest.h>
 

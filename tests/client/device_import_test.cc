@@ -1,7 +1,7 @@
 // client/device_import: the handle cache and the grant checks of
 // DeviceImporter, with a fake IpcOpener (host memory for the regions).
 // (Lives with the server tests until client/ builds device_import.cc.)
-#include "client/device_import.h"
+#include "client/store/device_import.h"
 
 #include <gtest/gtest.h>
 

@@ -14,8 +14,8 @@
 
 #include "absl/strings/match.h"
 #include "actstash/client.h"
-#include "client/device_import.h"
-#include "server/daemon.h"
+#include "client/store/device_import.h"
+#include "server/daemon/daemon.h"
 #include "testing/park.h"
 #include "tests/server/fake_device_memory.h"
 

@@ -9,7 +9,7 @@
 #include <random>
 #include <vector>
 
-#include "client/gpu_copy_engine.h"
+#include "client/copy/gpu_copy_engine.h"
 #include "tests/client/sim_gpu_runtime.h"
 #include "tests/kernels/test_layouts.h"
 

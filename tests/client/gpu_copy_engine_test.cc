@@ -2,7 +2,7 @@
 // ordering against a slow compute stream, deps between the store and fetch
 // streams, OrderAfterAsync without host waits, SubmitAsync, the in-flight
 // bound. Errors and lifetimes: gpu_copy_engine_errors_test.cc.
-#include "client/gpu_copy_engine.h"
+#include "client/copy/gpu_copy_engine.h"
 
 #include <gtest/gtest.h>
 

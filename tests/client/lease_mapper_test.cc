@@ -1,9 +1,9 @@
-// The two lease mappers (client/lease_mapper.h): host leases are real memfd
+// The two lease mappers (client/store/lease_mapper.h): host leases are real memfd
 // segments mapped back to back and registered through a fake registrar;
 // device leases resolve through a DeviceImporter over a fake opener. Each
 // refuses a lease of the other tier or of another size, and consumes its fds
 // whatever the outcome.
-#include "client/lease_mapper.h"
+#include "client/store/lease_mapper.h"
 
 #include <sys/mman.h>
 #include <unistd.h>

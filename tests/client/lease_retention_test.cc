@@ -1,8 +1,8 @@
-// Which empty leases a LocalStore keeps (client/lease_retention.h): the
+// Which empty leases a LocalStore keeps (client/store/lease_retention.h): the
 // answers of OnEmptied for each rule, decided over a table of arenas without
 // any lease behind them. LocalStore's own tests (local_store_test) run the
 // same rules end to end against a backend that hands out memfds.
-#include "client/lease_retention.h"
+#include "client/store/lease_retention.h"
 
 #include <gtest/gtest.h>
 
@@ -10,9 +10,9 @@
 #include <memory>
 
 #include "absl/synchronization/mutex.h"
-#include "client/arena_leases.h"
-#include "client/block_table.h"
-#include "client/lease_mapper.h"
+#include "client/store/arena_leases.h"
+#include "client/store/block_table.h"
+#include "client/store/lease_mapper.h"
 
 namespace actstash::client_internal {
 namespace {

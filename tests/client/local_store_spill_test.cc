@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
-#include "client/local_store.h"
+#include "client/store/local_store.h"
 #include "common/unique_fd.h"
 
 namespace actstash::client_internal {

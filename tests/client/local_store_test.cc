@@ -1,6 +1,6 @@
 // LocalStore against a fake LeaseBackend that hands out real memfds: arena
 // placement, dedicated leases, giving segments back, failures, concurrency.
-#include "client/local_store.h"
+#include "client/store/local_store.h"
 
 #include <gtest/gtest.h>
 #include <sys/mman.h>

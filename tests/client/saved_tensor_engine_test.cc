@@ -16,7 +16,7 @@
 #include "actstash/client.h"
 #include "actstash/saved_tensors.h"
 #include "actstash/v1/stash.pb.h"
-#include "client/gpu_copy_engine.h"
+#include "client/copy/gpu_copy_engine.h"
 #include "kernels/bf16.h"
 #include "testing/daemon_process.h"
 #include "tests/client/sim_gpu_runtime.h"

@@ -1,7 +1,7 @@
-// The states of a saved tensor (client/saved_tensor_state.h): exactly the
+// The states of a saved tensor (client/engine/saved_tensor_state.h): exactly the
 // documented edges are legal, and what each state implies (source held,
 // store running, counted live, released) agrees with the edges.
-#include "client/saved_tensor_state.h"
+#include "client/engine/saved_tensor_state.h"
 
 #include <gtest/gtest.h>
 

@@ -33,7 +33,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
-#include "client/gpu_runtime.h"
+#include "client/copy/gpu_runtime.h"
 
 namespace actstash::client_internal::testing {
 

@@ -1,6 +1,6 @@
 // UsageReporter: sends a changed usage, stays quiet while nothing changes,
 // and never calls back after Stop.
-#include "client/usage_reporter.h"
+#include "client/rpc/usage_reporter.h"
 
 #include <gtest/gtest.h>
 

@@ -39,7 +39,7 @@ TEST(TieredIdTest, ASerialTooLargeCannotChangeTheTier) {
 
 TEST(TieredIdTest, TheInlineBitIsNotPartOfTheTier) {
   // An id a client forged with bit 63 decodes to a tier in range; whoever
-  // decodes a lease id rejects inline ids (server/stash_core.cc).
+  // decodes a lease id rejects inline ids (server/rpc/stash_core.cc).
   EXPECT_EQ(TierOf(kInlineBit | Make(2, 5)), 2u);
   EXPECT_EQ(SerialOf(kInlineBit | Make(2, 5)), 5u);
 }

@@ -13,7 +13,7 @@
 #include <sstream>
 
 #include "common/address.h"
-#include "server/config.h"
+#include "server/daemon/config.h"
 #include "tests/integration/test_util.h"
 
 namespace actstash::testing {

@@ -16,8 +16,8 @@
 
 #include "absl/strings/escaping.h"
 #include "actstash/v1/stash.grpc.pb.h"
-#include "client/attach_connection.h"
-#include "client/device_import.h"
+#include "client/rpc/attach_connection.h"
+#include "client/store/device_import.h"
 #include "common/attach_wire.h"
 #include "common/protocol.h"
 #include "tests/integration/test_util.h"

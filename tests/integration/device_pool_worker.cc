@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "absl/strings/escaping.h"
-#include "client/device_import.h"
+#include "client/store/device_import.h"
 
 namespace {
 

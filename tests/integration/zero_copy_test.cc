@@ -18,7 +18,7 @@
 #include <thread>
 
 #include "actstash/v1/stash.grpc.pb.h"
-#include "client/attach_connection.h"
+#include "client/rpc/attach_connection.h"
 #include "common/attach_wire.h"
 #include "common/unique_fd.h"
 #include "tests/integration/test_util.h"

@@ -1,5 +1,5 @@
 // Unit tests of Catalog over a real HostPool and real sessions.
-#include "server/catalog.h"
+#include "server/objects/catalog.h"
 
 #include <gtest/gtest.h>
 
@@ -18,10 +18,10 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
-#include "server/host_pool.h"
-#include "server/memory_pool.h"
-#include "server/session.h"
-#include "server/session_manager.h"
+#include "server/pool/host_pool.h"
+#include "server/pool/memory_pool.h"
+#include "server/sessions/session.h"
+#include "server/sessions/session_manager.h"
 
 namespace actstash::server {
 namespace {

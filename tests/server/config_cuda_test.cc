@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "server/config.h"
+#include "server/daemon/config.h"
 
 namespace actstash::server {
 namespace {

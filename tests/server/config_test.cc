@@ -1,5 +1,5 @@
 // Unit tests of actstashd's configuration: flags over a TOML file over defaults.
-#include "server/config.h"
+#include "server/daemon/config.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -15,7 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/address.h"
-#include "server/memory_limits.h"
+#include "server/pool/memory_limits.h"
 
 namespace actstash::server {
 namespace {

@@ -1,7 +1,7 @@
 // The node's copy bandwidth and its share: the --copy-bandwidth setting, the
 // measurement's one start on the work queue, and the count of copying
 // sessions over the window.
-#include "server/copy_share.h"
+#include "server/sessions/copy_share.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -11,8 +11,8 @@
 
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
-#include "server/session.h"
-#include "server/work_queue.h"
+#include "server/base/work_queue.h"
+#include "server/sessions/session.h"
 
 namespace actstash::server {
 namespace {

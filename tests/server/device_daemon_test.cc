@@ -19,11 +19,11 @@
 
 #include "absl/strings/match.h"
 #include "actstash/v1/stash.grpc.pb.h"
-#include "client/attach_connection.h"
+#include "client/rpc/attach_connection.h"
 #include "common/attach_wire.h"
 #include "common/protocol.h"
 #include "common/unique_fd.h"
-#include "server/daemon.h"
+#include "server/daemon/daemon.h"
 #include "testing/park.h"
 #include "tests/server/fake_device_memory.h"
 

@@ -1,6 +1,6 @@
 // The device pool (DevicePool over a fake DeviceMemory) leased through the
 // real LeaseManager and StashCore paths: scrubbing, reclaim, quota, errors.
-#include "server/device_pool.h"
+#include "server/pool/device_pool.h"
 
 #include <gtest/gtest.h>
 
@@ -15,11 +15,11 @@
 
 #include "absl/status/status.h"
 #include "common/tiered_id.h"
-#include "server/catalog.h"
-#include "server/host_pool.h"
-#include "server/lease_manager.h"
-#include "server/session_manager.h"
-#include "server/stash_core.h"
+#include "server/objects/catalog.h"
+#include "server/pool/host_pool.h"
+#include "server/rpc/stash_core.h"
+#include "server/sessions/lease_manager.h"
+#include "server/sessions/session_manager.h"
 #include "tests/server/fake_device_memory.h"
 
 namespace actstash::server {

@@ -17,7 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/happens_before.h"
-#include "server/device_memory.h"
+#include "server/pool/device_memory.h"
 
 namespace actstash::server::testing {
 

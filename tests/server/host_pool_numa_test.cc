@@ -16,7 +16,7 @@
 
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
-#include "server/host_pool.h"
+#include "server/pool/host_pool.h"
 
 namespace actstash::server {
 namespace {

@@ -17,8 +17,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/pinned_registrar.h"
-#include "server/host_pool.h"
-#include "server/memory_pool.h"
+#include "server/pool/host_pool.h"
+#include "server/pool/memory_pool.h"
 
 namespace actstash::server {
 namespace {

@@ -1,5 +1,5 @@
 // Unit tests of the host memory pool (CreateHostPool) and Allocation.
-#include "server/host_pool.h"
+#include "server/pool/host_pool.h"
 
 #include <gtest/gtest.h>
 #include <sys/resource.h>
@@ -23,7 +23,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "server/memory_pool.h"
+#include "server/pool/memory_pool.h"
 
 namespace actstash::server {
 namespace {

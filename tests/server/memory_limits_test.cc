@@ -1,7 +1,7 @@
 // Unit tests of ReadMemoryLimits over fake /proc and /sys/fs/cgroup trees:
 // cgroup v2, v1, hybrid hosts, containers without a cgroup namespace, and
 // limits that do not limit.
-#include "server/memory_limits.h"
+#include "server/pool/memory_limits.h"
 
 #include <gtest/gtest.h>
 

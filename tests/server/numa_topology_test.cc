@@ -1,6 +1,6 @@
 // NUMA topology from sysfs: a fake two-socket machine with GPUs on both
 // nodes, malformed files, a kernel without NUMA, and this machine's own.
-#include "server/numa_topology.h"
+#include "server/pool/numa_topology.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

@@ -1,4 +1,4 @@
-#include "server/range_allocator.h"
+#include "server/pool/range_allocator.h"
 
 #include <gtest/gtest.h>
 

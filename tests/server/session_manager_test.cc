@@ -1,6 +1,6 @@
 // Unit tests of Session (quota accounting), QuotaReservation and
 // SessionManager (open, authenticate, close, list).
-#include "server/session_manager.h"
+#include "server/sessions/session_manager.h"
 
 #include <gtest/gtest.h>
 
@@ -19,7 +19,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "common/protocol.h"
-#include "server/session.h"
+#include "server/sessions/session.h"
 
 namespace actstash::server {
 namespace {

@@ -1,0 +1,81 @@
+#include "client/rpc/host_leases.h"
+
+#include <optional>
+#include <utility>
+
+namespace actstash::client_internal {
+
+absl::StatusOr<std::vector<GrantedLease>> HostLeases::Lease(uint32_t count,
+                                                            uint32_t segments_per_lease) {
+  v1::LeaseRequest request;
+  request.set_count(count);
+  request.set_segments_per_lease(segments_per_lease);
+  const int numa_node = numa_node_.Get();
+  if (numa_node >= 0) request.set_numa_node(numa_node);
+  v1::LeaseReply reply;
+  if (absl::Status s = rpc_.Call(&v1::Stash::Stub::Lease, request, &reply, "Lease"); !s.ok()) {
+    return s;
+  }
+  std::vector<GrantedLease> granted;
+  std::vector<uint64_t> stale;  // leases of earlier calls that timed out here
+  absl::Status error;
+  for (const v1::LeaseGrant& grant : reply.leases()) {
+    GrantedLease lease{grant.lease_id(), grant.segments(), {}, std::nullopt};
+    if (error.ok()) {
+      absl::StatusOr<std::vector<UniqueFd>> fds =
+          attach_.ReceiveLease(grant.lease_id(), grant.segments(), rpc_.rpc_timeout(), &stale);
+      if (fds.ok()) {
+        lease.fds = *std::move(fds);
+      } else {
+        error = fds.status();
+      }
+    }
+    granted.push_back(std::move(lease));
+  }
+  if (!error.ok()) {
+    for (GrantedLease& lease : granted) {
+      lease.fds.clear();
+      stale.push_back(lease.lease_id);
+    }
+  }
+  // Best effort: the daemon frees what it still has of these; the rest
+  // goes when the session closes.
+  if (!stale.empty()) (void)Return(stale);
+  if (!error.ok()) return error;
+  return granted;
+}
+
+absl::Status HostLeases::Return(absl::Span<const uint64_t> lease_ids) {
+  return ReturnLeases(rpc_, lease_ids);
+}
+
+absl::StatusOr<std::vector<uint64_t>> HostLeases::Spill(absl::Span<const uint64_t> lease_ids,
+                                                        uint64_t* return_bytes) {
+  v1::SpillRequest request;
+  for (uint64_t id : lease_ids) request.add_lease_ids(id);
+  v1::SpillReply reply;
+  if (absl::Status s = rpc_.Call(&v1::Stash::Stub::Spill, request, &reply, "Spill"); !s.ok()) {
+    return s;
+  }
+  std::vector<uint64_t> ids;
+  for (const v1::SpilledLease& spilled : reply.spilled()) ids.push_back(spilled.spill_id());
+  *return_bytes = reply.return_bytes();
+  return ids;
+}
+
+absl::Status HostLeases::Restore(uint64_t spill_id, uint64_t lease_id) {
+  v1::RestoreRequest request;
+  request.set_spill_id(spill_id);
+  request.set_lease_id(lease_id);
+  v1::RestoreReply reply;
+  return rpc_.Call(&v1::Stash::Stub::Restore, request, &reply, "Restore");
+}
+
+absl::Status HostLeases::DropSpilled(absl::Span<const uint64_t> spill_ids) {
+  v1::DropSpilledRequest request;
+  for (uint64_t id : spill_ids) request.add_spill_ids(id);
+  v1::DropSpilledReply reply;
+  return rpc_.Call(&v1::Stash::Stub::DropSpilled, request, &reply, "DropSpilled");
+}
+
+}  // namespace actstash::client_internal

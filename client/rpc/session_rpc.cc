@@ -1,0 +1,40 @@
+#include "client/rpc/session_rpc.h"
+
+#include <utility>
+
+#include "client/rpc/channel.h"
+#include "common/protocol.h"
+
+namespace actstash::client_internal {
+
+SessionRpc::SessionRpc(std::string target, std::shared_ptr<grpc::Channel> channel,
+                       std::chrono::milliseconds rpc_timeout)
+    : target_(std::move(target)),
+      stub_(v1::Stash::NewStub(std::move(channel))),
+      rpc_timeout_ms_(rpc_timeout.count()) {}
+
+void SessionRpc::Prepare(grpc::ClientContext* ctx) const {
+  ctx->set_deadline(std::chrono::system_clock::now() + rpc_timeout());
+  ctx->AddMetadata(kTokenMetadataKey, token_);
+}
+
+absl::Status SessionRpc::Fail(const grpc::Status& status, const char* what) const {
+  if (status.error_code() == grpc::StatusCode::UNAVAILABLE && attach_ != nullptr &&
+      attach_->ConfirmLost(std::chrono::milliseconds(200))) {
+    return GoneError(what, "this session, its leases and its spilled buffers are gone");
+  }
+  return AnnotateRpcError(status, target_, what, rpc_timeout());
+}
+
+absl::Status SessionRpc::GoneError(absl::string_view what, absl::string_view consequence) const {
+  return DaemonWentAway(target_, what, consequence);
+}
+
+absl::Status ReturnLeases(const SessionRpc& rpc, absl::Span<const uint64_t> lease_ids) {
+  v1::ReturnRequest request;
+  for (uint64_t id : lease_ids) request.add_lease_ids(id);
+  v1::ReturnReply reply;
+  return rpc.Call(&v1::Stash::Stub::Return, request, &reply, "Return");
+}
+
+}  // namespace actstash::client_internal

@@ -1,0 +1,26 @@
+#include "client/rpc/usage_reporter.h"
+
+#include <utility>
+
+#include "absl/time/time.h"
+
+namespace actstash::client_internal {
+
+UsageReporter::UsageReporter(std::chrono::milliseconds interval, Read read, Send send)
+    : read_(std::move(read)),
+      send_(std::move(send)),
+      worker_(absl::FromChrono(interval), [this] { Tick(); }) {}
+
+void UsageReporter::Tick() {
+  const v1::ClientUsage usage = read_();
+  if (usage.stores() == last_stores_ && usage.fetches() == last_fetches_ &&
+      usage.objects() == last_objects_) {
+    return;
+  }
+  last_stores_ = usage.stores();
+  last_fetches_ = usage.fetches();
+  last_objects_ = usage.objects();
+  send_(usage);
+}
+
+}  // namespace actstash::client_internal

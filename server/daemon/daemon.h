@@ -1,0 +1,114 @@
+// Daemon: the running actstashd: pool, sessions, catalog, gRPC server.
+#ifndef ACTSTASH_SERVER_DAEMON_DAEMON_H_
+#define ACTSTASH_SERVER_DAEMON_DAEMON_H_
+
+#include <grpcpp/server.h>
+#include <sys/types.h>
+
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "common/pinned_registrar.h"
+#include "server/base/work_queue.h"
+#include "server/daemon/config.h"
+#include "server/daemon/metrics.h"
+#include "server/objects/catalog.h"
+#include "server/pool/device_memory.h"
+#include "server/pool/device_pool.h"
+#include "server/pool/host_pool.h"
+#include "server/rpc/attach_server.h"
+#include "server/rpc/stash_core.h"
+#include "server/rpc/stash_service.h"
+#include "server/sessions/copy_share.h"
+#include "server/sessions/lease_manager.h"
+#include "server/sessions/session_manager.h"
+#include "server/spill/spill_tier.h"
+
+namespace actstash::server {
+
+// Start() and Shutdown() are called from one thread (main); the gRPC server
+// serves from its own threads in between.
+class Daemon {
+ public:
+  // Creates the pools, claims the socket paths (refusing when another
+  // daemon answers there; removing a stale socket file otherwise) and
+  // starts serving. FAILED_PRECONDITION / RESOURCE_EXHAUSTED / INTERNAL
+  // with the reason otherwise. The device pools (config.device_pools) use
+  // `device_memory` when given (tests: a fake), else the CUDA runtime.
+  static absl::StatusOr<std::unique_ptr<Daemon>> Start(
+      const DaemonConfig& config, std::unique_ptr<DeviceMemory> device_memory = nullptr);
+  ~Daemon();
+  Daemon(const Daemon&) = delete;
+  Daemon& operator=(const Daemon&) = delete;
+
+  // Stops accepting calls, lets in-flight calls finish for up to `grace`,
+  // cancels the rest, and removes the socket file. Idempotent.
+  void Shutdown(std::chrono::milliseconds grace);
+
+ private:
+  // What can fail, made before the Daemon object (and owned by it afterwards).
+  struct Parts {
+    std::unique_ptr<PinnedRegistrar> registrar;  // null: segments not CUDA-registered
+    std::unique_ptr<HostPool> pool;
+    std::unique_ptr<DeviceMemory> device_memory;  // null without device pools
+    std::vector<std::unique_ptr<DevicePool>> device_pools;
+    std::unique_ptr<SpillTier> spill;  // null without --spill-dir
+    std::optional<AttachSocket> attach_socket;
+  };
+  static absl::Status CreateMemory(const DaemonConfig& config,
+                                   std::unique_ptr<DeviceMemory> device_memory, Parts* parts);
+  // Wires the parts together; serves nothing yet (Serve does).
+  Daemon(const DaemonConfig& config, Parts parts);
+  // Starts the metrics endpoint (if configured) and the gRPC server.
+  absl::Status Serve();
+  // The attach connection of `session_id` ended (attach server's I/O thread).
+  void ReclaimDisconnected(uint64_t session_id);
+  // Closes sessions without an attach connection that idled past the TTL.
+  void ReapIdleSessions();
+
+  const DaemonConfig config_;
+  // Each part is given, in its constructor, the parts it uses: all declared
+  // before it. Destruction runs in reverse, after Shutdown (which ~Daemon
+  // calls first) has stopped every thread that calls into the parts: the
+  // reaper, the gRPC server, the attach server, then the work queue.
+  std::unique_ptr<PinnedRegistrar> registrar_;
+  std::unique_ptr<HostPool> pool_;
+  std::unique_ptr<DeviceMemory> device_memory_;
+  std::vector<std::unique_ptr<DevicePool>> device_pools_;
+  SessionManager sessions_;
+  Catalog catalog_;
+  // Runs lease renewals and Lease/Put retries. Outlives the lease managers
+  // (which post to it) as an object; Shutdown stops it while everything its
+  // tasks use is alive.
+  WorkQueue work_;
+  NodeCopyBandwidth copy_bandwidth_;  // measures on work_ (auto)
+  LeaseManager leases_;
+  std::vector<std::unique_ptr<LeaseManager>> device_leases_;  // one per device pool
+  // Reset first in ~Daemon (its last operations' callbacks use the core),
+  // and in any case before the lease managers: those operations release the
+  // leases they hold.
+  std::unique_ptr<SpillTier> spill_;  // null without --spill-dir
+  // Its disconnect callback is ReclaimDisconnected: the Daemon's, so that
+  // the attach server and the core do not hold each other. It serves from
+  // its constructor, before core_ exists, but the callback runs only for an
+  // attached session, and sessions open only once Serve() starts gRPC.
+  AttachServer attach_;
+  StashCore core_;
+  StashService service_;
+  std::unique_ptr<Metrics> metrics_;
+  std::unique_ptr<grpc::Server> server_;
+  ino_t socket_inode_ = 0;
+  bool stopped_ = false;
+  absl::Mutex reaper_mu_;
+  bool reaper_stop_ ABSL_GUARDED_BY(reaper_mu_) = false;
+  std::thread reaper_;
+};
+
+}  // namespace actstash::server
+
+#endif  // ACTSTASH_SERVER_DAEMON_DAEMON_H_

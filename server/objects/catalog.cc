@@ -1,0 +1,125 @@
+#include "server/objects/catalog.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+
+namespace actstash::server {
+
+absl::StatusOr<uint64_t> Catalog::Insert(const Session& session,
+                                         std::shared_ptr<StoredObject> object) {
+  absl::MutexLock lock(&mu_);
+  // Checked under mu_: SessionManager::Close marks the session closed before
+  // RemoveSession takes mu_, so an object is either refused here or removed
+  // there, never orphaned.
+  if (session.closed()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("session ", session.id(), " was closed during the Put"));
+  }
+  const uint64_t handle = next_handle_++;
+  objects_.emplace(handle, std::move(object));
+  by_session_[session.id()].insert(handle);
+  return handle;
+}
+
+absl::StatusOr<std::shared_ptr<const StoredObject>> Catalog::Lookup(uint64_t session_id,
+                                                                    uint64_t handle) const {
+  absl::MutexLock lock(&mu_);
+  auto it = objects_.find(handle);
+  if (it == objects_.end() || it->second->session_id() != session_id) {
+    return absl::NotFoundError(absl::StrCat("no object with handle ", handle, " in this session"));
+  }
+  return std::shared_ptr<const StoredObject>(it->second);
+}
+
+absl::StatusOr<RemovedTotals> Catalog::Remove(uint64_t session_id,
+                                              absl::Span<const uint64_t> handles) {
+  std::vector<std::shared_ptr<StoredObject>> removed;
+  removed.reserve(handles.size());
+  RemovedTotals totals;
+  {
+    absl::MutexLock lock(&mu_);
+    absl::flat_hash_set<uint64_t> seen;
+    for (uint64_t handle : handles) {
+      auto it = objects_.find(handle);
+      if (it == objects_.end() || it->second->session_id() != session_id) {
+        return absl::NotFoundError(
+            absl::StrCat("no object with handle ", handle, " in this session; nothing deleted"));
+      }
+      if (!seen.insert(handle).second) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("handle ", handle, " appears twice; nothing deleted"));
+      }
+    }
+    auto& owned = by_session_[session_id];
+    for (uint64_t handle : handles) {
+      auto it = objects_.find(handle);
+      totals.bytes += it->second->meta().nbytes;
+      removed.push_back(std::move(it->second));
+      objects_.erase(it);
+      owned.erase(handle);
+    }
+    if (owned.empty()) by_session_.erase(session_id);
+  }
+  totals.objects = removed.size();
+  return totals;  // `removed` gives the memory back here, outside mu_.
+}
+
+RemovedTotals Catalog::RemoveSession(uint64_t session_id) {
+  std::vector<std::shared_ptr<StoredObject>> removed;
+  RemovedTotals totals;
+  {
+    absl::MutexLock lock(&mu_);
+    auto owned = by_session_.extract(session_id);
+    if (owned.empty()) return totals;
+    for (uint64_t handle : owned.mapped()) {
+      auto it = objects_.find(handle);
+      totals.bytes += it->second->meta().nbytes;
+      removed.push_back(std::move(it->second));
+      objects_.erase(it);
+    }
+  }
+  totals.objects = removed.size();
+  return totals;
+}
+
+std::vector<std::shared_ptr<StoredObject>> Catalog::BeginSpill(uint64_t session_id, uint64_t bytes,
+                                                               const StoredObject* except) {
+  std::vector<std::shared_ptr<StoredObject>> chosen;
+  absl::MutexLock lock(&mu_);
+  auto owned = by_session_.find(session_id);
+  if (owned == by_session_.end()) return chosen;
+  std::vector<uint64_t> handles(owned->second.begin(), owned->second.end());
+  std::sort(handles.begin(), handles.end());  // handles grow: oldest first
+  uint64_t total = 0;
+  for (uint64_t handle : handles) {
+    if (total >= bytes) break;
+    const std::shared_ptr<StoredObject>& object = objects_.at(handle);
+    if (object.get() == except || object->meta().nbytes == 0 || !object->TryBeginSpill()) continue;
+    total += object->meta().nbytes;
+    chosen.push_back(object);
+  }
+  return chosen;
+}
+
+void Catalog::RemoveAll() {
+  absl::flat_hash_map<uint64_t, std::shared_ptr<StoredObject>> removed;
+  {
+    absl::MutexLock lock(&mu_);
+    removed.swap(objects_);
+    by_session_.clear();
+  }
+}
+
+size_t Catalog::size() const {
+  absl::MutexLock lock(&mu_);
+  return objects_.size();
+}
+
+size_t Catalog::SessionObjectCount(uint64_t session_id) const {
+  absl::MutexLock lock(&mu_);
+  auto it = by_session_.find(session_id);
+  return it == by_session_.end() ? 0 : it->second.size();
+}
+
+}  // namespace actstash::server

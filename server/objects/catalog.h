@@ -1,0 +1,144 @@
+// Catalog: the stored objects of all sessions, by handle.
+#ifndef ACTSTASH_SERVER_OBJECTS_CATALOG_H_
+#define ACTSTASH_SERVER_OBJECTS_CATALOG_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/types/span.h"
+#include "server/pool/memory_pool.h"
+#include "server/sessions/session.h"
+
+namespace actstash::server {
+
+struct ObjectMeta {
+  std::string dtype;
+  std::vector<int64_t> shape;
+  uint64_t nbytes = 0;
+  int checksum_algorithm = 0;  // actstash.v1.ChecksumAlgorithm value
+  uint64_t checksum = 0;
+};
+
+class SpillTier;
+
+// One stored object. Its metadata and bytes never change once built; where
+// the bytes live may (the spill tier): in its pool allocation, or in a spill
+// file while nobody reads it. It owns its pool memory and its quota
+// reservation while resident, so both are given back when the last
+// reference goes (the catalog's, or that of a Get still streaming it) or
+// when it is spilled. Thread-safe.
+class StoredObject {
+ public:
+  StoredObject(uint64_t session_id, ObjectMeta meta, Allocation memory,
+               QuotaReservation reservation)
+      : session_id_(session_id),
+        meta_(std::move(meta)),
+        memory_(std::move(memory)),
+        reservation_(std::move(reservation)) {}
+  // Drops its spill file, if it has one.
+  ~StoredObject();
+  StoredObject(const StoredObject&) = delete;
+  StoredObject& operator=(const StoredObject&) = delete;
+
+  uint64_t session_id() const { return session_id_; }
+  const ObjectMeta& meta() const { return meta_; }
+  // The bytes, between BeginRead (kReady, or its callback with OK) and
+  // EndRead; or for whoever built it, before it is in the catalog.
+  const std::byte* data() const ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Reading. kReady: read now. kMustRestore: the caller reads it back
+  // (RestoreInto, then FinishRestore) and is told through `waiter` like the
+  // others. kWait: `waiter` runs when the read-back in flight ends (OK: read
+  // now). A failed read-back ends the read for every waiter (no EndRead).
+  enum class ReadStart { kReady, kMustRestore, kWait };
+  absl::StatusOr<ReadStart> BeginRead(std::function<void(absl::Status)> waiter) const
+      ABSL_LOCKS_EXCLUDED(mu_);
+  void EndRead() const ABSL_LOCKS_EXCLUDED(mu_);
+  // The spill file's id (kMustRestore).
+  uint64_t spill_id() const ABSL_LOCKS_EXCLUDED(mu_);
+  // Ends a read-back: resident again with `memory` and `reservation`, or
+  // spilled still (an I/O error), or lost (DATA_LOSS, NOT_FOUND). Runs the
+  // waiters.
+  void FinishRestore(const absl::Status& status, Allocation memory,
+                     QuotaReservation reservation) const ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Spilling: true when it was resident and unread (it is now being spilled;
+  // readers may still come and read it meanwhile).
+  bool TryBeginSpill() const ABSL_LOCKS_EXCLUDED(mu_);
+  // Ends a spill. With a spill id and no reader: the memory and quota go
+  // back and the file holds the bytes. With readers (or an error): stays
+  // resident; returns the spill id to drop (0: none).
+  uint64_t FinishSpill(const absl::StatusOr<uint64_t>& spill_id, SpillTier* tier) const
+      ABSL_LOCKS_EXCLUDED(mu_);
+  bool resident() const ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  enum class Residence { kResident, kSpilling, kSpilled, kRestoring, kLost };
+  const uint64_t session_id_;
+  const ObjectMeta meta_;
+  mutable absl::Mutex mu_;
+  // Where the bytes are: mutable, the object's content is not.
+  mutable Residence residence_ ABSL_GUARDED_BY(mu_) = Residence::kResident;
+  mutable Allocation memory_ ABSL_GUARDED_BY(mu_);
+  mutable QuotaReservation reservation_ ABSL_GUARDED_BY(mu_);
+  mutable uint64_t spill_id_ ABSL_GUARDED_BY(mu_) = 0;
+  mutable SpillTier* spill_ ABSL_GUARDED_BY(mu_) = nullptr;
+  mutable uint32_t readers_ ABSL_GUARDED_BY(mu_) = 0;
+  mutable std::vector<std::function<void(absl::Status)>> waiters_ ABSL_GUARDED_BY(mu_);
+  mutable absl::Status lost_ ABSL_GUARDED_BY(mu_);
+};
+
+struct RemovedTotals {
+  uint64_t objects = 0;
+  uint64_t bytes = 0;
+};
+
+// Thread-safe. Handles are never 0 and never reused within a daemon's life.
+// Objects are destroyed outside the catalog's lock.
+class Catalog {
+ public:
+  Catalog() = default;
+  Catalog(const Catalog&) = delete;
+  Catalog& operator=(const Catalog&) = delete;
+
+  // Adds an object of `session` and returns its new handle; FAILED_PRECONDITION
+  // when the session was closed meanwhile (the object is then dropped).
+  absl::StatusOr<uint64_t> Insert(const Session& session, std::shared_ptr<StoredObject> object);
+  // The object if it exists and belongs to `session_id`; else NOT_FOUND
+  // (the same answer for both, so handles of others reveal nothing).
+  absl::StatusOr<std::shared_ptr<const StoredObject>> Lookup(uint64_t session_id,
+                                                             uint64_t handle) const;
+  // All-or-nothing removal: NOT_FOUND naming the first handle that is not
+  // the session's, INVALID_ARGUMENT for a repeated handle; then nothing is
+  // removed.
+  absl::StatusOr<RemovedTotals> Remove(uint64_t session_id, absl::Span<const uint64_t> handles);
+  // Removes every object of the session.
+  RemovedTotals RemoveSession(uint64_t session_id);
+
+  size_t size() const;
+  size_t SessionObjectCount(uint64_t session_id) const;
+  // Resident, unread objects of the session, oldest first, now being
+  // spilled (TryBeginSpill), until they hold at least `bytes`; never `except`.
+  std::vector<std::shared_ptr<StoredObject>> BeginSpill(uint64_t session_id, uint64_t bytes,
+                                                        const StoredObject* except);
+  // Removes every object (daemon shutdown, before the spill tier goes).
+  void RemoveAll();
+
+ private:
+  mutable absl::Mutex mu_;
+  uint64_t next_handle_ ABSL_GUARDED_BY(mu_) = 1;
+  absl::flat_hash_map<uint64_t, std::shared_ptr<StoredObject>> objects_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uint64_t, absl::flat_hash_set<uint64_t>> by_session_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace actstash::server
+
+#endif  // ACTSTASH_SERVER_OBJECTS_CATALOG_H_

@@ -1,0 +1,114 @@
+// StoredObject's residence: resident in the pool, being spilled, spilled to
+// the spill tier, being read back, or lost.
+#include "absl/strings/str_cat.h"
+#include "server/objects/catalog.h"
+#include "server/spill/spill_tier.h"
+
+namespace actstash::server {
+
+StoredObject::~StoredObject() {
+  absl::MutexLock lock(&mu_);
+  if (spill_id_ != 0 && spill_ != nullptr) {
+    (void)spill_->Drop(session_id_, absl::MakeConstSpan(&spill_id_, 1));
+  }
+}
+
+const std::byte* StoredObject::data() const {
+  absl::MutexLock lock(&mu_);
+  return memory_.data();
+}
+
+bool StoredObject::resident() const {
+  absl::MutexLock lock(&mu_);
+  return residence_ == Residence::kResident || residence_ == Residence::kSpilling;
+}
+
+absl::StatusOr<StoredObject::ReadStart> StoredObject::BeginRead(
+    std::function<void(absl::Status)> waiter) const {
+  absl::MutexLock lock(&mu_);
+  switch (residence_) {
+    case Residence::kResident:
+    case Residence::kSpilling:  // the memory stays until the spill sees no reader
+      ++readers_;
+      return ReadStart::kReady;
+    case Residence::kSpilled:
+      residence_ = Residence::kRestoring;
+      ++readers_;
+      waiters_.push_back(std::move(waiter));
+      return ReadStart::kMustRestore;
+    case Residence::kRestoring:
+      ++readers_;
+      waiters_.push_back(std::move(waiter));
+      return ReadStart::kWait;
+    case Residence::kLost:
+      return lost_;
+  }
+  return absl::InternalError("unknown residence");
+}
+
+void StoredObject::EndRead() const {
+  absl::MutexLock lock(&mu_);
+  --readers_;
+}
+
+uint64_t StoredObject::spill_id() const {
+  absl::MutexLock lock(&mu_);
+  return spill_id_;
+}
+
+void StoredObject::FinishRestore(const absl::Status& status, Allocation memory,
+                                 QuotaReservation reservation) const {
+  std::vector<std::function<void(absl::Status)>> waiters;
+  absl::Status told = status;
+  {
+    absl::MutexLock lock(&mu_);
+    waiters.swap(waiters_);
+    if (status.ok()) {
+      memory_ = std::move(memory);
+      reservation_ = std::move(reservation);
+      residence_ = Residence::kResident;
+      spill_id_ = 0;  // the spill tier deleted the file
+    } else {
+      readers_ -= static_cast<uint32_t>(waiters.size());  // their reads end here
+      if (status.code() == absl::StatusCode::kDataLoss ||
+          status.code() == absl::StatusCode::kNotFound) {
+        residence_ = Residence::kLost;
+        spill_id_ = 0;
+        lost_ = absl::Status(status.code(),
+                             absl::StrCat("the object was spilled to disk and cannot be read "
+                                          "back: ",
+                                          status.message()));
+        told = lost_;
+      } else {
+        residence_ = Residence::kSpilled;
+      }
+    }
+  }
+  for (auto& waiter : waiters) waiter(told);
+}
+
+bool StoredObject::TryBeginSpill() const {
+  absl::MutexLock lock(&mu_);
+  if (residence_ != Residence::kResident || readers_ > 0) return false;
+  residence_ = Residence::kSpilling;
+  return true;
+}
+
+uint64_t StoredObject::FinishSpill(const absl::StatusOr<uint64_t>& spill_id,
+                                   SpillTier* tier) const {
+  Allocation memory;  // freed outside mu_
+  QuotaReservation reservation;
+  absl::MutexLock lock(&mu_);
+  if (!spill_id.ok() || readers_ > 0) {
+    residence_ = Residence::kResident;
+    return spill_id.ok() ? *spill_id : 0;
+  }
+  residence_ = Residence::kSpilled;
+  spill_id_ = *spill_id;
+  spill_ = tier;
+  memory = std::move(memory_);
+  reservation = std::move(reservation_);
+  return 0;
+}
+
+}  // namespace actstash::server
