@@ -14,6 +14,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
+#include "server/base/removed_totals.h"
 #include "server/pool/memory_pool.h"
 #include "server/sessions/session.h"
 
@@ -94,11 +95,6 @@ class StoredObject {
   mutable uint32_t readers_ ABSL_GUARDED_BY(mu_) = 0;
   mutable std::vector<std::function<void(absl::Status)>> waiters_ ABSL_GUARDED_BY(mu_);
   mutable absl::Status lost_ ABSL_GUARDED_BY(mu_);
-};
-
-struct RemovedTotals {
-  uint64_t objects = 0;
-  uint64_t bytes = 0;
 };
 
 // Thread-safe. Handles are never 0 and never reused within a daemon's life.

@@ -14,6 +14,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
 #include "common/tiered_id.h"
+#include "server/base/removed_totals.h"
 #include "server/pool/segment_leaser.h"
 #include "server/sessions/session.h"
 

@@ -25,6 +25,7 @@
 #include "absl/types/span.h"
 #include "actstash/v1/stash.pb.h"
 #include "common/unique_fd.h"
+#include "server/base/removed_totals.h"
 #include "server/sessions/lease_manager.h"
 #include "server/sessions/session.h"
 
