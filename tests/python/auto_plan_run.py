@@ -88,6 +88,10 @@ def run(stash, model, first, loss, reference, budget, steps, seed0, steady=None)
                 "live": after["live_bytes"],
                 "choices": report.choices,
                 "predicted_peak": report.predicted_peak,
+                "chosen_by_measurement": report.chosen_by_measurement,
+                "chosen_peak_at_probed_rate": next(
+                    (c["predicted_peak_at_probed_rate"] for c in report.candidates
+                     if c["chosen"]), None),
                 "smallest_peak": report.smallest_peak,
                 "kept_peak": report.kept_peak,
                 "limited_by_quota": report.limited_by_quota,

@@ -112,6 +112,9 @@ def test_the_fastest_candidate_that_fits_as_measured_is_kept():
     assert [c["chosen"] for c in report.candidates] == \
         [False, True] + [False] * (len(entry.trials) - 2)
     assert report.candidates[0]["measured_time_s"] == pytest.approx(0.200)
+    assert report.chosen_by_measurement
+    for c in report.candidates:  # every candidate fits without the safety factor
+        assert c["predicted_peak_at_probed_rate"] <= budget
     assert "candidates measured" in str(report)
 
 

@@ -99,8 +99,11 @@ class _Entry:
 class _Trial:
     """A candidate plan and its one measured step."""
 
-    def __init__(self, choices, prediction):
+    def __init__(self, choices, prediction, at_probed_rate):
         self.choices, self.prediction = list(choices), prediction
+        # The prediction with copies counted at the probed rate for memory too (no
+        # safety factor): what made it a candidate (its peak fits the budget).
+        self.at_probed_rate = at_probed_rate
         self.measured = None  # {"time_s", "peak", "blocks", "choices"}, as _Entry.measured
         self.check = None     # (step, peaks) of that step, for _check
 
@@ -301,8 +304,9 @@ class AutoPlanner:
                                       entry.stored_limit, self.max_candidates)
         if len(choices) < 2:
             return  # the solved plan alone: checked as in 3
-        entry.trials = [_Trial(c, _planner.simulate(entry.costs, entry.machine, c))
-                        for c in choices]
+        probed = dataclasses.replace(entry.machine, store_slowdown=1.0)
+        entry.trials = [_Trial(c, _planner.simulate(entry.costs, entry.machine, c),
+                               _planner.simulate(entry.costs, probed, c)) for c in choices]
         entry.trial_index = 0
         log.info("actstash: measuring %d candidate plans for inputs %s, one step each: %s",
                  len(choices), _describe_key(entry.key),
@@ -547,10 +551,16 @@ class PlanReport:
         self.candidates = [
             {"choices": list(t.choices), "predicted_time_s": t.prediction.time_s,
              "predicted_peak": t.prediction.peak_bytes,
+             "predicted_peak_at_probed_rate": t.at_probed_rate.peak_bytes,
              "measured_time_s": t.measured["time_s"] if t.measured else None,
              "measured_peak": t.measured["peak"] if t.measured else None,
              "chosen": t is entry.chosen}
             for t in entry.trials or ()]
+        # The plan is the candidate kept by measurement: its predicted peak counts the
+        # copy safety factor and may exceed the budget; its measured peak did not, and
+        # without the factor its prediction does not either.
+        self.chosen_by_measurement = plan is not None and entry.chosen is not None and \
+            entry.chosen.choices == plan.choices
 
     def __str__(self):
         mib = _planner.format_bytes
