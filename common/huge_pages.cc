@@ -3,26 +3,13 @@
 #include <sys/mman.h>
 
 #include <cerrno>
-#include <cstring>
 #include <fstream>
 #include <iterator>
 
 #include "absl/strings/str_cat.h"
+#include "common/errno_status.h"
 
 namespace actstash {
-namespace {
-
-constexpr int kPopulateWrite = 23;  // MADV_POPULATE_WRITE, Linux 5.14
-
-absl::Status MapError(absl::string_view what, int error) {
-  const absl::StatusCode code = (error == ENOMEM || error == ENOSPC)
-                                    ? absl::StatusCode::kResourceExhausted
-                                    : absl::StatusCode::kInternal;
-  return absl::Status(code, absl::StrCat(what, ": ", std::strerror(error)));
-}
-
-}  // namespace
-
 ShmemHugePages ParseShmemEnabled(absl::string_view text) {
   const size_t open = text.find('[');
   const size_t close = text.find(']', open);
@@ -71,16 +58,16 @@ std::string DescribePoolPages(ShmemHugePages mode) {
 
 absl::Status MapSharedPopulated(std::byte* at, uint64_t bytes, int fd, ShmemHugePages mode) {
   if (mmap(at, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0) == MAP_FAILED) {
-    return MapError("mapping shared memory", errno);
+    return ErrnoStatus("mapping shared memory", errno);
   }
   if (HugePagesAllowed(mode)) (void)madvise(at, bytes, MADV_HUGEPAGE);  // advice only
-  if (madvise(at, bytes, kPopulateWrite) == 0) return absl::OkStatus();
-  if (errno != EINVAL) return MapError("populating shared memory", errno);
+  if (madvise(at, bytes, kMadvPopulateWrite) == 0) return absl::OkStatus();
+  if (errno != EINVAL) return ErrnoStatus("populating shared memory", errno);
   // A kernel before 5.14: map it again, populated by mmap (same file, same
   // contents), which also drops the advice.
   if (mmap(at, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED | MAP_POPULATE, fd, 0) ==
       MAP_FAILED) {
-    return MapError("mapping shared memory", errno);
+    return ErrnoStatus("mapping shared memory", errno);
   }
   return absl::OkStatus();
 }

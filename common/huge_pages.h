@@ -22,6 +22,9 @@
 namespace actstash {
 
 inline constexpr uint64_t kHugePageBytes = 2 << 20;
+// MADV_POPULATE_WRITE (Linux 5.14; Debian 12's headers predate it): fault in
+// pages for writing without changing their contents. EINVAL on older kernels.
+inline constexpr int kMadvPopulateWrite = 23;
 inline constexpr const char* kShmemEnabledPath =
     "/sys/kernel/mm/transparent_hugepage/shmem_enabled";
 

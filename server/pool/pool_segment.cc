@@ -21,8 +21,7 @@ namespace {
 // Faults in every page of a fresh mapping (what MAP_POPULATE does at mmap,
 // which would come before the binding).
 absl::Status Populate(std::byte* at, uint64_t bytes) {
-  constexpr int kPopulateWrite = 23;  // MADV_POPULATE_WRITE, Linux 5.14
-  if (madvise(at, bytes, kPopulateWrite) == 0) return absl::OkStatus();
+  if (madvise(at, bytes, kMadvPopulateWrite) == 0) return absl::OkStatus();
   if (errno != EINVAL) return ErrnoStatus("populating a pool segment", errno);
   const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
   for (uint64_t offset = 0; offset < bytes; offset += page) {
@@ -32,13 +31,6 @@ absl::Status Populate(std::byte* at, uint64_t bytes) {
 }
 
 }  // namespace
-
-absl::Status ErrnoStatus(absl::string_view what, int error) {
-  const absl::StatusCode code = (error == ENOMEM || error == ENOSPC)
-                                    ? absl::StatusCode::kResourceExhausted
-                                    : absl::StatusCode::kInternal;
-  return absl::Status(code, absl::StrCat(what, ": ", std::strerror(error)));
-}
 
 absl::Status MbindToNodes(std::byte* at, uint64_t bytes, const std::vector<int>& nodes) {
   constexpr int kMaxNodes = 1024;

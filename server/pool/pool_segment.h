@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "absl/strings/string_view.h"
+#include "common/errno_status.h"
 #include "common/unique_fd.h"
 
 namespace actstash::server {
@@ -24,9 +24,6 @@ namespace actstash::server {
 using NumaBinder =
     std::function<absl::Status(std::byte* at, uint64_t bytes, const std::vector<int>& nodes)>;
 absl::Status MbindToNodes(std::byte* at, uint64_t bytes, const std::vector<int>& nodes);
-
-// RESOURCE_EXHAUSTED for ENOMEM/ENOSPC, else INTERNAL, with errno's text.
-absl::Status ErrnoStatus(absl::string_view what, int error);
 
 // Creates a zeroed memfd for segment `index` and maps it at `at` (MAP_FIXED
 // over whatever was there) with 2 MiB pages where the node allows them

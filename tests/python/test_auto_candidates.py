@@ -15,7 +15,7 @@ import torch
 
 from actstash import _auto
 from actstash._planner import (CHECKPOINT, CHECKPOINT_OFFLOAD, KEEP, OFFLOAD, BlockCost, Machine,
-                               candidates, simulate, solve)
+                               candidates, simulate, solve, without_safety_factor)
 
 MiB = 1 << 20
 N = 4
@@ -38,8 +38,7 @@ def _machine():
 def _budget_only_the_optimistic_count_meets():
     costs, machine = _costs(), _machine()
     careful = simulate(costs, machine, [OFFLOAD] * N).peak_bytes
-    optimistic = simulate(costs, Machine(**{**machine.__dict__, "store_slowdown": 1.0}),
-                          [OFFLOAD] * N).peak_bytes
+    optimistic = simulate(costs, without_safety_factor(machine), [OFFLOAD] * N).peak_bytes
     assert optimistic < careful  # the case the safety factor hides
     return optimistic
 
@@ -53,7 +52,7 @@ def test_candidates_include_the_plan_the_safety_factor_hid():
     assert found[0] == plan.choices
     assert [OFFLOAD] * N in found
     assert 2 <= len(found) <= 3 and len({tuple(c) for c in found}) == len(found)
-    optimistic = Machine(**{**machine.__dict__, "store_slowdown": 1.0})
+    optimistic = without_safety_factor(machine)
     for choices in found:
         assert simulate(costs, optimistic, choices).peak_bytes <= budget
     assert candidates(costs, machine, plan, limit=1) == [plan.choices]

@@ -95,6 +95,12 @@ class _Entry:
         self.trial_index = 0  # the next to measure; == len(trials) once chosen
         self.chosen = None    # the _Trial kept
 
+    def pending_trial(self):
+        """The candidate whose measured step is next, or None (no candidates, or chosen)."""
+        if self.trials is None or self.trial_index == len(self.trials):
+            return None
+        return self.trials[self.trial_index]
+
 
 class _Trial:
     """A candidate plan and its one measured step."""
@@ -203,9 +209,9 @@ class AutoPlanner:
             smallest = _planner.CHECKPOINT_OFFLOAD if self.stash.available else \
                 _planner.CHECKPOINT
             self.step = Step(entry, [smallest] * n, True, n, self.min_bytes, device)
-        elif entry.trials is not None and entry.trial_index < len(entry.trials):
-            self.step = Step(entry, entry.trials[entry.trial_index].choices, True, n,
-                             self.min_bytes, device)
+        elif entry.pending_trial() is not None:
+            self.step = Step(entry, entry.pending_trial().choices, True, n, self.min_bytes,
+                             device)
         else:
             self.step = Step(entry, entry.plan.choices, entry.verify, n, self.min_bytes, device)
 
@@ -229,7 +235,7 @@ class AutoPlanner:
         entry = step.entry
         if entry.plan is None:
             self._solve_profile(entry, step, peaks)
-        elif entry.trials is not None and entry.trial_index < len(entry.trials):
+        elif entry.pending_trial() is not None:
             self._trial_done(entry, step, peaks)
         else:
             self._check(entry, step, peaks)
@@ -284,8 +290,7 @@ class AutoPlanner:
         if entry.profiled is not None:
             _keep_smaller_working_sets(costs, machine, *entry.profiled)
         entry.costs, entry.machine = costs, machine
-        entry.measured = {"time_s": step_s, "peak": max(peaks.values(), default=0),
-                          "blocks": blocks, "choices": list(step.choices)}
+        entry.measured = _measurement(step, peaks, blocks, step_s)
         final = entry.profiles >= _MAX_PROFILES
         try:
             self._solve(entry, "profiled", final=final)
@@ -304,7 +309,7 @@ class AutoPlanner:
                                       entry.stored_limit, self.max_candidates)
         if len(choices) < 2:
             return  # the solved plan alone: checked as in 3
-        probed = dataclasses.replace(entry.machine, store_slowdown=1.0)
+        probed = _planner.without_safety_factor(entry.machine)
         entry.trials = [_Trial(c, _planner.simulate(entry.costs, entry.machine, c),
                                _planner.simulate(entry.costs, probed, c)) for c in choices]
         entry.trial_index = 0
@@ -313,10 +318,9 @@ class AutoPlanner:
                  "; ".join(", ".join(c) for c in choices))
 
     def _trial_done(self, entry, step, peaks):
-        trial = entry.trials[entry.trial_index]
+        trial = entry.pending_trial()
         blocks, _, _, step_s = self._phases(step, peaks)
-        trial.measured = {"time_s": step_s, "peak": max(peaks.values(), default=0),
-                          "blocks": blocks, "choices": list(step.choices)}
+        trial.measured = _measurement(step, peaks, blocks, step_s)
         trial.check = (step, peaks)
         entry.trial_index += 1
         if entry.trial_index == len(entry.trials):
@@ -457,9 +461,8 @@ class AutoPlanner:
 
     def _check(self, entry, step, peaks):
         blocks, _, _, step_s = self._phases(step, peaks)
-        peak = max(peaks.values(), default=0)
-        entry.measured = {"time_s": step_s, "peak": peak, "blocks": blocks,
-                          "choices": list(step.choices)}
+        entry.measured = _measurement(step, peaks, blocks, step_s)
+        peak = entry.measured["peak"]
         entry.verify = False
         target = _target(entry.budget, step.device)
         smallest = entry.plan.smallest_peak
@@ -608,6 +611,12 @@ class PlanReport:
         return "\n".join(lines)
 
     __repr__ = __str__
+
+
+def _measurement(step, peaks, blocks, step_s):
+    """One measured step as _Entry.measured (and a _Trial) keeps it."""
+    return {"time_s": step_s, "peak": max(peaks.values(), default=0), "blocks": blocks,
+            "choices": list(step.choices)}
 
 
 def _apply_share(machine, share):

@@ -396,6 +396,12 @@ def solve(costs, machine, budget, stored_limit=float("inf"), max_nodes=20_000):
     return result
 
 
+def without_safety_factor(machine):
+    """`machine` with copies counted at the probed rate for memory too
+    (store_slowdown 1): the model a candidate plan must fit."""
+    return dataclasses.replace(machine, store_slowdown=1.0)
+
+
 def candidates(costs, machine, plan, stored_limit=float("inf"), limit=3):
     """The plans worth one measured step each before one is committed to: `plan`
     (solve's answer), then the plan solve gives when copies are counted at the probed
@@ -406,7 +412,7 @@ def candidates(costs, machine, plan, stored_limit=float("inf"), limit=3):
     each once, `plan` first; every one is predicted, without the safety factor, to
     fit plan.budget (a measured step may still reach more: it is then not chosen)."""
     n = len(costs)
-    optimistic = dataclasses.replace(machine, store_slowdown=1.0)
+    optimistic = without_safety_factor(machine)
     found = [list(plan.choices)]
     try:
         relaxed = solve(costs, optimistic, plan.budget, stored_limit)
