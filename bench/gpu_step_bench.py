@@ -19,9 +19,9 @@ says "skipped" and why.
 Per variant: the median step time over --steps (after --warmup), its ratio to
 plain, torch.cuda.max_memory_allocated during the step above what was
 allocated before it (the step's activations and transients), the bytes actstash
-moved, and whether the first step's gradients are bitwise equal to plain
-autograd on the same seed (dropout on in the GPT, so the RNG replay is checked
-too).
+moved and its unpacks' waits (per step), and whether the first step's
+gradients are bitwise equal to plain autograd on the same seed (dropout on in
+the GPT, so the RNG replay is checked too).
 
     python3 bench/gpu_step_bench.py [--layers 12 --dim 2048 --heads 16 --seq 2048
                                      --batch 1 --dtype bf16 --steps 5] [--csv PATH]
@@ -165,15 +165,16 @@ def main():
                 times.append(seconds)
                 peaks.append(peak)
         after = stash.stats()
+        ran = 1 + args.warmup + args.steps  # the moved bytes and waits are per step
         plan = ""
         if name.startswith("actstash auto") and stash.plan() is not None:
             plan = " ".join(stash.plan().choices)
         rows.append({
             "model": model_name, "variant": name, "step_ms": 1e3 * statistics.median(times),
             "peak_mib": max(peaks) / 2**20, "bitwise": bitwise,
-            "offloaded_mib": (after["bytes_offloaded"] - before["bytes_offloaded"]) / 2**20,
-            "fetched_mib": (after["bytes_fetched"] - before["bytes_fetched"]) / 2**20,
-            "wait_ms": (after["wait_ns"] - before["wait_ns"]) / 1e6,
+            "offloaded_mib": (after["bytes_offloaded"] - before["bytes_offloaded"]) / 2**20 / ran,
+            "fetched_mib": (after["bytes_fetched"] - before["bytes_fetched"]) / 2**20 / ran,
+            "wait_ms": (after["wait_ns"] - before["wait_ns"]) / 1e6 / ran,
             "plan": plan, "skipped": ""})
         return first
 

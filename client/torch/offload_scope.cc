@@ -27,8 +27,18 @@ thread_local std::vector<std::shared_ptr<internal::HookSource>> tls_scopes;
 
 std::unique_ptr<SavedVariableHooks> MakeHooks();
 
-// The base engine plus default saved-variable hooks (what PythonEngine adds
-// for Python's saved_tensors_hooks). One instance per process.
+// The default engine once hooks are installed: torch's base engine plus
+// default saved-variable hooks (what PythonEngine adds for Python's
+// saved_tensors_hooks). One instance per process.
+//
+// It only hands out hooks; every backward runs on the base engine. libtorch
+// expects one Engine per process: its device worker threads are started once
+// per process (torch 2.x keeps the once-flag in a function-local static), by
+// whichever engine executes first. An engine of its own would find no device
+// queue when a CUDA backward had already run on the base engine (a warm-up
+// step before the Offloader was created) and fail torch's internal assert in
+// Engine::ready_queue. CPU work runs on the caller's thread, so only a device
+// shows it.
 class HookEngine final : public Engine {
  public:
   static Engine& Get() {
@@ -38,6 +48,20 @@ class HookEngine final : public Engine {
   ~HookEngine() override { Engine::stop(); }
   std::unique_ptr<SavedVariableHooks> get_default_saved_variable_hooks() override {
     return MakeHooks();
+  }
+  ::torch::autograd::variable_list execute(const ::torch::autograd::edge_list& roots,
+                                           const ::torch::autograd::variable_list& inputs,
+                                           bool keep_graph, bool create_graph, bool accumulate_grad,
+                                           const ::torch::autograd::edge_list& outputs) override {
+    return Engine::get_base_engine().execute(roots, inputs, keep_graph, create_graph,
+                                             accumulate_grad, outputs);
+  }
+  c10::intrusive_ptr<at::ivalue::Future> execute_with_graph_task(
+      const std::shared_ptr<::torch::autograd::GraphTask>& graph_task,
+      std::shared_ptr<::torch::autograd::Node> graph_root,
+      ::torch::autograd::InputBuffer&& input_buffer) override {
+    return Engine::get_base_engine().execute_with_graph_task(graph_task, std::move(graph_root),
+                                                             std::move(input_buffer));
   }
 
  private:

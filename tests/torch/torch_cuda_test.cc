@@ -167,6 +167,9 @@ class TorchCudaTest : public ::testing::TestWithParam<at::ScalarType> {
   std::shared_ptr<Client> client_;
 };
 
+// The plain run's backward comes first, on torch's base engine, before any
+// Offloader installs actstash's hook engine: the order in which a second
+// engine of its own found no CUDA queue (see offload_scope.cc's HookEngine).
 TEST_P(TorchCudaTest, OffloadIsBitwiseWithASlowComputeStream) {
   for (bool slow : {false, true}) {
     SCOPED_TRACE(slow ? "spin kernel before each producer" : "no spin");
@@ -180,8 +183,14 @@ TEST_P(TorchCudaTest, OffloadIsBitwiseWithASlowComputeStream) {
     // The effect, not only the result: CUDA tensors went to leased memory and came back.
     EXPECT_GE(offloaded.after_forward.tensors_offloaded, 6u);
     EXPECT_GT(offloaded.after_forward.live_bytes, 1u << 20);
-    EXPECT_EQ(offloader->stats().tensors_fetched, offloaded.after_forward.tensors_offloaded);
-    EXPECT_EQ(offloader->stats().store_failures, 0u);
+    // Each offloaded tensor came back from leased memory, or, when backward
+    // reached it while its store still waited behind the slowed stream, from
+    // its source (which the engine holds until the store ends).
+    const OffloadStats after = offloader->stats();
+    EXPECT_EQ(after.tensors_fetched + after.unpacked_from_source,
+              offloaded.after_forward.tensors_offloaded);
+    EXPECT_GE(after.tensors_fetched, offloaded.after_forward.tensors_offloaded / 2);
+    EXPECT_EQ(after.store_failures, 0u);
     ExpectAllReleased(*offloader);
   }
 }
