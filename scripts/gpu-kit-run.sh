@@ -197,7 +197,7 @@ phase gtest_device_pool 90 gpu gtest gtest_device_pool tests/integration/device_
 phase gtest_torch_cpu 120 torch torch_gtest gtest_torch_cpu tests/torch/torch_offload_test
 phase gtest_torch_cuda 120 gpu torch_gtest gtest_torch_cuda tests/torch/torch_cuda_test
 phase register_probe 60 gpu "$build/bench/register_probe" --gib 1 --reps 3
-phase pytest_cuda 150 torch pytest_run tests/python/test_cuda.py -rs
+phase pytest_cuda 240 torch pytest_run tests/python/test_cuda.py tests/python/test_device_modes.py -rs
 phase pytest_cpu 150 torch pytest_run tests/python/test_offload.py tests/python/test_stats.py
 phase copy_bench_quick 90 gpu "$build/bench/gpu_copy_bench" --quick
 phase peers 60 torch peers
