@@ -82,7 +82,7 @@ absl::Status CheckHeader(const MessageHeader& header) {
   if (header.magic == kMagic && header.version == kVersion &&
       header.payload_bytes <= kMaxPayloadBytes &&
       header.type >= static_cast<uint16_t>(MessageType::kHello) &&
-      header.type <= static_cast<uint16_t>(MessageType::kSegments)) {
+      header.type <= static_cast<uint16_t>(MessageType::kTakeOverAdopted)) {
     return absl::OkStatus();
   }
   return absl::InvalidArgumentError(
@@ -141,12 +141,24 @@ absl::StatusOr<Message> ReceiveMessage(int fd, std::chrono::milliseconds timeout
   return message;
 }
 
-std::string AttachSocketPath(absl::string_view grpc_socket_path) {
+namespace {
+
+std::string SiblingSocketPath(absl::string_view grpc_socket_path, absl::string_view infix) {
   if (absl::EndsWith(grpc_socket_path, ".sock")) {
     grpc_socket_path.remove_suffix(5);
-    return absl::StrCat(grpc_socket_path, ".attach.sock");
+    return absl::StrCat(grpc_socket_path, ".", infix, ".sock");
   }
-  return absl::StrCat(grpc_socket_path, ".attach");
+  return absl::StrCat(grpc_socket_path, ".", infix);
+}
+
+}  // namespace
+
+std::string AttachSocketPath(absl::string_view grpc_socket_path) {
+  return SiblingSocketPath(grpc_socket_path, "attach");
+}
+
+std::string HandoverSocketPath(absl::string_view grpc_socket_path) {
+  return SiblingSocketPath(grpc_socket_path, "handover");
 }
 
 }  // namespace actstash::attach

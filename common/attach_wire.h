@@ -6,6 +6,15 @@
 //   daemon → client  Welcome   payload: WelcomePayload + UTF-8 message
 //   daemon → client  Segments  payload: SegmentsPayload; ancillary: `count` fds
 //
+// The same framing serves the take-over channel (HandoverSocketPath), over
+// which a serving daemon hands its state to a successor
+// (server/handover/take_over.h):
+//
+//   successor → daemon  TakeOverHello    payload: a v1::TakeOverHello
+//   daemon → successor  TakeOverRefused  payload: UTF-8 reason (nothing handed)
+//   daemon → successor  TakeOverState    payload: TakeOverStatePayload; fds
+//   successor → daemon  TakeOverAdopted  payload: empty (the successor serves)
+//
 // Every message is a MessageHeader followed by payload_bytes of payload.
 // The functions below are thread-compatible: one reader and one writer per
 // socket at a time.
@@ -36,7 +45,15 @@ inline constexpr uint32_t kMaxPayloadBytes = 4096;
 // Fewer than the kernel's SCM_MAX_FD (253) fds per message.
 inline constexpr uint32_t kMaxFdsPerMessage = 128;
 
-enum class MessageType : uint16_t { kHello = 1, kWelcome = 2, kSegments = 3 };
+enum class MessageType : uint16_t {
+  kHello = 1,
+  kWelcome = 2,
+  kSegments = 3,
+  kTakeOverHello = 4,
+  kTakeOverRefused = 5,
+  kTakeOverState = 6,
+  kTakeOverAdopted = 7,
+};
 
 struct MessageHeader {
   uint32_t magic = kMagic;
@@ -58,6 +75,15 @@ struct SegmentsPayload {
   uint32_t first = 0;           // index of the first fd of this message within the lease
   uint32_t count = 0;           // fds in this message
   uint32_t lease_segments = 0;  // segments of the whole lease
+  uint32_t reserved = 0;
+};
+
+// One of the messages that carry a state's fds (the first holds fd 0, the
+// state image): `count` fds of `total`, starting at index `first`.
+struct TakeOverStatePayload {
+  uint32_t total = 0;
+  uint32_t first = 0;
+  uint32_t count = 0;
   uint32_t reserved = 0;
 };
 
@@ -111,6 +137,10 @@ absl::StatusOr<Message> ReceiveMessage(int fd, std::chrono::milliseconds timeout
 // The attach socket of a gRPC socket path: "x/actstash.sock" →
 // "x/actstash.attach.sock"; a path without ".sock" gets ".attach" appended.
 std::string AttachSocketPath(absl::string_view grpc_socket_path);
+
+// The take-over socket: "x/actstash.sock" → "x/actstash.handover.sock"
+// (".handover" appended to a path without ".sock").
+std::string HandoverSocketPath(absl::string_view grpc_socket_path);
 
 }  // namespace actstash::attach
 

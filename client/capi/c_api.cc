@@ -153,6 +153,7 @@ char* actstash_client_info_json(actstash_client* c) {
   w.Field("quota", client.quota_bytes());
   w.Field("address", client.address());
   w.Field("attached", client.attached());
+  w.Field("daemon_pauses", client.daemon_pauses());
   w.Field("attach_error", std::string(client.attach_status().message()));
   const absl::Status pin = client.pin_status();
   if (pin.ok()) {

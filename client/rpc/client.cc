@@ -362,6 +362,8 @@ v1::ClientUsage Client::zero_copy_usage() const {
   return impl_->TotalUsage();
 }
 
+uint64_t Client::daemon_pauses() const { return impl_->rpc->paused_calls(); }
+
 uint64_t Client::session_id() const { return impl_->session_id; }
 uint64_t Client::quota_bytes() const { return impl_->quota_bytes; }
 const std::string& Client::address() const { return impl_->rpc->target(); }

@@ -26,6 +26,18 @@ absl::Status SessionRpc::Fail(const grpc::Status& status, const char* what) cons
   return AnnotateRpcError(status, target_, what, rpc_timeout());
 }
 
+bool SessionRpc::Paused(const grpc::Status& status) const {
+  // UNAVAILABLE: no daemon answered, or one that stops serving refused the
+  // call before running it. CANCELLED: this library cancels none of its
+  // unary calls, so the daemon did; it does so only when it stops serving,
+  // to calls it had received but not started (those it started finish
+  // first, server/daemon/daemon.cc StopServing). ConfirmLost waits up to its
+  // limit for a closing connection to show: also the pause between tries.
+  const grpc::StatusCode code = status.error_code();
+  return (code == grpc::StatusCode::UNAVAILABLE || code == grpc::StatusCode::CANCELLED) &&
+         attach_ != nullptr && !attach_->ConfirmLost(std::chrono::milliseconds(200));
+}
+
 absl::Status SessionRpc::GoneError(absl::string_view what, absl::string_view consequence) const {
   return DaemonWentAway(target_, what, consequence);
 }

@@ -62,20 +62,39 @@ class SessionRpc {
   // One unary call of the stub (`method`, e.g. &v1::Stash::Stub::Stats):
   // Prepare'd, and a failure made the session's error by Fail. Streaming
   // calls (Put, Get) Prepare and Fail themselves.
+  //
+  // A daemon that does not answer while the attach connection stays open
+  // is being replaced (actstashd --take-over hands the connection to its
+  // successor, server/handover/take_over.h): a pause, not an error. The call
+  // is then sent again, waiting for the channel to reconnect, until the
+  // call's deadline. A call the daemon refused is never repeated: an
+  // unreachable daemon has not run it.
   template <typename Request, typename Reply>
   absl::Status Call(grpc::Status (v1::Stash::Stub::*method)(grpc::ClientContext*, const Request&,
                                                             Reply*),
                     const Request& request, Reply* reply, const char* what) const {
-    grpc::ClientContext ctx;
-    Prepare(&ctx);
-    const grpc::Status status = ((*stub_).*method)(&ctx, request, reply);
-    return status.ok() ? absl::OkStatus() : Fail(status, what);
+    const auto deadline = std::chrono::system_clock::now() + rpc_timeout();
+    for (bool again = false;; again = true) {
+      grpc::ClientContext ctx;
+      Prepare(&ctx);
+      ctx.set_deadline(deadline);
+      ctx.set_wait_for_ready(again);
+      const grpc::Status status = ((*stub_).*method)(&ctx, request, reply);
+      if (status.ok()) return absl::OkStatus();
+      if (!Paused(status)) return Fail(status, what);
+      if (!again) paused_calls_.fetch_add(1, std::memory_order_relaxed);
+    }
   }
+  // Calls that found the daemon paused (being replaced) and were sent again.
+  uint64_t paused_calls() const { return paused_calls_.load(std::memory_order_relaxed); }
   // A failed call's error. An attached client whose call found the daemon
   // unreachable looks at the attach connection (briefly: the kernel closes a
   // dead daemon's sockets one after the other) so that a daemon that went
   // away gives the one "went away" error, whichever the client noticed first.
   absl::Status Fail(const grpc::Status& status, const char* what) const;
+  // Whether `status` says the daemon did not answer while the attach
+  // connection is alive (see Call).
+  bool Paused(const grpc::Status& status) const;
   // True once the attach connection saw the daemon go.
   bool Lost() const { return attach_ != nullptr && attach_->lost(); }
   // The one error for "the daemon went away" (see client/rpc/channel.h).
@@ -87,6 +106,7 @@ class SessionRpc {
   std::atomic<int64_t> rpc_timeout_ms_;
   std::string token_;
   AttachConnection* attach_ = nullptr;
+  mutable std::atomic<uint64_t> paused_calls_{0};
 };
 
 // Gives leases of any tier back to the daemon (the Return RPC).

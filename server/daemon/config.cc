@@ -110,12 +110,18 @@ constexpr Setting kSettings[] = {
      "Shut down (as on SIGTERM) when the process that started the daemon exits, for a "
      "private daemon that lives as long as its trainer (true/false; the flag alone means "
      "true; default false)"},
+    {"take_over",
+     "Take over from the actstashd serving on the same socket (an upgrade or restart "
+     "without losing its sessions, leases or pool): start this one with the same settings "
+     "plus --take-over; the serving one hands its state and memory over and exits, and "
+     "this one serves on the same sockets. Fails, leaving the serving one as it was, when "
+     "the two cannot agree (see docs/OPERATIONS.md)"},
 };
 
 // Settings whose flag takes no value (present means true); in the TOML file
 // they are booleans or "true"/"false".
 bool IsBooleanFlag(const std::string& key) {
-  return key == "insecure" || key == "exit_with_parent";
+  return key == "insecure" || key == "exit_with_parent" || key == "take_over";
 }
 
 absl::StatusOr<bool> ParseBool(const char* key, const std::string& value) {
@@ -344,7 +350,8 @@ absl::StatusOr<DaemonConfig> Resolve(const std::map<std::string, std::string>& v
   if (const std::string* v = get("tls_key")) config.tls_key = *v;
   if (const std::string* v = get("tls_client_ca")) config.tls_client_ca = *v;
   for (auto [key, field] : {std::pair{"insecure", &config.insecure},
-                            std::pair{"exit_with_parent", &config.exit_with_parent}}) {
+                            std::pair{"exit_with_parent", &config.exit_with_parent},
+                            std::pair{"take_over", &config.take_over}}) {
     if (const std::string* v = get(key)) {
       absl::StatusOr<bool> parsed = ParseBool(key, *v);
       if (!parsed.ok()) return parsed.status();

@@ -62,6 +62,9 @@ struct DaemonConfig {
   // Shut down when the parent process exits (a private daemon started by a
   // trainer, e.g. actstash.connect(start="auto")).
   bool exit_with_parent = false;
+  // Start by taking over from the daemon serving on socket_path
+  // (server/handover/take_over.h) instead of making a pool.
+  bool take_over = false;
 };
 
 // True for 127.0.0.0/8, ::1 and localhost.

@@ -24,6 +24,7 @@
 #include "server/daemon/cuda_probe.h"
 #include "server/pool/host_pool.h"
 #include "server/pool/numa_topology.h"
+#include "server/rpc/calls_in_flight.h"
 #include "spdlog/spdlog.h"
 
 #ifdef ACTSTASH_HAVE_CUDA
@@ -117,7 +118,8 @@ Daemon::Daemon(const DaemonConfig& config, Parts parts)
       service_(&core_) {}
 
 absl::Status Daemon::CreateMemory(const DaemonConfig& config,
-                                  std::unique_ptr<DeviceMemory> device_memory, Parts* parts) {
+                                  std::unique_ptr<DeviceMemory> device_memory, Parts* parts,
+                                  TakenOver* taken) {
   std::string why_not;
   // auto registers only when the daemon holds CUDA contexts anyway (device
   // pools): clients register their own mappings, which is what their copies
@@ -173,8 +175,19 @@ absl::Status Daemon::CreateMemory(const DaemonConfig& config,
       device.emplace(config.device_pools.front().device);
     }
 #endif
-    pool = CreateHostPool(pool_options);
-    if (!pool.ok() && !pool_options.numa_nodes.empty() &&
+    if (taken != nullptr) {
+      // The predecessor's segments (fds 0 .. segments-1), with their data.
+      std::vector<UniqueFd> segments;
+      for (uint32_t i = 0; i < taken->state.segments(); ++i) {
+        segments.push_back(std::move(taken->fds[i]));
+      }
+      const std::vector<uint32_t> held(taken->state.held_inline().begin(),
+                                       taken->state.held_inline().end());
+      pool = AdoptHostPool(pool_options, std::move(segments), held);
+    } else {
+      pool = CreateHostPool(pool_options);
+    }
+    if (!pool.ok() && taken == nullptr && !pool_options.numa_nodes.empty() &&
         config.numa.mode == NumaSetting::Mode::kAuto) {
       // A container's seccomp profile may forbid mbind (Docker's does without
       // CAP_SYS_NICE): placement chosen by auto is a gain, not a requirement.
@@ -251,11 +264,22 @@ Daemon::~Daemon() {
 absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config,
                                                       std::unique_ptr<DeviceMemory> device_memory) {
   spdlog::info("actstashd {} starting (pid {}); {}", kVersion, getpid(), DescribeCudaDevices());
-  if (absl::Status s = MakeParentDirectory(config.socket_path); !s.ok()) return s;
-  if (absl::Status s = ClaimSocketPath(config.socket_path); !s.ok()) return s;
+  std::optional<TakenOver> taken;
+  if (config.take_over) {
+    absl::StatusOr<TakenOver> received = ReceiveTakeOver(config);
+    if (!received.ok()) return received.status();
+    taken.emplace(*std::move(received));
+  } else {
+    if (absl::Status s = MakeParentDirectory(config.socket_path); !s.ok()) return s;
+    if (absl::Status s = ClaimSocketPath(config.socket_path); !s.ok()) return s;
+  }
 
   Parts parts;
-  if (absl::Status s = CreateMemory(config, std::move(device_memory), &parts); !s.ok()) return s;
+  if (absl::Status s =
+          CreateMemory(config, std::move(device_memory), &parts, taken ? &*taken : nullptr);
+      !s.ok()) {
+    return s;
+  }
   if (!config.spill_dir.empty()) {
     SpillOptions spill_options;
     spill_options.dir = config.spill_dir;
@@ -268,14 +292,44 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config
                                         : std::string("bounded by the free space"),
                  parts.spill->Stats().io_mode());
   }
-  absl::StatusOr<AttachSocket> attach_socket = AttachServer::Listen(AttachOptions(config));
+  absl::StatusOr<AttachSocket> attach_socket =
+      taken ? AttachServer::FromHandedListener(
+                  AttachOptions(config), std::move(taken->fds[taken->state.attach_listener_fd()]))
+            : AttachServer::Listen(AttachOptions(config));
   if (!attach_socket.ok()) return attach_socket.status();
   parts.attach_socket.emplace(*std::move(attach_socket));
   std::unique_ptr<Daemon> daemon(new Daemon(config, std::move(parts)));
-  if (absl::Status s = daemon->Serve(); !s.ok()) return s;
-  Daemon* raw = daemon.get();
-  daemon->reaper_ = std::thread([raw] { raw->ReapIdleSessions(); });
+  UniqueFd handed_listener;
+  if (taken) {
+    if (absl::Status s = daemon->AdoptState(&*taken); !s.ok()) return s;
+    handed_listener = std::move(taken->fds[taken->state.handover_listener_fd()]);
+    if (absl::Status s = ConfirmTakeOver(&*taken, std::chrono::seconds(30)); !s.ok()) {
+      spdlog::warn("take-over: {}; serving anyway", s.ToString());
+    }
+    if (absl::Status s = ClaimSocketPath(config.socket_path); !s.ok()) return s;
+  }
+  if (absl::Status s = daemon->StartServing(std::move(handed_listener)); !s.ok()) return s;
   return daemon;
+}
+
+absl::Status Daemon::StartServing(UniqueFd handed_listener) {
+  absl::MutexLock serving(&serving_mu_);
+  core_.draining.store(false, std::memory_order_release);
+  if (absl::Status s = Serve(); !s.ok()) return s;
+  {
+    absl::MutexLock lock(&reaper_mu_);
+    reaper_stop_ = false;
+  }
+  reaper_ = std::thread([this] { ReapIdleSessions(); });
+  if (handover_ == nullptr) {
+    absl::StatusOr<std::unique_ptr<HandoverListener>> listener = HandoverListener::Start(
+        attach::HandoverSocketPath(config_.socket_path), std::move(handed_listener),
+        [this](const v1::TakeOverHello& hello) { return PrepareHandover(hello); },
+        [this](bool adopted) { FinishHandover(adopted); });
+    if (!listener.ok()) return listener.status();
+    handover_ = *std::move(listener);
+  }
+  return absl::OkStatus();
 }
 
 absl::Status Daemon::Serve() {
@@ -290,15 +344,16 @@ absl::Status Daemon::Serve() {
     if (!credentials.ok()) return credentials.status();
     builder.AddListeningPort(config_.listen_tcp, *credentials, &tcp_port);
   }
-  if (!config_.metrics_address.empty()) {
+  if (!config_.metrics_address.empty() && metrics_ == nullptr) {
     absl::StatusOr<std::unique_ptr<Metrics>> metrics =
         Metrics::Start(config_.metrics_address, &core_);
     if (!metrics.ok()) return metrics.status();
     metrics_ = *std::move(metrics);
-    std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> creators;
-    creators.push_back(metrics_->InterceptorFactory());
-    builder.experimental().SetInterceptorCreators(std::move(creators));
   }
+  std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> creators;
+  creators.push_back(CountCallsInFlight(&core_.calls_in_flight));
+  if (metrics_ != nullptr) creators.push_back(metrics_->InterceptorFactory());
+  builder.experimental().SetInterceptorCreators(std::move(creators));
   builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
   builder.SetMaxSendMessageSize(kMaxMessageBytes);
   builder.RegisterService(&service_);
@@ -377,9 +432,8 @@ void Daemon::ReapIdleSessions() {
   }
 }
 
-void Daemon::Shutdown(std::chrono::milliseconds grace) {
-  if (stopped_) return;
-  stopped_ = true;
+void Daemon::StopServing(std::chrono::milliseconds grace, bool wait_for_calls) {
+  absl::MutexLock serving(&serving_mu_);
   if (reaper_.joinable()) {
     {
       absl::MutexLock lock(&reaper_mu_);
@@ -387,11 +441,43 @@ void Daemon::Shutdown(std::chrono::milliseconds grace) {
     }
     reaper_.join();
   }
+  if (server_ == nullptr) return;
+  // gRPC's own Shutdown(deadline) also waits for idle client connections
+  // to go away, which a sync client notices only on its next poll (up to
+  // 5 s). So drain the calls that matter here (streams in flight), then
+  // shut down at once: what is still running past the grace is cancelled.
+  core_.draining.store(true, std::memory_order_release);
+  server_->GetHealthCheckService()->SetServingStatus(false);
+  // Unary calls too when asked (a take-over): new calls are refused with
+  // UNAVAILABLE now (draining), so only those already running remain.
+  std::atomic<int64_t>& running = wait_for_calls ? core_.calls_in_flight : core_.streams_in_flight;
+  const auto deadline = std::chrono::steady_clock::now() + grace;
+  while (running.load(std::memory_order_acquire) > 0 &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::microseconds(500));
+  }
+  const int64_t cancelled = running.load(std::memory_order_acquire);
+  if (cancelled > 0)
+    spdlog::warn("cancelling {} calls still running after the grace period", cancelled);
+  // A take-over also lets a call that slipped in after the count reached
+  // zero finish (up to 100 ms) rather than be cancelled; gRPC refuses new
+  // ones from here on.
+  server_->Shutdown(std::chrono::system_clock::now() + (wait_for_calls
+                                                            ? std::chrono::milliseconds(100)
+                                                            : std::chrono::milliseconds(0)));
+  server_->Wait();
+  server_.reset();
+}
+
+void Daemon::Shutdown(std::chrono::milliseconds grace) {
+  if (stopped_) return;
+  stopped_ = true;
+  handover_.reset();  // no take-over from now on (joins its thread)
+  // Streams in flight get their grace; then the attach server goes before
+  // the gRPC server: it fails the sends of pending Lease calls (and refuses
+  // new ones), so that those calls finish and Wait returns even when a
+  // client stopped reading its attach socket.
   if (server_ != nullptr) {
-    // gRPC's own Shutdown(deadline) also waits for idle client connections
-    // to go away, which a sync client notices only on its next poll (up to
-    // 5 s). So drain the calls that matter here (streams in flight), then
-    // shut down at once: what is still running past the grace is cancelled.
     core_.draining.store(true, std::memory_order_release);
     server_->GetHealthCheckService()->SetServingStatus(false);
     const auto deadline = std::chrono::steady_clock::now() + grace;
@@ -399,19 +485,9 @@ void Daemon::Shutdown(std::chrono::milliseconds grace) {
            std::chrono::steady_clock::now() < deadline) {
       std::this_thread::sleep_for(std::chrono::milliseconds(2));
     }
-    const int64_t cancelled = core_.streams_in_flight.load(std::memory_order_acquire);
-    if (cancelled > 0)
-      spdlog::warn("cancelling {} calls still running after the grace period", cancelled);
-    // The attach server goes first: it fails the sends of pending Lease
-    // calls (and refuses new ones), so that those calls finish and Wait
-    // returns even when a client stopped reading its attach socket.
-    attach_.Stop();
-    server_->Shutdown(std::chrono::system_clock::now());
-    server_->Wait();
   }
-  // Without a server (a failed start) too: no disconnect callback runs from
-  // now on.
   attach_.Stop();
+  StopServing(std::chrono::milliseconds(0));
   // Released leases are freed as they are from now on: renewing memory the
   // daemon is about to give back to the kernel is wasted work. Then the
   // work queue runs what it holds (renewals, Lease continuations) while

@@ -17,6 +17,7 @@
 #include "server/base/work_queue.h"
 #include "server/daemon/config.h"
 #include "server/daemon/metrics.h"
+#include "server/handover/take_over.h"
 #include "server/objects/catalog.h"
 #include "server/pool/device_memory.h"
 #include "server/pool/device_pool.h"
@@ -37,7 +38,10 @@ class Daemon {
  public:
   // Creates the pools, claims the socket paths (refusing when another
   // daemon answers there; removing a stale socket file otherwise) and
-  // starts serving. FAILED_PRECONDITION / RESOURCE_EXHAUSTED / INTERNAL
+  // starts serving. With config.take_over: takes the pool, the sessions,
+  // their leases and attach connections, and the sockets over from the
+  // daemon serving there instead (daemon_handover.cc), which then exits;
+  // any error leaves that daemon serving. FAILED_PRECONDITION / RESOURCE_EXHAUSTED / INTERNAL
   // with the reason otherwise. The device pools (config.device_pools) use
   // `device_memory` when given (tests: a fake), else the CUDA runtime.
   static absl::StatusOr<std::unique_ptr<Daemon>> Start(
@@ -60,12 +64,37 @@ class Daemon {
     std::unique_ptr<SpillTier> spill;  // null without --spill-dir
     std::optional<AttachSocket> attach_socket;
   };
+  // `taken`: the host pool adopts its segments (take-over).
   static absl::Status CreateMemory(const DaemonConfig& config,
-                                   std::unique_ptr<DeviceMemory> device_memory, Parts* parts);
+                                   std::unique_ptr<DeviceMemory> device_memory, Parts* parts,
+                                   TakenOver* taken = nullptr);
   // Wires the parts together; serves nothing yet (Serve does).
   Daemon(const DaemonConfig& config, Parts parts);
   // Starts the metrics endpoint (if configured) and the gRPC server.
   absl::Status Serve();
+  // The gRPC server, the reaper and the take-over listener (`handed`: the
+  // predecessor's), once the parts are ready.
+  absl::Status StartServing(UniqueFd handed_listener = UniqueFd());
+  // Stops the reaper and the gRPC server: streams in flight (every call with
+  // `wait_for_calls`) get up to `grace`, then the rest is cancelled. The
+  // attach server keeps running.
+  void StopServing(std::chrono::milliseconds grace, bool wait_for_calls = false);
+
+  // Take-over (daemon_handover.cc). On the serving daemon, from the
+  // take-over listener's thread: PrepareHandover stops serving and exports
+  // the state (or refuses, serving as before); FinishHandover exits (adopted)
+  // or serves again.
+  absl::StatusOr<HandoverPackage> PrepareHandover(const v1::TakeOverHello& hello);
+  void FinishHandover(bool adopted);
+  // Why a take-over cannot happen now, or OK.
+  absl::Status CheckHandover(const v1::TakeOverHello& hello) const;
+  // On the successor, before anything is made: asks the serving daemon and
+  // checks what it handed against `config`.
+  static absl::StatusOr<TakenOver> ReceiveTakeOver(const DaemonConfig& config);
+  // On the successor: the received sessions, leases and attach connections
+  // into the parts, before anything is served.
+  absl::Status AdoptState(TakenOver* taken);
+
   // The attach connection of `session_id` ended (attach server's I/O thread).
   void ReclaimDisconnected(uint64_t session_id);
   // Closes sessions without an attach connection that idled past the TTL.
@@ -102,8 +131,16 @@ class Daemon {
   StashService service_;
   std::unique_ptr<Metrics> metrics_;
   std::unique_ptr<grpc::Server> server_;
+  // The take-over channel; its thread calls PrepareHandover/FinishHandover.
+  // Reset first in Shutdown.
+  std::unique_ptr<HandoverListener> handover_;
+  // Between PrepareHandover and FinishHandover (take-over listener's thread).
+  std::optional<AttachServer::Handed> frozen_;
+  uint32_t handovers_ = 0;  // take-overs this daemon's state went through
   ino_t socket_inode_ = 0;
   bool stopped_ = false;
+  // Serializes StopServing/StartServing (main thread, take-over thread).
+  absl::Mutex serving_mu_;
   absl::Mutex reaper_mu_;
   bool reaper_stop_ ABSL_GUARDED_BY(reaper_mu_) = false;
   std::thread reaper_;

@@ -122,4 +122,14 @@ size_t Catalog::SessionObjectCount(uint64_t session_id) const {
   return it == by_session_.end() ? 0 : it->second.size();
 }
 
+uint64_t Catalog::next_handle() const {
+  absl::MutexLock lock(&mu_);
+  return next_handle_;
+}
+
+void Catalog::AdvanceNextHandle(uint64_t handle) {
+  absl::MutexLock lock(&mu_);
+  next_handle_ = std::max(next_handle_, handle);
+}
+
 }  // namespace actstash::server

@@ -127,6 +127,10 @@ class Catalog {
                                                         const StoredObject* except);
   // Removes every object (daemon shutdown, before the spill tier goes).
   void RemoveAll();
+  // Take-over: the handle the next Insert gives, and raising it to at least
+  // `handle` in a successor (handles never repeat across a hand-over).
+  uint64_t next_handle() const;
+  void AdvanceNextHandle(uint64_t handle);
 
  private:
   mutable absl::Mutex mu_;

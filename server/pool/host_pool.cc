@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -253,6 +254,59 @@ class MemfdHostPool final : public HostPool, private AllocationOwner {
   uint64_t segment_bytes() const override { return segment_bytes_; }
   uint32_t segment_count() const override { return static_cast<uint32_t>(segment_count_); }
 
+  absl::StatusOr<std::vector<UniqueFd>> DupSegmentFds() const override {
+    absl::MutexLock lock(&mu_);
+    std::vector<UniqueFd> fds;
+    for (const UniqueFd& fd : segment_fds_) {
+      UniqueFd dup(fcntl(fd.get(), F_DUPFD_CLOEXEC, 0));
+      if (!dup.valid()) return ErrnoStatus("duplicating a segment fd", errno);
+      fds.push_back(std::move(dup));
+    }
+    return fds;
+  }
+
+  std::vector<uint32_t> HeldInlineSegments() const override {
+    absl::MutexLock lock(&mu_);
+    std::vector<uint32_t> held;
+    for (uint32_t i = 0; i < segment_count_; ++i) {
+      if (held_inline_[i]) held.push_back(i);
+    }
+    return held;
+  }
+
+  absl::StatusOr<SegmentRun> AdoptRun(uint32_t first, uint32_t count) override {
+    if (count == 0 || first >= segment_count_ || count > segment_count_ - first) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("segments ", first, "+", count, " are outside a pool of ", segment_count_));
+    }
+    const uint64_t offset = uint64_t{first} * segment_bytes_;
+    const uint64_t bytes = uint64_t{count} * segment_bytes_;
+    absl::MutexLock lock(&mu_);
+    const std::optional<uint64_t> at =
+        allocator_.AllocateWithin(bytes, segment_bytes_, offset, offset + bytes);
+    if (!at.has_value()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("segments ", first, "+", count, " meet a run already taken"));
+    }
+    ACTSTASH_CHECK(*at == offset, "an exact window allocated elsewhere");
+    SegmentRun run;
+    run.first_segment = first;
+    run.count = count;
+    run.numa_node = NodeOf(offset, bytes);
+    run.spans_nodes = !slices_.empty() && run.numa_node < 0;
+    segment_runs_.insert(offset);
+    run.memory = MakeAllocation(this, base_ + offset, offset, bytes);
+    return run;
+  }
+
+  // AdoptHostPool: the segments to scrub before they are leased.
+  void MarkHeldInline(const std::vector<uint32_t>& segments) {
+    absl::MutexLock lock(&mu_);
+    for (uint32_t i : segments) {
+      if (i < segment_count_) held_inline_[i] = true;
+    }
+  }
+
   PoolStats Stats() const override {
     absl::MutexLock lock(&mu_);
     PoolStats stats;
@@ -368,7 +422,12 @@ std::string MemlockLimitText() {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<HostPool>> CreateHostPool(const HostPoolOptions& options) {
+namespace {
+
+// CreateHostPool, or AdoptHostPool when `adopt` is given (its memfds are
+// mapped instead of fresh ones).
+absl::StatusOr<std::unique_ptr<MemfdHostPool>> BuildHostPool(const HostPoolOptions& options,
+                                                             std::vector<UniqueFd>* adopt) {
   const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
   if (options.segment_bytes == 0 || options.segment_bytes % page != 0) {
     return absl::InvalidArgumentError(absl::StrCat("segment size ", options.segment_bytes,
@@ -392,6 +451,12 @@ absl::StatusOr<std::unique_ptr<HostPool>> CreateHostPool(const HostPoolOptions& 
                                                    FormatBytes(options.segment_bytes), ")"));
   }
   const uint64_t total = segments * options.segment_bytes;
+  if (adopt != nullptr && adopt->size() != segments) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the serving daemon's pool has ", adopt->size(), " segments of ",
+                     FormatBytes(options.segment_bytes), "; this one is configured for ", segments,
+                     " (give it the same pool_size)"));
+  }
   absl::StatusOr<std::vector<NumaSlice>> slices = SliceByNode(options, segments);
   if (!slices.ok()) return slices.status();
 
@@ -405,7 +470,22 @@ absl::StatusOr<std::unique_ptr<HostPool>> CreateHostPool(const HostPoolOptions& 
     fds.clear();
     return status;
   };
-  for (uint64_t i = 0; i < segments; ++i) {
+  for (uint64_t i = 0; i < segments && adopt != nullptr; ++i) {
+    UniqueFd fd = std::move((*adopt)[i]);
+    struct stat st {};
+    if (fstat(fd.get(), &st) != 0) return fail(ErrnoStatus("fstat of a handed segment", errno));
+    if (static_cast<uint64_t>(st.st_size) != options.segment_bytes) {
+      return fail(absl::InvalidArgumentError(absl::StrCat("handed segment ", i, " is ", st.st_size,
+                                                          " bytes, not ", options.segment_bytes)));
+    }
+    if (absl::Status s = MapSharedPopulated(base + i * options.segment_bytes, options.segment_bytes,
+                                            fd.get(), NodeShmemHugePages());
+        !s.ok()) {
+      return fail(s);
+    }
+    fds.push_back(std::move(fd));
+  }
+  for (uint64_t i = 0; i < segments && adopt == nullptr; ++i) {
     bool unused = false;
     absl::StatusOr<UniqueFd> fd = MapFreshSegment(
         base + i * options.segment_bytes, i, options.segment_bytes, false, &unused,
@@ -457,8 +537,25 @@ absl::StatusOr<std::unique_ptr<HostPool>> CreateHostPool(const HostPoolOptions& 
     }
     if (failed > 0) spdlog::warn("{}", UnregisteredWarning(failed, segments, first_error));
   }
-  return std::unique_ptr<HostPool>(new MemfdHostPool(
-      base, std::move(fds), options, *std::move(slices), locked, std::move(registered)));
+  return std::make_unique<MemfdHostPool>(base, std::move(fds), options, *std::move(slices), locked,
+                                         std::move(registered));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<HostPool>> CreateHostPool(const HostPoolOptions& options) {
+  absl::StatusOr<std::unique_ptr<MemfdHostPool>> pool = BuildHostPool(options, nullptr);
+  if (!pool.ok()) return pool.status();
+  return std::unique_ptr<HostPool>(*std::move(pool));
+}
+
+absl::StatusOr<std::unique_ptr<HostPool>> AdoptHostPool(const HostPoolOptions& options,
+                                                        std::vector<UniqueFd> segments,
+                                                        const std::vector<uint32_t>& held_inline) {
+  absl::StatusOr<std::unique_ptr<MemfdHostPool>> pool = BuildHostPool(options, &segments);
+  if (!pool.ok()) return pool.status();
+  (*pool)->MarkHeldInline(held_inline);
+  return std::unique_ptr<HostPool>(*std::move(pool));
 }
 
 }  // namespace actstash::server

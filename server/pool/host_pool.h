@@ -10,6 +10,7 @@
 #include "absl/status/statusor.h"
 #include "common/pinned_registrar.h"
 #include "common/tristate.h"
+#include "common/unique_fd.h"
 #include "server/pool/memory_pool.h"
 #include "server/pool/pool_segment.h"
 #include "server/pool/segment_leaser.h"
@@ -57,7 +58,21 @@ struct HostPoolOptions {
 // drops the old ones (their pages are punched out: a client that kept an
 // old fd or mapping sees zeros and can reach nothing the daemon or another
 // session uses, and whatever it writes there is its own memory).
-class HostPool : public ObjectAllocator, public FdSegmentLeaser {};
+class HostPool : public ObjectAllocator, public FdSegmentLeaser {
+ public:
+  // Take-over (server/handover): what a successor needs to serve this pool's
+  // memory, and how it takes the runs of live leases back.
+  //
+  // Duplicates of every segment's memfd, in segment order. Call it while no
+  // renewal runs (renewal replaces fds): the daemon has stopped serving.
+  virtual absl::StatusOr<std::vector<UniqueFd>> DupSegmentFds() const = 0;
+  // The segments that held inline objects since their last renewal.
+  virtual std::vector<uint32_t> HeldInlineSegments() const = 0;
+  // The run [first, first + count) as a live lease's, allocated exactly
+  // there (a pool made by AdoptHostPool, before it serves anything).
+  // INVALID_ARGUMENT when it is out of range or meets a run already taken.
+  virtual absl::StatusOr<SegmentRun> AdoptRun(uint32_t first, uint32_t count) = 0;
+};
 
 // Creates the pool: one memfd per segment, mapped MAP_SHARED|MAP_POPULATE
 // back to back into one reserved address range (so one allocation may span
@@ -70,6 +85,17 @@ class HostPool : public ObjectAllocator, public FdSegmentLeaser {};
 // the kernel refuses, the registrar's error when require_cuda_pinned.
 // The pool must outlive every Allocation it hands out.
 absl::StatusOr<std::unique_ptr<HostPool>> CreateHostPool(const HostPoolOptions& options);
+
+// A pool over another daemon's segments (take-over): `segments` are its
+// memfds in order, mapped (not renewed: they hold clients' data) where
+// CreateHostPool would map fresh ones, then locked and registered as it
+// does. NUMA placement travels with the memfds (their policy is the
+// file's), so options.numa_* only say how renewals bind. `held_inline`:
+// segments to scrub before they are leased. INVALID_ARGUMENT when the
+// options' pool has another number of segments, or a memfd another size.
+absl::StatusOr<std::unique_ptr<HostPool>> AdoptHostPool(const HostPoolOptions& options,
+                                                        std::vector<UniqueFd> segments,
+                                                        const std::vector<uint32_t>& held_inline);
 
 }  // namespace actstash::server
 

@@ -1,6 +1,8 @@
 #include "server/rpc/attach_server.h"
 
+#include <fcntl.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -13,6 +15,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "common/attach_wire.h"
 #include "common/check.h"
 #include "common/unique_fd.h"
@@ -66,6 +69,8 @@ class AttachServer::Impl {
   void SendLeases(uint64_t session_id, std::vector<std::shared_ptr<Lease>> leases,
                   SendCallback done);
   void Disconnect(uint64_t session_id);
+  // Runs `task` on the I/O thread and waits for it; false once stopped.
+  bool RunOnIo(std::function<void()> task);
 
   const AttachServerOptions options_;
   const ino_t socket_inode_;
@@ -82,11 +87,16 @@ class AttachServer::Impl {
   bool stopped_ ABSL_GUARDED_BY(stop_mu_) = false;
   // I/O thread only.
   bool stopping_ = false;
+  // Between Freeze and Thaw: nothing is accepted, and sessions whose
+  // connection ends are only noted.
+  bool frozen_ = false;
+  std::vector<uint64_t> ended_while_frozen_;
   absl::flat_hash_map<uint64_t, std::weak_ptr<Connection>> by_session_;
   std::vector<std::weak_ptr<Connection>> all_;
 
- private:
   void Accept();
+
+ private:
   // Connections without a hello yet, oldest first.
   std::vector<std::shared_ptr<Connection>> Pending() const;
   // Closes the oldest pending connections while there are more than
@@ -139,6 +149,23 @@ class AttachServer::Impl::Connection : public std::enable_shared_from_this<Conne
   bool attached() const { return session_ != nullptr; }
   bool closed() const { return closed_; }
   uint32_t peer_uid() const { return peer_.uid; }
+  int native_handle() { return socket_.native_handle(); }
+
+  // Take-over: binds a connection handed by the daemon this one succeeds to
+  // its session, as a hello would have.
+  void Adopt(std::shared_ptr<Session> session) {
+    ucred cred{};
+    socklen_t len = sizeof(cred);
+    if (getsockopt(socket_.native_handle(), SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0) {
+      peer_ = PeerCredentials{static_cast<uint32_t>(cred.uid), static_cast<uint32_t>(cred.gid),
+                              static_cast<uint32_t>(cred.pid)};
+    }
+    session_ = std::move(session);
+    session_->SetAttached(peer_);
+    session_->Touch();
+    server_.by_session_[session_->id()] = weak_from_this();
+    WatchForClose();
+  }
 
   // Closes the connection; if it was bound, the session is reclaimed.
   void Close(const std::string& reason) {
@@ -158,6 +185,10 @@ class AttachServer::Impl::Connection : public std::enable_shared_from_this<Conne
     session_->SetDetached();
     server_.by_session_.erase(session_->id());
     if (server_.stopping_) return;
+    if (server_.frozen_) {  // reclaimed by Thaw, or by no one once handed over
+      server_.ended_while_frozen_.push_back(session_->id());
+      return;
+    }
     spdlog::info("session {} (pid {}, uid {}): attach connection closed ({}); reclaiming",
                  session_->id(), peer_.pid, peer_.uid, reason);
     server_.on_disconnect_(session_->id());
@@ -454,6 +485,20 @@ void AttachServer::Impl::Disconnect(uint64_t session_id) {
   });
 }
 
+bool AttachServer::Impl::RunOnIo(std::function<void()> task) {
+  absl::Notification done;
+  {
+    absl::MutexLock lock(&stop_mu_);
+    if (stopped_) return false;
+    asio::post(io_, [&] {
+      task();
+      done.Notify();
+    });
+  }
+  done.WaitForNotification();
+  return true;
+}
+
 void AttachServer::Impl::Stop() {
   {
     absl::MutexLock lock(&stop_mu_);
@@ -480,6 +525,95 @@ AttachServer::AttachServer(AttachSocket socket, SessionManager* sessions, FdSegm
                            DisconnectCallback on_disconnect)
     : impl_(std::make_unique<Impl>(socket.options_, socket.inode_, std::move(socket.fd_), sessions,
                                    segments, std::move(on_disconnect))) {}
+
+absl::StatusOr<AttachSocket> AttachServer::FromHandedListener(const AttachServerOptions& options,
+                                                              UniqueFd listener) {
+  struct stat st {};
+  if (stat(options.socket_path.c_str(), &st) != 0) {
+    return absl::FailedPreconditionError(absl::StrCat("the handed attach socket's file ",
+                                                      options.socket_path,
+                                                      " is gone: ", std::strerror(errno)));
+  }
+  return AttachSocket(options, std::move(listener), st.st_ino);
+}
+
+absl::StatusOr<AttachServer::Handed> AttachServer::Freeze() {
+  Handed handed;
+  absl::Status status;
+  const bool ran = impl_->RunOnIo([&] {
+    Impl& server = *impl_;
+    handed.listener = UniqueFd(fcntl(server.acceptor_.native_handle(), F_DUPFD_CLOEXEC, 0));
+    if (!handed.listener.valid()) {
+      status =
+          absl::InternalError(absl::StrCat("dup of the attach listener: ", std::strerror(errno)));
+      return;
+    }
+    server.frozen_ = true;
+    boost::system::error_code ignored;
+    server.acceptor_.close(ignored);
+    server.accept_backoff_.cancel();
+    for (const std::weak_ptr<Impl::Connection>& weak : server.all_) {
+      std::shared_ptr<Impl::Connection> connection = weak.lock();
+      if (connection == nullptr || connection->closed()) continue;
+      if (!connection->attached()) {
+        connection->Close("the daemon is handing over; attach again");
+        continue;
+      }
+    }
+    for (const auto& [session_id, weak] : server.by_session_) {
+      std::shared_ptr<Impl::Connection> connection = weak.lock();
+      if (connection == nullptr || connection->closed()) continue;
+      UniqueFd fd(fcntl(connection->native_handle(), F_DUPFD_CLOEXEC, 0));
+      if (!fd.valid()) {
+        status = absl::InternalError(absl::StrCat("dup of session ", session_id,
+                                                  "'s attach connection: ", std::strerror(errno)));
+        return;
+      }
+      handed.connections.emplace_back(session_id, std::move(fd));
+    }
+  });
+  if (!ran) return absl::FailedPreconditionError("the attach server has stopped");
+  if (!status.ok()) {
+    if (handed.listener.valid()) Thaw(std::move(handed.listener));
+    return status;
+  }
+  return handed;
+}
+
+void AttachServer::Thaw(UniqueFd listener) {
+  std::vector<uint64_t> ended;
+  impl_->RunOnIo([&] {
+    Impl& server = *impl_;
+    boost::system::error_code error;
+    server.acceptor_.assign(asio::local::stream_protocol(), listener.Release(), error);
+    if (error) spdlog::error("attach socket: cannot serve it again: {}", error.message());
+    server.frozen_ = false;
+    ended.swap(server.ended_while_frozen_);
+    if (!error) server.Accept();
+  });
+  for (uint64_t session_id : ended) {
+    impl_->RunOnIo([&] { impl_->on_disconnect_(session_id); });
+  }
+}
+
+absl::Status AttachServer::Adopt(std::shared_ptr<Session> session, UniqueFd fd) {
+  absl::Status status;
+  const bool ran = impl_->RunOnIo([&] {
+    Socket socket(impl_->io_);
+    boost::system::error_code error;
+    socket.assign(asio::local::stream_protocol(), fd.Release(), error);
+    if (error) {
+      status = absl::InternalError(absl::StrCat("adopting session ", session->id(),
+                                                "'s attach connection: ", error.message()));
+      return;
+    }
+    auto connection = std::make_shared<Impl::Connection>(impl_.get(), std::move(socket));
+    impl_->all_.push_back(connection);
+    connection->Adopt(std::move(session));
+  });
+  if (!ran) return absl::FailedPreconditionError("the attach server has stopped");
+  return status;
+}
 
 AttachServer::~AttachServer() { Stop(); }
 void AttachServer::Stop() { impl_->Stop(); }

@@ -14,6 +14,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -89,6 +90,26 @@ class AttachServer final : public AttachChannel {
   // Closes the session's attach connection (after CloseSession), without
   // the disconnect callback's reclaim mattering: the session is gone.
   void Disconnect(uint64_t session_id) override;
+
+  // Take-over (server/handover). Freeze, on the serving daemon: a duplicate
+  // of the listener and of each attached session's connection; from then on
+  // nothing is accepted, connections without a hello are closed, and a
+  // connection that ends reclaims nothing (until Thaw). Thaw: serves again
+  // on `listener` (Freeze's) after a take-over that did not happen, and
+  // reclaims the sessions whose connections ended meanwhile.
+  struct Handed {
+    UniqueFd listener;
+    std::vector<std::pair<uint64_t, UniqueFd>> connections;  // (session id, connection)
+  };
+  absl::StatusOr<Handed> Freeze();
+  void Thaw(UniqueFd listener);
+  // On the successor: binds a handed connection to its session as a hello
+  // would have (before the successor serves anything).
+  absl::Status Adopt(std::shared_ptr<Session> session, UniqueFd fd);
+  // The successor's attach socket: the handed listener, whose path the
+  // serving daemon left in place.
+  static absl::StatusOr<AttachSocket> FromHandedListener(const AttachServerOptions& options,
+                                                         UniqueFd listener);
 
   // Closes the listener and every connection, without disconnect callbacks,
   // joins the I/O thread and removes the socket file. Idempotent; call it

@@ -95,6 +95,9 @@ struct StashCore {
   // Streaming calls (Put, Get) between their start and OnDone; shutdown
   // waits for this to reach zero (or its grace period to end).
   std::atomic<int64_t> streams_in_flight{0};
+  // Every call between its start and its end (CountCallsInFlight): a
+  // take-over stops serving once they are done.
+  std::atomic<int64_t> calls_in_flight{0};
   std::atomic<uint64_t> sessions_reclaimed{0};
   // Pool pressure (with a spill tier): a host Lease failed for want of pool
   // memory; until `pressure_until_ms` (steady clock), sessions above their

@@ -1,5 +1,7 @@
 #include "server/sessions/lease_manager.h"
 
+#include <algorithm>
+
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "server/base/work_queue.h"
@@ -187,6 +189,51 @@ uint64_t LeaseManager::sessions_holding(uint64_t also) const {
 uint64_t LeaseManager::granted_total() const {
   absl::MutexLock lock(&mu_);
   return granted_total_;
+}
+
+std::vector<v1::LeaseState> LeaseManager::Export() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<v1::LeaseState> out;
+  for (const auto& [id, lease] : leases_) {
+    v1::LeaseState& state = out.emplace_back();
+    state.set_id(id);
+    state.set_session_id(lease->session_id());
+    state.set_first_segment(lease->first_segment());
+    state.set_count(lease->segments());
+  }
+  return out;
+}
+
+absl::Status LeaseManager::Adopt(const std::shared_ptr<Session>& session,
+                                 const v1::LeaseState& state, SegmentRun run) {
+  if (tiered_id::TierOf(state.id()) != tier_ || tiered_id::IsInline(state.id()) ||
+      tiered_id::SerialOf(state.id()) == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("handed lease ", state.id(), " is not of tier ", tier_));
+  }
+  absl::StatusOr<QuotaReservation> reservation = session->Reserve(run.memory.size());
+  if (!reservation.ok()) return reservation.status();
+  absl::MutexLock lock(&mu_);
+  if (leases_.contains(state.id())) {
+    return absl::InvalidArgumentError(absl::StrCat("handed lease ", state.id(), " repeats"));
+  }
+  auto lease =
+      std::make_shared<Lease>(state.id(), session, std::move(run), *std::move(reservation), this);
+  leased_bytes_ += lease->bytes();
+  leases_.emplace(state.id(), std::move(lease));
+  next_id_ = std::max(next_id_, state.id() + 1);
+  return absl::OkStatus();
+}
+
+uint64_t LeaseManager::next_id() const {
+  absl::MutexLock lock(&mu_);
+  return next_id_;
+}
+
+void LeaseManager::Restore(uint64_t next_id, uint64_t granted_total) {
+  absl::MutexLock lock(&mu_);
+  if (tiered_id::TierOf(next_id) == tier_) next_id_ = std::max(next_id_, next_id);
+  granted_total_ = std::max(granted_total_, granted_total);
 }
 
 }  // namespace actstash::server

@@ -67,7 +67,7 @@ class LeaseManager {
   // granted; `work` must keep running tasks until StopRenewing() was called
   // (and what it had queued has run).
   LeaseManager(SegmentLeaser* pool, WorkQueue* work, uint32_t tier = 0)
-      : pool_(*pool), work_(work), next_id_(tiered_id::Make(tier, 1)) {}
+      : pool_(*pool), work_(work), tier_(tier), next_id_(tiered_id::Make(tier, 1)) {}
   // From now on, released memory is freed as it is, unrenewed (daemon
   // shutdown, once nothing leases any more): nothing is posted to `work`.
   void StopRenewing() { renew_.store(false); }
@@ -100,6 +100,20 @@ class LeaseManager {
   // Takes back every lease of the session.
   RemovedTotals ReleaseSession(uint64_t session_id);
 
+  // Take-over (server/handover). Export: every lease, for a successor; call
+  // it once nothing grants or returns any more (the daemon stopped serving).
+  // Adopt: lease `state` of `session` on `run` (the pool's AdoptRun), with
+  // its id, before anything is served: its quota is reserved again.
+  // INVALID_ARGUMENT for an id of another tier or one already held,
+  // RESOURCE_EXHAUSTED when the session's quota cannot hold it.
+  std::vector<v1::LeaseState> Export() const;
+  absl::Status Adopt(const std::shared_ptr<Session>& session, const v1::LeaseState& state,
+                     SegmentRun run);
+  // The id the next grant gets, and the grants counted so far.
+  uint64_t next_id() const;
+  // Restores both from a predecessor (ids never repeat).
+  void Restore(uint64_t next_id, uint64_t granted_total);
+
   // Released leases whose memory is still being renewed (counted as used).
   int64_t renewals_pending() const { return renewals_pending_.load(); }
   uint64_t renewing_bytes() const { return renewing_bytes_.load(); }
@@ -121,6 +135,7 @@ class LeaseManager {
 
   SegmentLeaser& pool_;
   WorkQueue* const work_;
+  const uint32_t tier_;
   std::atomic<bool> renew_{true};
   std::atomic<int64_t> renewals_pending_{0};
   std::atomic<uint64_t> renewing_bytes_{0};

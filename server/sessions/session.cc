@@ -148,4 +148,36 @@ void Session::FillStats(v1::SessionStats* out) const {
   out->set_leases_off_node(leases_off_node_.load(std::memory_order_relaxed));
 }
 
+void Session::ExportState(v1::SessionState* out) const {
+  out->set_id(id_);
+  out->set_token(token_);
+  out->set_name(name_);
+  out->set_pid(pid_);
+  out->set_quota_bytes(quota_bytes_);
+  out->set_opened_unix_ms(opened_unix_ms_);
+  out->set_attach_fd(-1);
+  out->set_numa_node(numa_node_.load(std::memory_order_relaxed));
+  out->set_bytes_stored(bytes_stored_.load(std::memory_order_relaxed));
+  out->set_bytes_fetched(bytes_fetched_.load(std::memory_order_relaxed));
+  out->set_puts(puts_.load(std::memory_order_relaxed));
+  out->set_gets(gets_.load(std::memory_order_relaxed));
+  out->set_leases_off_node(leases_off_node_.load(std::memory_order_relaxed));
+  absl::MutexLock lock(&mu_);
+  out->set_peer_uid(peer_.uid);
+  out->set_peer_gid(peer_.gid);
+  out->set_peer_pid(peer_.pid);
+  *out->mutable_client_usage() = client_usage_;
+}
+
+void Session::RestoreCounters(const v1::SessionState& state) {
+  numa_node_.store(state.numa_node(), std::memory_order_relaxed);
+  bytes_stored_.store(state.bytes_stored(), std::memory_order_relaxed);
+  bytes_fetched_.store(state.bytes_fetched(), std::memory_order_relaxed);
+  puts_.store(state.puts(), std::memory_order_relaxed);
+  gets_.store(state.gets(), std::memory_order_relaxed);
+  leases_off_node_.store(state.leases_off_node(), std::memory_order_relaxed);
+  absl::MutexLock lock(&mu_);
+  client_usage_ = state.client_usage();
+}
+
 }  // namespace actstash::server

@@ -10,6 +10,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "actstash/v1/handover.pb.h"
 #include "actstash/v1/stash.pb.h"
 
 namespace actstash::server {
@@ -108,6 +109,11 @@ class Session : public std::enable_shared_from_this<Session> {
   // place these fields are set): everything but `objects` (the catalog's)
   // `spill` (the spill tier's) and `copying` (the daemon's copy window).
   void FillStats(v1::SessionStats* out) const ABSL_LOCKS_EXCLUDED(mu_);
+  // Take-over: what a successor needs of this session (all but its attach
+  // connection, which the attach server hands over), and the counters a
+  // successor's copy takes back from it.
+  void ExportState(v1::SessionState* out) const ABSL_LOCKS_EXCLUDED(mu_);
+  void RestoreCounters(const v1::SessionState& state) ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   friend class SessionManager;

@@ -113,4 +113,37 @@ size_t SessionManager::size() const {
   return by_id_.size();
 }
 
+absl::StatusOr<std::shared_ptr<Session>> SessionManager::Adopt(const v1::SessionState& state) {
+  if (state.name().size() > kMaxClientNameBytes || state.token().empty() || state.id() == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("handed session ", state.id(), " has no token, no id or an overlong name"));
+  }
+  absl::MutexLock lock(&mu_);
+  if (by_id_.size() >= options_.max_sessions) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("more handed sessions than max_sessions (", options_.max_sessions, ")"));
+  }
+  if (by_id_.contains(state.id()) || id_by_token_.contains(state.token())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("handed session ", state.id(), " repeats an id or a token"));
+  }
+  auto session = std::make_shared<Session>(state.id(), state.token(), state.name(), state.pid(),
+                                           state.quota_bytes(), state.opened_unix_ms());
+  session->RestoreCounters(state);
+  by_id_.emplace(state.id(), session);
+  id_by_token_.emplace(state.token(), state.id());
+  next_id_ = std::max(next_id_, state.id() + 1);
+  return session;
+}
+
+uint64_t SessionManager::next_id() const {
+  absl::MutexLock lock(&mu_);
+  return next_id_;
+}
+
+void SessionManager::AdvanceNextId(uint64_t id) {
+  absl::MutexLock lock(&mu_);
+  next_id_ = std::max(next_id_, id);
+}
+
 }  // namespace actstash::server

@@ -47,6 +47,17 @@ class SessionManager {
   std::vector<std::shared_ptr<Session>> IdleSessions(int64_t now_ms, int64_t ttl_ms) const;
   size_t size() const;
 
+  // Take-over: a session of the daemon this one succeeds, with its id and
+  // token (and counters), before anything is served. INVALID_ARGUMENT for
+  // an empty or repeated token or id, an overlong name, or more sessions
+  // than max_sessions. Ids given later stay above every adopted one.
+  absl::StatusOr<std::shared_ptr<Session>> Adopt(const v1::SessionState& state);
+  // The id the next Open gives (exported with the state).
+  uint64_t next_id() const;
+  // Sets it to at least `id` (a successor's ids never repeat its
+  // predecessor's).
+  void AdvanceNextId(uint64_t id);
+
  private:
   const SessionManagerOptions options_;
   mutable absl::Mutex mu_;

@@ -253,6 +253,9 @@ class Client {
   // the daemon (ClientUsage in actstash/v1/stash.proto). Zero when not
   // attached.
   v1::ClientUsage zero_copy_usage() const;
+  // Calls that found the daemon paused (being replaced: actstashd
+  // --take-over) and waited for its successor (no RPC).
+  uint64_t daemon_pauses() const;
   // Closes the session now; later calls fail with FAILED_PRECONDITION.
   absl::Status Close();
 

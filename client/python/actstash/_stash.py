@@ -424,7 +424,10 @@ class Stash:
                 out["bytes_restored"] = spill.get("restored_bytes", 0)
             except StashError:
                 pass
-            usage = self._client.zero_copy_usage()
+            info = self._client._info()
+            usage = info["zero_copy"]
+            # Calls that waited while the daemon was replaced (actstashd --take-over).
+            out["daemon_pauses"] = info["daemon_pauses"]
             out["spilled_now_bytes"] = usage["spilled_bytes"]  # on the daemon's disk now
             out["spills"] = usage["spills"]
             out["restores"] = usage["restores"]

@@ -1,0 +1,256 @@
+// Daemon's side of a take-over (server/handover/take_over.h): what the
+// serving daemon exports and how a successor adopts it. Handed over: the
+// host pool's segments (their memfds, so clients' mappings stay valid), the
+// sessions with their tokens, their host leases, their attach connections,
+// the attach and take-over listeners, and the id counters. Refused, with
+// the daemon serving on: device pools (CUDA IPC memory belongs to the
+// exporting process), inline objects and spilled data (not in the state
+// yet), another pool geometry.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <thread>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "common/attach_wire.h"
+#include "common/errno_status.h"
+#include "common/protocol.h"
+#include "common/units.h"
+#include "server/daemon/daemon.h"
+#include "server/handover/state_image.h"
+#include "spdlog/spdlog.h"
+
+namespace actstash::server {
+namespace {
+
+// How long the serving daemon waits for returned leases' renewals (which
+// replace segment fds) before it hands the fds over.
+constexpr std::chrono::seconds kRenewalWait{10};
+
+absl::StatusOr<UniqueFd> DupFd(int fd) {
+  UniqueFd dup(fcntl(fd, F_DUPFD_CLOEXEC, 0));
+  if (!dup.valid()) return ErrnoStatus("dup for the take-over", errno);
+  return dup;
+}
+
+}  // namespace
+
+absl::StatusOr<TakenOver> Daemon::ReceiveTakeOver(const DaemonConfig& config) {
+  v1::TakeOverHello hello;
+  hello.set_protocol(kTakeOverProtocol);
+  hello.set_daemon_version(kVersion);
+  hello.set_pool_bytes(config.pool_bytes);
+  hello.set_segment_bytes(config.segment_bytes);
+  hello.set_pid(static_cast<uint32_t>(getpid()));
+  absl::StatusOr<TakenOver> taken =
+      RequestTakeOver(config.socket_path, hello, std::chrono::seconds(60));
+  if (!taken.ok()) return taken.status();
+  const v1::DaemonState& state = taken->state;
+  const int64_t fds = static_cast<int64_t>(taken->fds.size());
+  auto in_range = [fds](int64_t index) { return index >= 0 && index < fds; };
+  bool ok = state.segment_bytes() == config.segment_bytes && state.segments() <= fds &&
+            in_range(state.attach_listener_fd()) && in_range(state.handover_listener_fd()) &&
+            state.attach_listener_fd() >= static_cast<int64_t>(state.segments()) &&
+            state.handover_listener_fd() >= static_cast<int64_t>(state.segments());
+  for (const v1::SessionState& session : state.sessions()) {
+    ok = ok && (session.attach_fd() == -1 ||
+                (in_range(session.attach_fd()) &&
+                 session.attach_fd() >= static_cast<int64_t>(state.segments())));
+  }
+  if (!ok) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--take-over: the handed state does not fit (segments of ", state.segment_bytes(),
+        " bytes against ", config.segment_bytes, " configured, or fd indices outside the ", fds,
+        " fds handed); the serving daemon goes on"));
+  }
+  spdlog::info(
+      "take-over: received the state of pid {} (actstashd {}): {} sessions, {} leases, {} "
+      "segments",
+      state.serving_pid(), state.daemon_version(), state.sessions_size(), state.leases_size(),
+      state.segments());
+  return taken;
+}
+
+absl::Status Daemon::CheckHandover(const v1::TakeOverHello& hello) const {
+  if (!device_pools_.empty()) {
+    return absl::FailedPreconditionError(
+        "this actstashd has device pools, whose CUDA IPC memory belongs to the process that "
+        "exported it: they cannot be handed over; drain the node and restart instead");
+  }
+  if (hello.segment_bytes() != pool_->segment_bytes() || hello.segment_bytes() == 0 ||
+      hello.pool_bytes() / hello.segment_bytes() != pool_->segment_count()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the successor's pool (", FormatBytes(hello.pool_bytes()), " in segments of ",
+                     FormatBytes(hello.segment_bytes()), ") is not this one's (",
+                     pool_->segment_count(), " segments of ", FormatBytes(pool_->segment_bytes()),
+                     "): start it with the same pool_size and segment_size"));
+  }
+  if (const size_t objects = catalog_.size(); objects > 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        objects,
+        " inline objects are stored (sessions without an attach connection); they are not "
+        "handed over yet: retry once they are deleted, or drain the node"));
+  }
+  if (spill_ != nullptr && spill_->Stats().files() > 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        spill_->Stats().files(),
+        " spill files are on disk; spilled data is not handed over yet: retry once it is "
+        "restored or dropped, or drain the node"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<HandoverPackage> Daemon::PrepareHandover(const v1::TakeOverHello& hello) {
+  if (absl::Status s = CheckHandover(hello); !s.ok()) return s;
+  const auto started = std::chrono::steady_clock::now();
+  StopServing(
+      std::chrono::milliseconds(static_cast<int64_t>(config_.shutdown_grace_seconds * 1000)),
+      /*wait_for_calls=*/true);
+  auto resume = [this](absl::Status why) -> absl::Status {
+    if (frozen_.has_value()) {
+      attach_.Thaw(std::move(frozen_->listener));
+      frozen_.reset();
+    }
+    if (absl::Status s = StartServing(); !s.ok()) {
+      spdlog::critical("serving again after a refused take-over failed: {}", s.ToString());
+    }
+    return why;
+  };
+  // Returned leases are renewed on the work queue, which replaces their
+  // segments' fds: the fds handed over must be the final ones.
+  const auto renew_deadline = std::chrono::steady_clock::now() + kRenewalWait;
+  while (leases_.renewals_pending() > 0 && std::chrono::steady_clock::now() < renew_deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  if (leases_.renewals_pending() > 0) {
+    return resume(absl::UnavailableError("returned leases are still being renewed; retry"));
+  }
+  if (absl::Status s = CheckHandover(hello); !s.ok()) return resume(s);
+  absl::StatusOr<AttachServer::Handed> handed = attach_.Freeze();
+  if (!handed.ok()) return resume(handed.status());
+  frozen_.emplace(*std::move(handed));
+
+  HandoverPackage package;
+  v1::DaemonState state;
+  state.set_daemon_version(kVersion);
+  state.set_serving_pid(static_cast<uint32_t>(getpid()));
+  state.set_segment_bytes(pool_->segment_bytes());
+  state.set_segments(pool_->segment_count());
+  for (uint32_t i : pool_->HeldInlineSegments()) state.add_held_inline(i);
+  absl::StatusOr<std::vector<UniqueFd>> segments = pool_->DupSegmentFds();
+  if (!segments.ok()) return resume(segments.status());
+  package.fds = *std::move(segments);
+  auto add_fd = [&package](UniqueFd fd) {
+    package.fds.push_back(std::move(fd));
+    return static_cast<int32_t>(package.fds.size() - 1);
+  };
+  absl::StatusOr<UniqueFd> attach_listener = DupFd(frozen_->listener.get());
+  if (!attach_listener.ok()) return resume(attach_listener.status());
+  state.set_attach_listener_fd(add_fd(*std::move(attach_listener)));
+  absl::StatusOr<UniqueFd> handover_listener = handover_->DupListener();
+  if (!handover_listener.ok()) return resume(handover_listener.status());
+  state.set_handover_listener_fd(add_fd(*std::move(handover_listener)));
+  absl::flat_hash_map<uint64_t, int32_t> attach_fd;
+  for (auto& [session_id, fd] : frozen_->connections) {
+    absl::StatusOr<UniqueFd> dup = DupFd(fd.get());
+    if (!dup.ok()) return resume(dup.status());
+    attach_fd[session_id] = add_fd(*std::move(dup));
+  }
+  for (const std::shared_ptr<Session>& session : sessions_.List()) {
+    v1::SessionState* out = state.add_sessions();
+    session->ExportState(out);
+    if (auto it = attach_fd.find(session->id()); it != attach_fd.end()) {
+      out->set_attach_fd(it->second);
+    }
+  }
+  for (v1::LeaseState& lease : leases_.Export()) *state.add_leases() = std::move(lease);
+  state.set_next_session_id(sessions_.next_id());
+  state.set_next_lease_id(leases_.next_id());
+  state.set_next_object_handle(catalog_.next_handle());
+  state.set_leases_granted_total(leases_.granted_total());
+  state.set_sessions_reclaimed(core_.sessions_reclaimed.load(std::memory_order_relaxed));
+  state.set_handovers(handovers_);
+  absl::StatusOr<UniqueFd> image = WriteStateImage(state);
+  if (!image.ok()) return resume(image.status());
+  package.state_image = *std::move(image);
+  spdlog::info(
+      "take-over by pid {}: handing over {} sessions ({} attached), {} leases, {} segments "
+      "(stopped serving for {} ms so far)",
+      hello.pid(), state.sessions_size(), attach_fd.size(), state.leases_size(), state.segments(),
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() -
+                                                            started)
+          .count());
+  return package;
+}
+
+void Daemon::FinishHandover(bool adopted) {
+  if (!adopted) {
+    if (frozen_.has_value()) {
+      attach_.Thaw(std::move(frozen_->listener));
+      frozen_.reset();
+    }
+    if (absl::Status s = StartServing(); !s.ok()) {
+      spdlog::critical("serving again after an incomplete take-over failed: {}", s.ToString());
+      return;
+    }
+    spdlog::info("serving again: the take-over did not complete");
+    return;
+  }
+  // The successor holds every fd and serves the socket paths: this process
+  // leaves without touching the pool, the sessions or the socket files (no
+  // destructors: leases freed here would renew, i.e. empty, segments the
+  // successor serves).
+  spdlog::info("handed over; exiting");
+  spdlog::shutdown();
+  std::fflush(nullptr);
+  _exit(0);
+}
+
+absl::Status Daemon::AdoptState(TakenOver* taken) {
+  const v1::DaemonState& state = taken->state;
+  // On any error the leases adopted so far are dropped: unrenewed, since the
+  // predecessor serves their memory again.
+  auto fail = [this](absl::Status why) {
+    leases_.StopRenewing();
+    return absl::Status(
+        why.code(), absl::StrCat("--take-over: ", why.message(), "; the serving daemon goes on"));
+  };
+  absl::flat_hash_map<uint64_t, std::shared_ptr<Session>> by_id;
+  for (const v1::SessionState& s : state.sessions()) {
+    absl::StatusOr<std::shared_ptr<Session>> session = sessions_.Adopt(s);
+    if (!session.ok()) return fail(session.status());
+    by_id[s.id()] = *session;
+  }
+  for (const v1::LeaseState& lease : state.leases()) {
+    auto it = by_id.find(lease.session_id());
+    if (it == by_id.end()) {
+      return fail(
+          absl::InvalidArgumentError(absl::StrCat("lease ", lease.id(), " belongs to session ",
+                                                  lease.session_id(), ", which was not handed")));
+    }
+    absl::StatusOr<SegmentRun> run = pool_->AdoptRun(lease.first_segment(), lease.count());
+    if (!run.ok()) return fail(run.status());
+    if (absl::Status s = leases_.Adopt(it->second, lease, *std::move(run)); !s.ok()) return fail(s);
+  }
+  leases_.Restore(state.next_lease_id(), state.leases_granted_total());
+  sessions_.AdvanceNextId(state.next_session_id());
+  catalog_.AdvanceNextHandle(state.next_object_handle());
+  core_.sessions_reclaimed.store(state.sessions_reclaimed(), std::memory_order_relaxed);
+  handovers_ = state.handovers() + 1;
+  for (const v1::SessionState& s : state.sessions()) {
+    if (s.attach_fd() < 0) continue;
+    if (absl::Status st = attach_.Adopt(by_id[s.id()], std::move(taken->fds[s.attach_fd()]));
+        !st.ok()) {
+      return fail(st);
+    }
+  }
+  spdlog::info("took over {} sessions and {} leases from pid {} (hand-over {} of this state)",
+               state.sessions_size(), state.leases_size(), state.serving_pid(), handovers_);
+  return absl::OkStatus();
+}
+
+}  // namespace actstash::server
