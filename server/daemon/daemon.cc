@@ -303,7 +303,12 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config
   if (taken) {
     if (absl::Status s = daemon->AdoptState(&*taken); !s.ok()) return s;
     handed_listener = std::move(taken->fds[taken->state.handover_listener_fd()]);
-    if (absl::Status s = ConfirmTakeOver(&*taken, std::chrono::seconds(30)); !s.ok()) {
+    // The predecessor still holds its TCP and metrics ports until it exits:
+    // wait for that only when this daemon needs them.
+    const bool needs_ports = !config.listen_tcp.empty() || !config.metrics_address.empty();
+    if (absl::Status s = ConfirmTakeOver(
+            &*taken, needs_ports ? std::chrono::seconds(30) : std::chrono::seconds(0));
+        !s.ok() && needs_ports) {
       spdlog::warn("take-over: {}; serving anyway", s.ToString());
     }
     if (absl::Status s = ClaimSocketPath(config.socket_path); !s.ok()) return s;
@@ -459,12 +464,9 @@ void Daemon::StopServing(std::chrono::milliseconds grace, bool wait_for_calls) {
   const int64_t cancelled = running.load(std::memory_order_acquire);
   if (cancelled > 0)
     spdlog::warn("cancelling {} calls still running after the grace period", cancelled);
-  // A take-over also lets a call that slipped in after the count reached
-  // zero finish (up to 100 ms) rather than be cancelled; gRPC refuses new
-  // ones from here on.
-  server_->Shutdown(std::chrono::system_clock::now() + (wait_for_calls
-                                                            ? std::chrono::milliseconds(100)
-                                                            : std::chrono::milliseconds(0)));
+  // A call that slipped in after the count reached zero is cancelled
+  // unstarted: an attached client sends it again (SessionRpc::Paused).
+  server_->Shutdown(std::chrono::system_clock::now());
   server_->Wait();
   server_.reset();
 }

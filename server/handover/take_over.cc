@@ -266,7 +266,7 @@ absl::Status ConfirmTakeOver(TakenOver* taken, std::chrono::milliseconds timeout
   }
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   char byte;
-  for (;;) {
+  while (timeout.count() > 0) {
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
         deadline - std::chrono::steady_clock::now());
     if (left.count() <= 0) {

@@ -104,8 +104,8 @@ absl::StatusOr<TakenOver> RequestTakeOver(const std::string& grpc_socket_path,
                                           std::chrono::milliseconds timeout);
 
 // Tells the serving daemon that the successor holds everything, then waits
-// (at most `timeout`) until it has exited (its end of the connection closes),
-// so that the addresses it still holds are free.
+// (at most `timeout`; 0: not at all) until it has exited (its end of the
+// connection closes), so that the addresses it still holds are free.
 absl::Status ConfirmTakeOver(TakenOver* taken, std::chrono::milliseconds timeout);
 
 }  // namespace actstash::server

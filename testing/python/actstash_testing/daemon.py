@@ -1,5 +1,6 @@
 """DaemonProcess: a real actstashd child process on a private socket, for the
 Python tests and benchmarks (testing/daemon_process.h is the C++ one)."""
+import datetime
 import os
 import shutil
 import signal
@@ -75,6 +76,38 @@ class DaemonProcess:
         return [line for line in self.text().splitlines()
                 if line.split()[1:2] and
                 line.split()[1] in ("warn", "warning", "error", "critical")]
+
+    def take_over(self):
+        """Replaces the daemon with a successor started beside it (the same flags plus
+        --take-over) and waits until the successor is ready and the old one exited 0;
+        from then on this object is the successor (its log appended to the same file).
+        Returns the gap in seconds between the old daemon's "take-over requested" and
+        the successor's "listening on" log lines: how long the socket served no call.
+        DaemonError (with both logs) when it does not happen."""
+        old = self.proc
+        before = len(self.text())
+        successor = subprocess.Popen(self.args + ["--take-over"], stdout=self.log,
+                                     stderr=subprocess.STDOUT)
+        deadline = time.time() + READY_TIMEOUT_S
+        while time.time() < deadline:
+            if successor.poll() is not None:
+                raise DaemonError("the successor exited: " + self.text()[before:])
+            if old.poll() is not None and "] ready" in self.text()[before:]:
+                break
+            time.sleep(0.01)
+        else:
+            successor.kill()
+            raise DaemonError("no take-over within %d s: %s" % (READY_TIMEOUT_S,
+                                                                self.text()[before:]))
+        if old.returncode != 0:
+            raise DaemonError("the old daemon exited %d: %s" % (old.returncode, self.text()))
+        self.proc = successor
+        new = self.text()[before:]
+
+        def stamp(text, marker):
+            line = next(line for line in text.splitlines() if marker in line)
+            return datetime.datetime.strptime(line.split()[0], "%Y-%m-%dT%H:%M:%S.%f")
+        return (stamp(new, "listening on") - stamp(new, "take-over requested")).total_seconds()
 
     def kill(self, sig=signal.SIGKILL):
         """Sends `sig` if the process runs and waits (up to 30 s) for its exit;
