@@ -113,15 +113,21 @@ constexpr Setting kSettings[] = {
     {"take_over",
      "Take over from the actstashd serving on the same socket (an upgrade or restart "
      "without losing its sessions, leases or pool): start this one with the same settings "
-     "plus --take-over; the serving one hands its state and memory over and exits, and "
-     "this one serves on the same sockets. Fails, leaving the serving one as it was, when "
-     "the two cannot agree (see docs/OPERATIONS.md)"},
+     "plus --take-over; the serving one hands its state and memory over, and this one "
+     "serves on the same sockets. Fails, leaving the serving one as it was, when the two "
+     "cannot agree. auto: take over when a daemon serves there, else start afresh (a "
+     "Kubernetes pod surging beside the old one). Alone or on: required; default off "
+     "(see docs/OPERATIONS.md)"},
+    {"after_take_over",
+     "What a daemon does once a successor took over: exit (0, default) or wait (close "
+     "everything and wait for SIGTERM, so that a supervisor that restarts exited "
+     "containers does not start it again; Kubernetes)"},
 };
 
 // Settings whose flag takes no value (present means true); in the TOML file
 // they are booleans or "true"/"false".
 bool IsBooleanFlag(const std::string& key) {
-  return key == "insecure" || key == "exit_with_parent" || key == "take_over";
+  return key == "insecure" || key == "exit_with_parent";
 }
 
 absl::StatusOr<bool> ParseBool(const char* key, const std::string& value) {
@@ -261,6 +267,25 @@ absl::StatusOr<DaemonConfig> Resolve(const std::map<std::string, std::string>& v
     }
     config.max_sessions = parsed;
   }
+  if (const std::string* mode = get("take_over")) {
+    // The flag alone (an empty value) or true: take over, or fail.
+    if (mode->empty() || *mode == "true") {
+      config.take_over = Tristate::kOn;
+    } else if (*mode == "false") {
+      config.take_over = Tristate::kOff;
+    } else {
+      absl::StatusOr<Tristate> parsed = ParseTristate(*mode, "take_over");
+      if (!parsed.ok()) return parsed.status();
+      config.take_over = *parsed;
+    }
+  }
+  if (const std::string* v = get("after_take_over")) {
+    if (*v != "exit" && *v != "wait") {
+      return absl::InvalidArgumentError(
+          absl::StrCat("after_take_over: '", *v, "' is neither exit nor wait"));
+    }
+    config.wait_after_take_over = *v == "wait";
+  }
   if (const std::string* mode = get("mlock")) {
     absl::StatusOr<Tristate> parsed = ParseTristate(*mode, "mlock");
     if (!parsed.ok()) return parsed.status();
@@ -350,8 +375,7 @@ absl::StatusOr<DaemonConfig> Resolve(const std::map<std::string, std::string>& v
   if (const std::string* v = get("tls_key")) config.tls_key = *v;
   if (const std::string* v = get("tls_client_ca")) config.tls_client_ca = *v;
   for (auto [key, field] : {std::pair{"insecure", &config.insecure},
-                            std::pair{"exit_with_parent", &config.exit_with_parent},
-                            std::pair{"take_over", &config.take_over}}) {
+                            std::pair{"exit_with_parent", &config.exit_with_parent}}) {
     if (const std::string* v = get(key)) {
       absl::StatusOr<bool> parsed = ParseBool(key, *v);
       if (!parsed.ok()) return parsed.status();
@@ -422,8 +446,10 @@ CommandLine ParseCommandLine(int argc, const char* const* argv) {
                                                      boolean_flags[setting.key], setting.help));
       continue;
     }
-    options.emplace_back(
-        setting.key, app.add_option(FlagName(setting.key), flag_values[setting.key], setting.help));
+    CLI::Option* option =
+        app.add_option(FlagName(setting.key), flag_values[setting.key], setting.help);
+    if (std::string(setting.key) == "take_over") option->expected(0, 1);  // a value is optional
+    options.emplace_back(setting.key, option);
   }
   try {
     app.parse(argc, argv);

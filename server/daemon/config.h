@@ -63,8 +63,13 @@ struct DaemonConfig {
   // trainer, e.g. actstash.connect(start="auto")).
   bool exit_with_parent = false;
   // Start by taking over from the daemon serving on socket_path
-  // (server/handover/take_over.h) instead of making a pool.
-  bool take_over = false;
+  // (server/handover/take_over.h) instead of making a pool: kOn requires
+  // it, kAuto takes over when a daemon answers there and starts afresh
+  // otherwise.
+  Tristate take_over = Tristate::kOff;
+  // After handing over: exit 0 (false), or close everything and wait for
+  // SIGTERM (true).
+  bool wait_after_take_over = false;
 };
 
 // True for 127.0.0.0/8, ::1 and localhost.

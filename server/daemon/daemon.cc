@@ -265,11 +265,18 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config
                                                       std::unique_ptr<DeviceMemory> device_memory) {
   spdlog::info("actstashd {} starting (pid {}); {}", kVersion, getpid(), DescribeCudaDevices());
   std::optional<TakenOver> taken;
-  if (config.take_over) {
+  if (config.take_over != Tristate::kOff) {
     absl::StatusOr<TakenOver> received = ReceiveTakeOver(config);
-    if (!received.ok()) return received.status();
-    taken.emplace(*std::move(received));
-  } else {
+    if (received.ok()) {
+      taken.emplace(*std::move(received));
+    } else if (config.take_over == Tristate::kAuto && absl::IsUnavailable(received.status())) {
+      spdlog::info("take-over (auto): {}; starting afresh",
+                   std::string(received.status().message()));
+    } else {
+      return received.status();
+    }
+  }
+  if (!taken) {
     if (absl::Status s = MakeParentDirectory(config.socket_path); !s.ok()) return s;
     if (absl::Status s = ClaimSocketPath(config.socket_path); !s.ok()) return s;
   }

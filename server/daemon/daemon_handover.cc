@@ -12,6 +12,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <thread>
 
 #include "absl/container/flat_hash_map.h"
@@ -204,6 +205,20 @@ void Daemon::FinishHandover(bool adopted) {
   // leaves without touching the pool, the sessions or the socket files (no
   // destructors: leases freed here would renew, i.e. empty, segments the
   // successor serves).
+  if (config_.wait_after_take_over) {
+    // A fresh image that holds nothing of this one (fds are closed there)
+    // and waits for SIGTERM (server/daemon/main.cc).
+    spdlog::info("handed over; waiting for SIGTERM");
+    spdlog::shutdown();
+    std::fflush(nullptr);
+    char name[] = "actstashd";
+    char flag[] = "--handed-over";
+    char* const argv[] = {name, flag, nullptr};
+    execv("/proc/self/exe", argv);
+    std::fprintf(stderr, "actstashd: exec for --handed-over failed: %s; exiting\n",
+                 std::strerror(errno));
+    _exit(0);
+  }
   spdlog::info("handed over; exiting");
   spdlog::shutdown();
   std::fflush(nullptr);

@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <string_view>
 #include <thread>
 
 #include "common/mutex_mode.h"
@@ -12,7 +13,30 @@
 #include "spdlog/sinks/stdout_sinks.h"
 #include "spdlog/spdlog.h"
 
+namespace {
+
+// A daemon that handed over with after_take_over = wait execs itself with
+// --handed-over (daemon_handover.cc): it holds nothing (every fd but the
+// standard ones closed) and exits 0 on SIGTERM or SIGINT, so that a
+// supervisor that restarts exited processes leaves it be until it stops it.
+int WaitHandedOver() {
+  close_range(3, ~0U, 0);
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  std::fprintf(stderr, "actstashd (pid %d): handed over to a successor; waiting for SIGTERM\n",
+               static_cast<int>(getpid()));
+  int received = 0;
+  sigwait(&signals, &received);
+  return 0;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
+  if (argc == 2 && std::string_view(argv[1]) == "--handed-over") return WaitHandedOver();
   actstash::ConfigureMutexes();
   actstash::server::CommandLine command_line = actstash::server::ParseCommandLine(argc, argv);
   if (command_line.exit_code.has_value()) return *command_line.exit_code;
