@@ -209,7 +209,9 @@ void Daemon::FinishHandover(bool adopted) {
     // A fresh image that holds nothing of this one (fds are closed there)
     // and waits for SIGTERM (server/daemon/main.cc).
     spdlog::info("handed over; waiting for SIGTERM");
-    spdlog::shutdown();
+    // Flushed, not shut down: the main thread may still log (a SIGTERM
+    // that arrives now) until the exec replaces the process.
+    spdlog::default_logger()->flush();
     std::fflush(nullptr);
     char name[] = "actstashd";
     char flag[] = "--handed-over";
@@ -220,7 +222,7 @@ void Daemon::FinishHandover(bool adopted) {
     _exit(0);
   }
   spdlog::info("handed over; exiting");
-  spdlog::shutdown();
+  spdlog::default_logger()->flush();
   std::fflush(nullptr);
   _exit(0);
 }
