@@ -211,13 +211,16 @@ absl::Status Daemon::CreateMemory(const DaemonConfig& config,
     spdlog::info("memory: {} (percentages and the default pool are of the first)",
                  config.memory_basis);
   }
-  spdlog::info("host pool: {} in {} segments of {} ({}; {}), ready in {} ms",
-               FormatBytes(stats.total_bytes()), stats.segments(),
-               FormatBytes(stats.segment_bytes()),
-               stats.locked_bytes() == stats.total_bytes() ? "mlocked" : "NOT pinned", cuda,
-               std::chrono::duration_cast<std::chrono::milliseconds>(
-                   std::chrono::steady_clock::now() - pool_start)
-                   .count());
+  spdlog::info(
+      "host pool: {} in {} segments of {} ({}; {}), ready in {} ms",
+      FormatBytes(stats.total_bytes()), stats.segments(), FormatBytes(stats.segment_bytes()),
+      stats.locked_bytes() == stats.total_bytes()          ? "mlocked"
+      : taken != nullptr && config.mlock != Tristate::kOff ? "taken over; mlocked in the background"
+                                                           : "NOT pinned",
+      cuda,
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() -
+                                                            pool_start)
+          .count());
 
   if (config.device_pools.empty()) return absl::OkStatus();
   if (device_memory == nullptr) {

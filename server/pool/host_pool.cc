@@ -7,9 +7,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -123,6 +126,7 @@ class MemfdHostPool final : public HostPool, private AllocationOwner {
                      cuda_registered_.end()) {}
 
   ~MemfdHostPool() override {
+    if (locker_.joinable()) locker_.join();
     std::vector<bool> registered;
     {
       absl::MutexLock lock(&mu_);
@@ -215,8 +219,8 @@ class MemfdHostPool final : public HostPool, private AllocationOwner {
         }
       }
       bool locked = false;
-      absl::StatusOr<UniqueFd> fd =
-          MapFreshSegment(at, i, segment_bytes_, pinned_, &locked, NodesOfSegment(i), numa_binder_);
+      absl::StatusOr<UniqueFd> fd = MapFreshSegment(at, i, segment_bytes_, pinned_.load(), &locked,
+                                                    NodesOfSegment(i), numa_binder_);
       if (!fd.ok()) {
         // A failed MAP_FIXED may have unmapped the range: put the old memfd
         // back, or the pool has a hole the allocator does not know about.
@@ -236,7 +240,7 @@ class MemfdHostPool final : public HostPool, private AllocationOwner {
         absl::MutexLock lock(&mu_);
         std::swap(segment_fds_[i], old_fd);
         held_inline_[i] = false;
-        unpinned_[i] = pinned_ && !locked;  // stats say what is really pinned
+        unpinned_[i] = pinned_.load() && !locked;  // stats say what is really pinned
       }
       // Empties the old memfd for whoever still maps it.
       fallocate(old_fd.get(), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0,
@@ -299,6 +303,39 @@ class MemfdHostPool final : public HostPool, private AllocationOwner {
     return run;
   }
 
+  // AdoptHostPool: mlock on a thread of its own, so that a successor serves
+  // before the pool's page tables are built (the pages are resident: its
+  // predecessor locked them). kOn's failure can no longer fail the start:
+  // logged as an error.
+  void LockInBackground(Tristate mode) {
+    locker_ = std::thread([this, mode] {
+      const auto start = std::chrono::steady_clock::now();
+      // Segment by segment: mlock holds the process's mmap lock while it
+      // builds page tables, and the daemon's other threads (starting to
+      // serve) need it too.
+      int failed = 0;
+      for (uint64_t i = 0; i < segment_count_ && failed == 0; ++i) {
+        if (mlock(base_ + i * segment_bytes_, segment_bytes_) != 0) failed = errno;
+      }
+      if (failed == 0) {
+        pinned_.store(true);
+        spdlog::info("host pool: {} mlocked in {} ms (after serving started)",
+                     FormatBytes(total_bytes_),
+                     std::chrono::duration_cast<std::chrono::milliseconds>(
+                         std::chrono::steady_clock::now() - start)
+                         .count());
+        return;
+      }
+      munlock(base_, total_bytes_);  // all or nothing, as at creation
+      if (mode == Tristate::kOn) {
+        spdlog::error("mlock of the taken-over host pool failed: {}", std::strerror(failed));
+      } else {
+        spdlog::warn("mlock of the taken-over host pool failed: {}; it stays unpinned",
+                     std::strerror(failed));
+      }
+    });
+  }
+
   // AdoptHostPool: the segments to scrub before they are leased.
   void MarkHeldInline(const std::vector<uint32_t>& segments) {
     absl::MutexLock lock(&mu_);
@@ -316,10 +353,11 @@ class MemfdHostPool final : public HostPool, private AllocationOwner {
     stats.set_largest_free_bytes(allocator_.largest_free_block());
     stats.set_segment_bytes(segment_bytes_);
     stats.set_segments(segment_count_);
-    stats.set_locked_bytes(
-        pinned_ ? total_bytes_ - segment_bytes_ * static_cast<uint64_t>(std::count(
-                                                      unpinned_.begin(), unpinned_.end(), true))
-                : 0);
+    stats.set_locked_bytes(pinned_.load()
+                               ? total_bytes_ -
+                                     segment_bytes_ * static_cast<uint64_t>(std::count(
+                                                          unpinned_.begin(), unpinned_.end(), true))
+                               : 0);
     stats.set_cuda_pinned_bytes(
         segment_bytes_ *
         static_cast<uint64_t>(std::count(cuda_registered_.begin(), cuda_registered_.end(), true)));
@@ -392,7 +430,10 @@ class MemfdHostPool final : public HostPool, private AllocationOwner {
   const uint64_t segment_count_;
   const uint64_t segment_bytes_;
   const uint64_t total_bytes_;
-  const bool pinned_;                  // the pool was mlocked at creation: renewals mlock too
+  // The pool is mlocked (at creation, or by LockInBackground): renewals
+  // mlock too.
+  std::atomic<bool> pinned_;
+  std::thread locker_;                 // LockInBackground's; joined before the range is unmapped
   PinnedRegistrar* const registrar_;   // null: no CUDA registration
   const std::vector<int> numa_nodes_;  // HostPoolOptions::numa_nodes, for renewals
   const NumaBinder numa_binder_;
@@ -478,10 +519,12 @@ absl::StatusOr<std::unique_ptr<MemfdHostPool>> BuildHostPool(const HostPoolOptio
       return fail(absl::InvalidArgumentError(absl::StrCat("handed segment ", i, " is ", st.st_size,
                                                           " bytes, not ", options.segment_bytes)));
     }
-    if (absl::Status s = MapSharedPopulated(base + i * options.segment_bytes, options.segment_bytes,
-                                            fd.get(), NodeShmemHugePages());
-        !s.ok()) {
-      return fail(s);
+    // Not populated: the pages are resident (clients' data), and building
+    // the page tables of a large pool is most of a take-over's pause; the
+    // daemon touches pool memory only for inline objects and renewals.
+    if (mmap(base + i * options.segment_bytes, options.segment_bytes, PROT_READ | PROT_WRITE,
+             MAP_SHARED | MAP_FIXED, fd.get(), 0) == MAP_FAILED) {
+      return fail(ErrnoStatus("mapping a handed segment", errno));
     }
     fds.push_back(std::move(fd));
   }
@@ -497,7 +540,7 @@ absl::StatusOr<std::unique_ptr<MemfdHostPool>> BuildHostPool(const HostPoolOptio
   spdlog::info("{}", DescribePoolPages(NodeShmemHugePages()));
 
   uint64_t locked = 0;
-  if (options.mlock != Tristate::kOff) {
+  if (options.mlock != Tristate::kOff && adopt == nullptr) {  // adopted: LockInBackground
     if (mlock(base, total) == 0) {
       locked = total;
     } else {
@@ -555,6 +598,7 @@ absl::StatusOr<std::unique_ptr<HostPool>> AdoptHostPool(const HostPoolOptions& o
   absl::StatusOr<std::unique_ptr<MemfdHostPool>> pool = BuildHostPool(options, &segments);
   if (!pool.ok()) return pool.status();
   (*pool)->MarkHeldInline(held_inline);
+  if (options.mlock != Tristate::kOff) (*pool)->LockInBackground(options.mlock);
   return std::unique_ptr<HostPool>(*std::move(pool));
 }
 

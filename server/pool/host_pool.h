@@ -87,9 +87,10 @@ class HostPool : public ObjectAllocator, public FdSegmentLeaser {
 absl::StatusOr<std::unique_ptr<HostPool>> CreateHostPool(const HostPoolOptions& options);
 
 // A pool over another daemon's segments (take-over): `segments` are its
-// memfds in order, mapped (not renewed: they hold clients' data) where
-// CreateHostPool would map fresh ones, then locked and registered as it
-// does. NUMA placement travels with the memfds (their policy is the
+// memfds in order, mapped (not renewed: they hold clients' data, and not
+// populated) where CreateHostPool would map fresh ones, registered as it
+// does, and mlocked per options.mlock on a thread of its own (so that the
+// successor serves sooner; a failure is logged, not returned). NUMA placement travels with the memfds (their policy is the
 // file's), so options.numa_* only say how renewals bind. `held_inline`:
 // segments to scrub before they are leased. INVALID_ARGUMENT when the
 // options' pool has another number of segments, or a memfd another size.

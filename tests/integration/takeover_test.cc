@@ -123,6 +123,9 @@ TEST_F(TakeOverTest, SessionsLeasesAndBytesSurviveRepeatedTakeOvers) {
     stored.emplace_back(*ticket, std::move(bytes));
   };
   for (uint64_t seed = 1; seed <= 8; ++seed) store(seed);
+  absl::StatusOr<v1::StatsReply> first_stats = (*client)->Stats();
+  ASSERT_TRUE(first_stats.ok());
+  const bool pinned = first_stats->pool().locked_bytes() == first_stats->pool().total_bytes();
   for (int round = 1; round <= 5; ++round) {
     SCOPED_TRACE(round);
     daemon = TakeOver(std::move(daemon));
@@ -142,6 +145,17 @@ TEST_F(TakeOverTest, SessionsLeasesAndBytesSurviveRepeatedTakeOvers) {
     EXPECT_TRUE(stats->self().attached());
     EXPECT_GT(stats->self().leases(), 0u);
     EXPECT_EQ(stats->sessions(), 1u);
+    // A successor locks the pool after it started serving, as its predecessor had.
+    const auto lock_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (pinned && stats->pool().locked_bytes() != stats->pool().total_bytes() &&
+           std::chrono::steady_clock::now() < lock_deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      stats = (*client)->Stats();
+      ASSERT_TRUE(stats.ok());
+    }
+    if (pinned) {
+      EXPECT_EQ(stats->pool().locked_bytes(), stats->pool().total_bytes());
+    }
     // This round's tickets go back (their leases' space is reused); the
     // first eight stay through every hand-over.
     while (stored.size() > 8) {
