@@ -478,7 +478,11 @@ void Daemon::StopServing(std::chrono::milliseconds grace, bool wait_for_calls) {
   // unstarted: an attached client sends it again (SessionRpc::Paused).
   server_->Shutdown(std::chrono::system_clock::now());
   server_->Wait();
-  server_.reset();
+  // Kept, not destroyed: gRPC 1.51's ~Server can block joining its executor
+  // while clients are still connected (main.cc's exit avoids it for the
+  // same reason). A take-over that does not complete serves again with a
+  // new server.
+  stopped_servers_.push_back(std::move(server_));
 }
 
 void Daemon::Shutdown(std::chrono::milliseconds grace) {
@@ -507,6 +511,7 @@ void Daemon::Shutdown(std::chrono::milliseconds grace) {
   leases_.StopRenewing();
   for (auto& device_leases : device_leases_) device_leases->StopRenewing();
   work_.Stop();
+  pool_->FinishBackgroundWork();
   // Remove the socket only if it is still ours (a new daemon may own the path).
   RemoveSocketIfOurs(config_.socket_path, socket_inode_);
   const RemovedTotals leftover{catalog_.size(), pool_->Stats().used_bytes()};

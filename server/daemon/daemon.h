@@ -131,6 +131,7 @@ class Daemon {
   StashService service_;
   std::unique_ptr<Metrics> metrics_;
   std::unique_ptr<grpc::Server> server_;
+  std::vector<std::unique_ptr<grpc::Server>> stopped_servers_;  // see StopServing
   // The take-over channel; its thread calls PrepareHandover/FinishHandover.
   // Reset first in Shutdown.
   std::unique_ptr<HandoverListener> handover_;

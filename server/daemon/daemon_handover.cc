@@ -204,7 +204,8 @@ void Daemon::FinishHandover(bool adopted) {
   // The successor holds every fd and serves the socket paths: this process
   // leaves without touching the pool, the sessions or the socket files (no
   // destructors: leases freed here would renew, i.e. empty, segments the
-  // successor serves).
+  // successor serves). A pool this daemon took over may still be locking.
+  pool_->FinishBackgroundWork();
   if (config_.wait_after_take_over) {
     // A fresh image that holds nothing of this one (fds are closed there)
     // and waits for SIGTERM (server/daemon/main.cc).

@@ -303,6 +303,10 @@ class MemfdHostPool final : public HostPool, private AllocationOwner {
     return run;
   }
 
+  void FinishBackgroundWork() override {
+    if (locker_.joinable()) locker_.join();
+  }
+
   // AdoptHostPool: mlock on a thread of its own, so that a successor serves
   // before the pool's page tables are built (the pages are resident: its
   // predecessor locked them). kOn's failure can no longer fail the start:

@@ -72,6 +72,9 @@ class HostPool : public ObjectAllocator, public FdSegmentLeaser {
   // there (a pool made by AdoptHostPool, before it serves anything).
   // INVALID_ARGUMENT when it is out of range or meets a run already taken.
   virtual absl::StatusOr<SegmentRun> AdoptRun(uint32_t first, uint32_t count) = 0;
+  // Waits for work the pool runs on its own thread (an adopted pool's mlock)
+  // to end: before the process exits.
+  virtual void FinishBackgroundWork() {}
 };
 
 // Creates the pool: one memfd per segment, mapped MAP_SHARED|MAP_POPULATE
@@ -90,8 +93,8 @@ absl::StatusOr<std::unique_ptr<HostPool>> CreateHostPool(const HostPoolOptions& 
 // memfds in order, mapped (not renewed: they hold clients' data, and not
 // populated) where CreateHostPool would map fresh ones, registered as it
 // does, and mlocked per options.mlock on a thread of its own (so that the
-// successor serves sooner; a failure is logged, not returned). NUMA placement travels with the memfds (their policy is the
-// file's), so options.numa_* only say how renewals bind. `held_inline`:
+// successor serves sooner; a failure is logged, not returned). NUMA placement travels with the
+// memfds (their policy is the file's), so options.numa_* only say how renewals bind. `held_inline`:
 // segments to scrub before they are leased. INVALID_ARGUMENT when the
 // options' pool has another number of segments, or a memfd another size.
 absl::StatusOr<std::unique_ptr<HostPool>> AdoptHostPool(const HostPoolOptions& options,
