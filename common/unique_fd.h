@@ -17,9 +17,14 @@
 #ifndef ACTSTASH_COMMON_UNIQUE_FD_H_
 #define ACTSTASH_COMMON_UNIQUE_FD_H_
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <utility>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "common/errno_status.h"
 
 namespace actstash {
 
@@ -65,6 +70,14 @@ class UniqueFd {
 
   int fd_ = -1;
 };
+
+// A close-on-exec duplicate of `fd`, owned by the caller; ErrnoStatus after
+// `what` when the kernel refuses.
+inline absl::StatusOr<UniqueFd> DupFd(int fd, absl::string_view what) {
+  UniqueFd dup(fcntl(fd, F_DUPFD_CLOEXEC, 0));
+  if (!dup.valid()) return ErrnoStatus(what, errno);
+  return dup;
+}
 
 }  // namespace actstash
 

@@ -447,7 +447,7 @@ void Daemon::ReapIdleSessions() {
   }
 }
 
-void Daemon::StopServing(std::chrono::milliseconds grace, bool wait_for_calls) {
+void Daemon::StopServing(std::chrono::milliseconds grace, bool wait_for_calls, bool stop_attach) {
   absl::MutexLock serving(&serving_mu_);
   if (reaper_.joinable()) {
     {
@@ -474,6 +474,11 @@ void Daemon::StopServing(std::chrono::milliseconds grace, bool wait_for_calls) {
   const int64_t cancelled = running.load(std::memory_order_acquire);
   if (cancelled > 0)
     spdlog::warn("cancelling {} calls still running after the grace period", cancelled);
+  // At shutdown the attach server goes before the gRPC server: it fails the
+  // sends of pending Lease calls (and refuses new ones), so that those calls
+  // finish and Wait returns even when a client stopped reading its attach
+  // socket.
+  if (stop_attach) attach_.Stop();
   // A call that slipped in after the count reached zero is cancelled
   // unstarted: an attached client sends it again (SessionRpc::Paused).
   server_->Shutdown(std::chrono::system_clock::now());
@@ -489,21 +494,10 @@ void Daemon::Shutdown(std::chrono::milliseconds grace) {
   if (stopped_) return;
   stopped_ = true;
   handover_.reset();  // no take-over from now on (joins its thread)
-  // Streams in flight get their grace; then the attach server goes before
-  // the gRPC server: it fails the sends of pending Lease calls (and refuses
-  // new ones), so that those calls finish and Wait returns even when a
-  // client stopped reading its attach socket.
-  if (server_ != nullptr) {
-    core_.draining.store(true, std::memory_order_release);
-    server_->GetHealthCheckService()->SetServingStatus(false);
-    const auto deadline = std::chrono::steady_clock::now() + grace;
-    while (core_.streams_in_flight.load(std::memory_order_acquire) > 0 &&
-           std::chrono::steady_clock::now() < deadline) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(2));
-    }
-  }
+  StopServing(grace, /*wait_for_calls=*/false, /*stop_attach=*/true);
+  // Without a server (a failed start) too: no disconnect callback runs from
+  // now on.
   attach_.Stop();
-  StopServing(std::chrono::milliseconds(0));
   // Released leases are freed as they are from now on: renewing memory the
   // daemon is about to give back to the kernel is wasted work. Then the
   // work queue runs what it holds (renewals, Lease continuations) while

@@ -77,8 +77,9 @@ class Daemon {
   absl::Status StartServing(UniqueFd handed_listener = UniqueFd());
   // Stops the reaper and the gRPC server: streams in flight (every call with
   // `wait_for_calls`) get up to `grace`, then the rest is cancelled. The
-  // attach server keeps running.
-  void StopServing(std::chrono::milliseconds grace, bool wait_for_calls = false);
+  // attach server keeps running unless `stop_attach` (shutdown), when it
+  // stops just before gRPC does.
+  void StopServing(std::chrono::milliseconds grace, bool wait_for_calls, bool stop_attach);
 
   // Take-over (daemon_handover.cc). On the serving daemon, from the
   // take-over listener's thread: PrepareHandover stops serving and exports

@@ -32,12 +32,6 @@ namespace {
 // replace segment fds) before it hands the fds over.
 constexpr std::chrono::seconds kRenewalWait{10};
 
-absl::StatusOr<UniqueFd> DupFd(int fd) {
-  UniqueFd dup(fcntl(fd, F_DUPFD_CLOEXEC, 0));
-  if (!dup.valid()) return ErrnoStatus("dup for the take-over", errno);
-  return dup;
-}
-
 }  // namespace
 
 absl::StatusOr<TakenOver> Daemon::ReceiveTakeOver(const DaemonConfig& config) {
@@ -110,7 +104,7 @@ absl::StatusOr<HandoverPackage> Daemon::PrepareHandover(const v1::TakeOverHello&
   const auto started = std::chrono::steady_clock::now();
   StopServing(
       std::chrono::milliseconds(static_cast<int64_t>(config_.shutdown_grace_seconds * 1000)),
-      /*wait_for_calls=*/true);
+      /*wait_for_calls=*/true, /*stop_attach=*/false);
   auto resume = [this](absl::Status why) -> absl::Status {
     if (frozen_.has_value()) {
       attach_.Thaw(std::move(frozen_->listener));
@@ -149,7 +143,8 @@ absl::StatusOr<HandoverPackage> Daemon::PrepareHandover(const v1::TakeOverHello&
     package.fds.push_back(std::move(fd));
     return static_cast<int32_t>(package.fds.size() - 1);
   };
-  absl::StatusOr<UniqueFd> attach_listener = DupFd(frozen_->listener.get());
+  absl::StatusOr<UniqueFd> attach_listener =
+      DupFd(frozen_->listener.get(), "dup for the take-over");
   if (!attach_listener.ok()) return resume(attach_listener.status());
   state.set_attach_listener_fd(add_fd(*std::move(attach_listener)));
   absl::StatusOr<UniqueFd> handover_listener = handover_->DupListener();
@@ -157,7 +152,7 @@ absl::StatusOr<HandoverPackage> Daemon::PrepareHandover(const v1::TakeOverHello&
   state.set_handover_listener_fd(add_fd(*std::move(handover_listener)));
   absl::flat_hash_map<uint64_t, int32_t> attach_fd;
   for (auto& [session_id, fd] : frozen_->connections) {
-    absl::StatusOr<UniqueFd> dup = DupFd(fd.get());
+    absl::StatusOr<UniqueFd> dup = DupFd(fd.get(), "dup for the take-over");
     if (!dup.ok()) return resume(dup.status());
     attach_fd[session_id] = add_fd(*std::move(dup));
   }

@@ -142,9 +142,7 @@ HandoverListener::~HandoverListener() {
 }
 
 absl::StatusOr<UniqueFd> HandoverListener::DupListener() const {
-  UniqueFd fd(fcntl(listener_.get(), F_DUPFD_CLOEXEC, 0));
-  if (!fd.valid()) return ErrnoStatus("dup of the take-over listener", errno);
-  return fd;
+  return DupFd(listener_.get(), "dup of the take-over listener");
 }
 
 void HandoverListener::Run() {

@@ -196,9 +196,7 @@ class MemfdHostPool final : public HostPool, private AllocationOwner {
   absl::StatusOr<UniqueFd> DupSegmentFd(uint32_t index) const override {
     ACTSTASH_CHECK(index < segment_count_, "segment index out of range");
     absl::MutexLock lock(&mu_);
-    UniqueFd fd(fcntl(segment_fds_[index].get(), F_DUPFD_CLOEXEC, 0));
-    if (!fd.valid()) return ErrnoStatus("duplicating a segment fd", errno);
-    return fd;
+    return DupFd(segment_fds_[index].get(), "duplicating a segment fd");
   }
 
   absl::Status RenewSegments(const SegmentRun& run) override {
@@ -262,9 +260,9 @@ class MemfdHostPool final : public HostPool, private AllocationOwner {
     absl::MutexLock lock(&mu_);
     std::vector<UniqueFd> fds;
     for (const UniqueFd& fd : segment_fds_) {
-      UniqueFd dup(fcntl(fd.get(), F_DUPFD_CLOEXEC, 0));
-      if (!dup.valid()) return ErrnoStatus("duplicating a segment fd", errno);
-      fds.push_back(std::move(dup));
+      absl::StatusOr<UniqueFd> dup = DupFd(fd.get(), "duplicating a segment fd");
+      if (!dup.ok()) return dup.status();
+      fds.push_back(*std::move(dup));
     }
     return fds;
   }

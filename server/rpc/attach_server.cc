@@ -542,34 +542,34 @@ absl::StatusOr<AttachServer::Handed> AttachServer::Freeze() {
   absl::Status status;
   const bool ran = impl_->RunOnIo([&] {
     Impl& server = *impl_;
-    handed.listener = UniqueFd(fcntl(server.acceptor_.native_handle(), F_DUPFD_CLOEXEC, 0));
-    if (!handed.listener.valid()) {
-      status =
-          absl::InternalError(absl::StrCat("dup of the attach listener: ", std::strerror(errno)));
+    absl::StatusOr<UniqueFd> listener =
+        DupFd(server.acceptor_.native_handle(), "dup of the attach listener");
+    if (!listener.ok()) {
+      status = listener.status();
       return;
     }
+    handed.listener = *std::move(listener);
     server.frozen_ = true;
     boost::system::error_code ignored;
     server.acceptor_.close(ignored);
     server.accept_backoff_.cancel();
     for (const std::weak_ptr<Impl::Connection>& weak : server.all_) {
       std::shared_ptr<Impl::Connection> connection = weak.lock();
-      if (connection == nullptr || connection->closed()) continue;
-      if (!connection->attached()) {
+      if (connection != nullptr && !connection->closed() && !connection->attached()) {
         connection->Close("the daemon is handing over; attach again");
-        continue;
       }
     }
     for (const auto& [session_id, weak] : server.by_session_) {
       std::shared_ptr<Impl::Connection> connection = weak.lock();
       if (connection == nullptr || connection->closed()) continue;
-      UniqueFd fd(fcntl(connection->native_handle(), F_DUPFD_CLOEXEC, 0));
-      if (!fd.valid()) {
-        status = absl::InternalError(absl::StrCat("dup of session ", session_id,
-                                                  "'s attach connection: ", std::strerror(errno)));
+      absl::StatusOr<UniqueFd> fd =
+          DupFd(connection->native_handle(),
+                absl::StrCat("dup of session ", session_id, "'s attach connection"));
+      if (!fd.ok()) {
+        status = fd.status();
         return;
       }
-      handed.connections.emplace_back(session_id, std::move(fd));
+      handed.connections.emplace_back(session_id, *std::move(fd));
     }
   });
   if (!ran) return absl::FailedPreconditionError("the attach server has stopped");
