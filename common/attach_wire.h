@@ -63,9 +63,16 @@ struct MessageHeader {
 };
 static_assert(sizeof(MessageHeader) == 12);
 
+// WelcomePayload::flags.
+// The daemon keeps its state where a restart after a crash finds it (a
+// service manager's fd store): a client whose connection ends without the
+// socket file going away attaches again, with the same token, instead of
+// giving the session up (client/rpc/attach_connection.h).
+inline constexpr uint32_t kWelcomeRecoverable = 1;
+
 struct WelcomePayload {
   int32_t status_code = 0;  // absl::StatusCode; 0 = attached
-  uint32_t reserved = 0;
+  uint32_t flags = 0;       // kWelcome* bits
   uint64_t session_id = 0;
 };
 

@@ -36,14 +36,19 @@ def worker(args):
     torch.manual_seed(0)  # same initial weights on every rank
     model = GPT(vocab=256, dim=args.dim, heads=4, layers=args.layers, context=32, dropout=0.1)
     stash = None
-    if args.mode != "none":
+    if args.mode != "none" or args.optimizer == "offload-adamw":
         import actstash
         quota = args.rank_quota.get(rank, 0)
         stash = actstash.connect(args.address or None, quota=quota, name=f"rank{rank}",
                                  on_unavailable=args.on_unavailable)
+    if args.mode != "none":
         actstash.wrap(model, stash, blocks=Block, mode=args.mode, min_bytes=0)
     ddp = DDP(model)
-    optimizer = torch.optim.AdamW(ddp.parameters(), lr=1e-3)
+    if args.optimizer == "offload-adamw":  # Adam's states in the node's pool
+        from actstash.optim import OffloadAdamW
+        optimizer = OffloadAdamW(ddp.parameters(), stash, lr=1e-3)
+    else:
+        optimizer = torch.optim.AdamW(ddp.parameters(), lr=1e-3)
     torch.manual_seed(1000 + rank)  # each rank its own data and dropout
     for step in range(args.steps):
         optimizer.zero_grad(set_to_none=True)
@@ -63,7 +68,8 @@ def worker(args):
         stats = stash.stats()
         report.update(session=stash.client.session_id, bytes_offloaded=stats["bytes_offloaded"],
                       bytes_fetched=stats["bytes_fetched"], tensors_kept=stats["tensors_kept"],
-                      available=stash.available)
+                      available=stash.available,
+                      optimizer_state_bytes=stats.get("optimizer_state_bytes", 0))
     if args.out:
         torch.save({"params": [p.detach().clone() for p in model.parameters()],
                     "grads": grads}, os.path.join(args.out, f"rank{rank}.pt"))
@@ -92,6 +98,8 @@ def main():
     parser.add_argument("--on-unavailable", default="raise", choices=["raise", "keep"])
     parser.add_argument("--rank-quota", default="", help="RANK:BYTES,... per-rank quotas")
     parser.add_argument("--out", default="", help="save each rank's params and grads here")
+    parser.add_argument("--optimizer", default="adamw", choices=["adamw", "offload-adamw"],
+                        help="torch's AdamW, or actstash.optim.OffloadAdamW (states in the pool)")
     args = parser.parse_args()
     args.rank_quota = {int(r): int(q) for r, q in
                        (item.split(":") for item in args.rank_quota.split(",") if item)}
@@ -121,7 +129,8 @@ def main():
                 r = message["report"]
                 print(f"rank {r['rank']} (pid {r['pid']}): " + (
                     f"offloaded {r['bytes_offloaded'] / 2**20:.1f} MiB, fetched "
-                    f"{r['bytes_fetched'] / 2**20:.1f} MiB, session {r['session']}"
+                    f"{r['bytes_fetched'] / 2**20:.1f} MiB, optimizer state in the pool "
+                    f"{r['optimizer_state_bytes'] / 2**20:.1f} MiB, session {r['session']}"
                     if "session" in r else "no offload"))
     return status
 

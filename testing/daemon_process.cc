@@ -15,10 +15,13 @@
 #include <sstream>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "actstash/client.h"
 #include "common/unique_fd.h"
 #include "testing/built_binary.h"
+
+extern "C" char** environ;  // NOLINT
 
 namespace actstash::testing {
 
@@ -36,6 +39,11 @@ absl::StatusOr<std::unique_ptr<DaemonProcess>> DaemonProcess::Start(DaemonProces
   daemon->socket_path_ = daemon->options_.socket_path.empty() ? daemon->temp_dir_ + "/actstash.sock"
                                                               : daemon->options_.socket_path;
   daemon->log_path_ = daemon->temp_dir_ + "/actstashd.log";
+  if (daemon->options_.supervised) {
+    absl::StatusOr<std::unique_ptr<FdStore>> store = FdStore::Create();
+    if (!store.ok()) return store.status();
+    daemon->fd_store_ = *std::move(store);
+  }
   if (absl::Status s = daemon->Launch(); !s.ok()) return s;
   return daemon;
 }
@@ -57,11 +65,45 @@ absl::Status DaemonProcess::Launch() {
   if (!log_fd.valid()) {
     return absl::InternalError(absl::StrCat("open log: ", std::strerror(errno)));
   }
+  // A supervised daemon's environment: NOTIFY_SOCKET, and the kept fds as a
+  // service manager passes them (LISTEN_PID is filled in by the child).
+  std::vector<std::pair<std::string, UniqueFd>> kept;
+  std::vector<std::string> env;
+  char listen_pid[32] = "LISTEN_PID=";
+  if (fd_store_ != nullptr) {
+    kept = fd_store_->Snapshot();
+    for (char** e = environ; *e != nullptr; ++e) {
+      if (!absl::StartsWith(*e, "NOTIFY_SOCKET=") && !absl::StartsWith(*e, "LISTEN_")) {
+        env.push_back(*e);
+      }
+    }
+    env.push_back("NOTIFY_SOCKET=" + fd_store_->address());
+    if (!kept.empty()) {
+      env.push_back(absl::StrCat("LISTEN_FDS=", kept.size()));
+      std::string names = "LISTEN_FDNAMES=";
+      for (size_t i = 0; i < kept.size(); ++i) absl::StrAppend(&names, i ? ":" : "", kept[i].first);
+      env.push_back(names);
+    }
+  }
+  std::vector<char*> envp;
+  for (std::string& e : env) envp.push_back(e.data());
+  if (!kept.empty()) envp.push_back(listen_pid);
+  envp.push_back(nullptr);
   const pid_t pid = fork();
   if (pid < 0) return absl::InternalError(absl::StrCat("fork: ", std::strerror(errno)));
   if (pid == 0) {
     dup2(log_fd.get(), STDOUT_FILENO);
     dup2(log_fd.get(), STDERR_FILENO);
+    if (!kept.empty()) {
+      // To 3, 4, ...: first out of the way, then in place (async-signal-safe).
+      std::vector<int> high;
+      for (auto& [name, fd] : kept) high.push_back(fcntl(fd.get(), F_DUPFD, 1000));
+      for (size_t i = 0; i < high.size(); ++i) {
+        dup2(high[i], 3 + static_cast<int>(i));
+        close(high[i]);
+      }
+      std::snprintf(listen_pid + 11, sizeof(listen_pid) - 11, "%d", static_cast<int>(getpid()));
+    }
     if (!options_.cgroup_procs.empty()) {
       // Only async-signal-safe calls between fork and exec.
       const int procs = open(options_.cgroup_procs.c_str(), O_WRONLY | O_CLOEXEC);
@@ -74,7 +116,11 @@ absl::Status DaemonProcess::Launch() {
       }
       close(procs);
     }
-    execv(argv[0], argv.data());
+    if (fd_store_ != nullptr) {
+      execve(argv[0], argv.data(), envp.data());
+    } else {
+      execv(argv[0], argv.data());
+    }
     std::fprintf(stderr, "execv %s: %s\n", argv[0], std::strerror(errno));
     _exit(127);
   }

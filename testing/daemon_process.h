@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "testing/fd_store.h"
 
 namespace actstash::testing {
 
@@ -29,6 +30,10 @@ struct DaemonProcessOptions {
   // A cgroup.procs file the child writes its pid into before it becomes
   // actstashd (tests of a container's memory limit); empty: none.
   std::string cgroup_procs;
+  // Run it as a service manager with a file-descriptor store would
+  // (testing/fd_store.h): NOTIFY_SOCKET set, and what it kept passed back
+  // (LISTEN_FDS) at every Restart, as after a crash.
+  bool supervised = false;
 };
 
 // Not thread-safe: one thread starts, stops and restarts it. The child is
@@ -57,6 +62,8 @@ class DaemonProcess {
   const std::string& socket_path() const { return socket_path_; }
   std::string address() const { return "unix://" + socket_path_; }
   std::string log() const;  // everything the daemon(s) wrote so far
+  // The fd store of a supervised daemon (null otherwise).
+  FdStore* fd_store() const { return fd_store_.get(); }
 
  private:
   explicit DaemonProcess(DaemonProcessOptions options) : options_(std::move(options)) {}
@@ -67,6 +74,7 @@ class DaemonProcess {
   std::string socket_path_;
   std::string log_path_;
   pid_t pid_ = -1;
+  std::unique_ptr<FdStore> fd_store_;
 };
 
 // Path of the actstashd binary: $ACTSTASH_DAEMON_BINARY, else the one built

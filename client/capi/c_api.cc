@@ -18,6 +18,7 @@
 #include "client/capi/message_json.h"
 #include "client/capi/options_json.h"
 #include "common/units.h"
+#include "kernels/adamw.h"
 
 struct actstash_client {
   std::shared_ptr<actstash::Client> client;
@@ -154,6 +155,7 @@ char* actstash_client_info_json(actstash_client* c) {
   w.Field("address", client.address());
   w.Field("attached", client.attached());
   w.Field("daemon_pauses", client.daemon_pauses());
+  w.Field("daemon_reattaches", client.daemon_reattaches());
   w.Field("attach_error", std::string(client.attach_status().message()));
   const absl::Status pin = client.pin_status();
   if (pin.ok()) {
@@ -196,6 +198,44 @@ int actstash_client_copy_share_json(actstash_client* c, double probe_store_bps,
   actstash::capi::JsonWriter w;
   actstash::capi::WriteMessage(w, *share);
   *out = Dup(w.str());
+  return 0;
+}
+
+int actstash_client_reserve(actstash_client* c, uint64_t nbytes, uint64_t* ticket,
+                            uintptr_t* data) {
+  if (c == nullptr || ticket == nullptr || data == nullptr) return NullHandle();
+  absl::StatusOr<actstash::Reservation> reserved = c->client->Reserve(nbytes);
+  if (!reserved.ok()) return Fail(reserved.status());
+  *ticket = reserved->ticket.id;
+  *data = reinterpret_cast<uintptr_t>(reserved->data);
+  return 0;
+}
+
+int actstash_client_release(actstash_client* c, uint64_t ticket, uint64_t nbytes) {
+  if (c == nullptr) return NullHandle();
+  if (absl::Status s = c->client->Release(actstash::Ticket{ticket, nbytes}); !s.ok()) {
+    return Fail(s);
+  }
+  return 0;
+}
+
+int actstash_adamw_step(uint64_t count, const uintptr_t* params, const uintptr_t* grads,
+                        const uintptr_t* exp_avgs, const uintptr_t* exp_avg_sqs,
+                        const uint64_t* sizes, double lr, double beta1, double beta2, double eps,
+                        double weight_decay, uint64_t step, int threads) {
+  if (count > 0 && (params == nullptr || grads == nullptr || exp_avgs == nullptr ||
+                    exp_avg_sqs == nullptr || sizes == nullptr)) {
+    return Fail(absl::InvalidArgumentError("adamw_step: a null array"));
+  }
+  if (step == 0) return Fail(absl::InvalidArgumentError("adamw_step: steps count from 1"));
+  std::vector<actstash::kernels::AdamWTensor> tensors(count);
+  for (uint64_t i = 0; i < count; ++i) {
+    tensors[i] = {reinterpret_cast<float*>(params[i]), reinterpret_cast<const float*>(grads[i]),
+                  reinterpret_cast<float*>(exp_avgs[i]), reinterpret_cast<float*>(exp_avg_sqs[i]),
+                  static_cast<size_t>(sizes[i])};
+  }
+  actstash::kernels::AdamWHyper hyper{lr, beta1, beta2, eps, weight_decay, step};
+  actstash::kernels::AdamWStepCpu(tensors.data(), tensors.size(), hyper, threads);
   return 0;
 }
 

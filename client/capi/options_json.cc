@@ -170,6 +170,7 @@ const std::vector<Setting<ClientOptions>>& ClientRows() {
       Size("quota_bytes", &O::quota_bytes),
       Duration("rpc_timeout_ms", &O::rpc_timeout),
       Duration("connect_timeout_ms", &O::connect_timeout),
+      Duration("reattach_timeout_ms", &O::reattach_timeout),
       OneOf("attach", &O::attach, kAttachNames),
       Whole("lease_batch", &O::lease_batch, 1, kMaxU32),
       Duration("usage_report_interval_ms", &O::usage_report_interval),

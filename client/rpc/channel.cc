@@ -49,12 +49,12 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target,
 }
 
 absl::Status DaemonWentAway(const std::string& target, absl::string_view what,
-                            absl::string_view consequence) {
+                            absl::string_view consequence, absl::string_view detail) {
   const std::string path = UnixSocketPath(target);
   return absl::UnavailableError(absl::StrCat(
-      what, ": actstashd at ", target,
-      " went away (its attach connection closed: it exited, was killed or restarted): ",
-      consequence, ". Connect a new client once it runs again",
+      what, ": actstashd at ", target, " went away (",
+      detail.empty() ? "its attach connection closed: it exited, was killed or restarted" : detail,
+      "): ", consequence, ". Connect a new client once it runs again",
       path.empty() ? "." : absl::StrCat(" (`actstashd --socket ", path, "`).")));
 }
 

@@ -29,9 +29,10 @@ absl::Status AnnotateRpcError(const grpc::Status& status, const std::string& tar
 // away (its attach connection closed: it exited, was killed or restarted),
 // however the client noticed (the watcher, or an RPC that failed first):
 // UNAVAILABLE, "<what>: actstashd at <target> went away ...: <consequence>",
-// and how to start it again.
+// and how to start it again. `detail`, when known, says how (e.g. it
+// restarted and lost its state).
 absl::Status DaemonWentAway(const std::string& target, absl::string_view what,
-                            absl::string_view consequence);
+                            absl::string_view consequence, absl::string_view detail = "");
 
 }  // namespace actstash::client_internal
 

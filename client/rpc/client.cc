@@ -24,6 +24,7 @@
 #include "common/protocol.h"
 #include "common/tiered_id.h"
 #include "common/units.h"
+#include "common/unix_socket.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 
 namespace actstash {
@@ -70,9 +71,24 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   request.set_quota_bytes(options.quota_bytes);
   request.set_client_pid(static_cast<uint32_t>(getpid()));
   v1::OpenSessionReply reply;
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + options.connect_timeout);
-  grpc::Status status = impl->rpc->stub().OpenSession(&ctx, request, &reply);
+  const auto deadline = std::chrono::system_clock::now() + options.connect_timeout;
+  grpc::Status status;
+  for (bool again = false;; again = true) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(deadline);
+    // A daemon that accepts on its socket but failed the call is one that
+    // just (re)started: gRPC shares a connection that failed a moment ago
+    // among the channels of a process. Sent again, waiting for the channel,
+    // until the deadline. Nothing listening (no socket, or a stale one)
+    // fails at once.
+    ctx.set_wait_for_ready(again);
+    status = impl->rpc->stub().OpenSession(&ctx, request, &reply);
+    const std::string path = UnixSocketPath(target);
+    if (status.ok() || again || status.error_code() != grpc::StatusCode::UNAVAILABLE ||
+        path.empty() || !ConnectUnixSocket(path, /*wait_for_room=*/false).ok()) {
+      break;
+    }
+  }
   if (!status.ok()) {
     return client_internal::AnnotateRpcError(status, target, "OpenSession",
                                              options.connect_timeout);
@@ -363,6 +379,10 @@ v1::ClientUsage Client::zero_copy_usage() const {
 }
 
 uint64_t Client::daemon_pauses() const { return impl_->rpc->paused_calls(); }
+
+uint64_t Client::daemon_reattaches() const {
+  return impl_->attach == nullptr ? 0 : impl_->attach->reattaches();
+}
 
 uint64_t Client::session_id() const { return impl_->session_id; }
 uint64_t Client::quota_bytes() const { return impl_->quota_bytes; }

@@ -33,7 +33,8 @@ absl::Status Client::Impl::Attach(const std::string& socket_name) {
   }
   const std::string path = grpc_socket.substr(0, grpc_socket.find_last_of('/') + 1) + socket_name;
   absl::StatusOr<std::unique_ptr<client_internal::AttachConnection>> channel =
-      client_internal::AttachConnection::Connect(path, rpc->token(), options.connect_timeout);
+      client_internal::AttachConnection::Connect(path, rpc->token(), options.connect_timeout,
+                                                 options.reattach_timeout);
   if (!channel.ok()) {
     attach_status = channel.status();
     return attach_status;

@@ -7,6 +7,20 @@ namespace actstash::client_internal {
 
 absl::StatusOr<std::vector<GrantedLease>> HostLeases::Lease(uint32_t count,
                                                             uint32_t segments_per_lease) {
+  for (int attempt = 0;; ++attempt) {
+    absl::StatusOr<std::vector<GrantedLease>> granted = LeaseOnce(count, segments_per_lease);
+    // The grant was made but its fds were lost with the attach connection
+    // of a daemon that crashed: once attached again, lease anew (what was
+    // granted went back, or goes with the session).
+    if (granted.ok() || attempt >= 2 || !absl::IsUnavailable(granted.status()) ||
+        attach_.ConfirmLost(rpc_.rpc_timeout())) {
+      return granted;
+    }
+  }
+}
+
+absl::StatusOr<std::vector<GrantedLease>> HostLeases::LeaseOnce(uint32_t count,
+                                                                uint32_t segments_per_lease) {
   v1::LeaseRequest request;
   request.set_count(count);
   request.set_segments_per_lease(segments_per_lease);
@@ -46,7 +60,18 @@ absl::StatusOr<std::vector<GrantedLease>> HostLeases::Lease(uint32_t count,
 }
 
 absl::Status HostLeases::Return(absl::Span<const uint64_t> lease_ids) {
-  return ReturnLeases(rpc_, lease_ids);
+  const uint64_t reattaches = attach_.reattaches();
+  absl::Status status = ReturnLeases(rpc_, lease_ids);
+  if (!absl::IsNotFound(status) || attach_.reattaches() == reattaches) return status;
+  // The daemon restarted meanwhile: it may have done this Return before it
+  // went down (recorded, then no reply), or lost a lease of the batch.
+  // Return being all or nothing, each lease goes back on its own; one the
+  // daemon no longer has is gone already.
+  for (uint64_t id : lease_ids) {
+    absl::Status one = ReturnLeases(rpc_, absl::MakeConstSpan(&id, 1));
+    if (!one.ok() && !absl::IsNotFound(one)) return one;
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::vector<uint64_t>> HostLeases::Spill(absl::Span<const uint64_t> lease_ids,

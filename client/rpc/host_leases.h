@@ -32,6 +32,7 @@ class HostLeases final : public LeaseBackend {
                                                   uint32_t segments_per_lease) override;
   absl::Status Return(absl::Span<const uint64_t> lease_ids) override;
   bool Lost() const override { return rpc_.Lost(); }
+  bool MemoryReclaimedWhenLost() const override { return attach_.daemon_may_reclaim(); }
   absl::Status GoneError(absl::string_view what, absl::string_view consequence) const override {
     return rpc_.GoneError(what, consequence);
   }
@@ -42,6 +43,9 @@ class HostLeases final : public LeaseBackend {
   absl::Status DropSpilled(absl::Span<const uint64_t> spill_ids) override;
 
  private:
+  // One Lease call and the receipt of its fds.
+  absl::StatusOr<std::vector<GrantedLease>> LeaseOnce(uint32_t count, uint32_t segments_per_lease);
+
   const SessionRpc& rpc_;
   AttachConnection& attach_;
   LeaseNumaNode numa_node_;

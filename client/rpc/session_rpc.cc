@@ -39,7 +39,8 @@ bool SessionRpc::Paused(const grpc::Status& status) const {
 }
 
 absl::Status SessionRpc::GoneError(absl::string_view what, absl::string_view consequence) const {
-  return DaemonWentAway(target_, what, consequence);
+  return DaemonWentAway(target_, what, consequence,
+                        attach_ == nullptr ? std::string() : attach_->lost_detail());
 }
 
 absl::Status ReturnLeases(const SessionRpc& rpc, absl::Span<const uint64_t> lease_ids) {

@@ -25,6 +25,10 @@ class LeaseBackend {
   virtual absl::Status Return(absl::Span<const uint64_t> lease_ids) = 0;
   // True once the daemon is gone: nothing more can be leased or returned.
   virtual bool Lost() const = 0;
+  // Whether leased memory may be taken back once Lost(): a daemon that
+  // restarts with its state (and frees what no client reclaims) does; one
+  // that died for good leaves the mappings' pages to this client.
+  virtual bool MemoryReclaimedWhenLost() const { return false; }
   // The one error for "the daemon went away" (UNAVAILABLE): `what` failed,
   // `consequence` says what is lost and what still works. The real backend
   // names the daemon's address and how to start it again.

@@ -68,6 +68,15 @@ absl::Status LocalStore::MarkWritten(uint64_t ticket) {
   return table_.MarkWritten(ticket);
 }
 
+absl::Status LocalStore::ReclaimedError(uint64_t ticket, absl::string_view what) const {
+  // The daemon restarted (or will) with its state and frees the leases of a
+  // session that does not attach again: this mapping's pages may be gone.
+  return leases_.backend().GoneError(
+      absl::StrCat(what, " ticket ", ticket),
+      "the ticket's leased memory is the restarted daemon's to free, since this session did not "
+      "attach again");
+}
+
 absl::StatusOr<Located> LocalStore::Locate(uint64_t ticket) {
   LeaseBackend& backend = leases_.backend();
   const bool on_device = leases_.mapper().on_device();
@@ -79,6 +88,7 @@ absl::StatusOr<Located> LocalStore::Locate(uint64_t ticket) {
         absl::StrCat("Locate ticket ", ticket),
         "the ticket was in the daemon's device pool, which has reclaimed that memory");
   }
+  if (backend.Lost() && backend.MemoryReclaimedWhenLost()) return ReclaimedError(ticket, "Locate");
   absl::StatusOr<Placement> placement = spiller_.PinForRead(ticket, /*locate=*/true);
   if (!placement.ok()) return placement.status();
   absl::MutexLock lock(&table_.mu());
@@ -170,6 +180,10 @@ absl::StatusOr<LocalStore::Spot> LocalStore::PlaceDedicated(size_t nbytes) {
 
 absl::Status LocalStore::Fetch(uint64_t ticket, void* dst, size_t capacity) {
   if (leases_.mapper().on_device()) return DeviceTierError("Fetch");
+  if (LeaseBackend& backend = leases_.backend();
+      backend.Lost() && backend.MemoryReclaimedWhenLost()) {
+    return ReclaimedError(ticket, "Fetch");
+  }
   {
     absl::MutexLock lock(&table_.mu());
     absl::StatusOr<Placement*> placement = table_.Find(ticket);

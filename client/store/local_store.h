@@ -135,6 +135,10 @@ class LocalStore {
     uint64_t offset = 0;
   };
 
+  // The error of a read from a lease whose memory a restarted daemon may have
+  // freed (the backend is lost and MemoryReclaimedWhenLost).
+  absl::Status ReclaimedError(uint64_t ticket, absl::string_view what) const;
+
   // A buffer of at most a segment, in a shared lease: where there is room,
   // else (one thread at a time) in leases leased, or emptied by spilling.
   absl::StatusOr<Spot> PlaceShared(size_t nbytes) ABSL_LOCKS_EXCLUDED(table_.mu());

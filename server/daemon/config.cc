@@ -122,6 +122,11 @@ constexpr Setting kSettings[] = {
      "What a daemon does once a successor took over: exit (0, default) or wait (close "
      "everything and wait for SIGTERM, so that a supervisor that restarts exited "
      "containers does not start it again; Kubernetes)"},
+    {"reattach_grace_seconds",
+     "After a restart that recovered the state of a crashed daemon (under a service "
+     "manager that keeps its fds: systemd's FileDescriptorStoreMax), how long the "
+     "recovered sessions have to attach again before they are closed and their leases "
+     "freed (default 60)"},
 };
 
 // Settings whose flag takes no value (present means true); in the TOML file
@@ -317,6 +322,14 @@ absl::StatusOr<DaemonConfig> Resolve(const std::map<std::string, std::string>& v
                                                      "' is not a number of seconds in [0, 3600]"));
     }
     config.shutdown_grace_seconds = parsed;
+  }
+  if (const std::string* grace = get("reattach_grace_seconds")) {
+    double parsed = 0;
+    if (!absl::SimpleAtod(*grace, &parsed) || !(parsed >= 0 && parsed <= 86400)) {
+      return absl::InvalidArgumentError(absl::StrCat("reattach_grace_seconds: '", *grace,
+                                                     "' is not a number of seconds in [0, 86400]"));
+    }
+    config.reattach_grace_seconds = parsed;
   }
   if (const std::string* ttl = get("session_idle_ttl_seconds")) {
     double parsed = 0;

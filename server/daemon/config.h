@@ -70,6 +70,9 @@ struct DaemonConfig {
   // After handing over: exit 0 (false), or close everything and wait for
   // SIGTERM (true).
   bool wait_after_take_over = false;
+  // After recovering a crashed daemon's state: how long its sessions have to
+  // attach again (server/daemon/crash_recovery.h).
+  double reattach_grace_seconds = 60;
 };
 
 // True for 127.0.0.0/8, ::1 and localhost.

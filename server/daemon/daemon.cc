@@ -103,10 +103,14 @@ Daemon::Daemon(const DaemonConfig& config, Parts parts)
       pool_(std::move(parts.pool)),
       device_memory_(std::move(parts.device_memory)),
       device_pools_(std::move(parts.device_pools)),
+      notifier_(std::move(parts.notifier)),
+      journal_(std::move(parts.journal)),
       sessions_(SessionManagerOptions{config.default_session_quota, config.max_session_quota,
-                                      config.max_sessions}),
+                                      config.max_sessions},
+                journal_.get()),
+      catalog_(journal_.get()),
       copy_bandwidth_(config.copy_bandwidth, &work_),
-      leases_(pool_.get(), &work_),
+      leases_(pool_.get(), &work_, /*tier=*/0, journal_.get()),
       device_leases_(DeviceLeaseManagers(device_pools_, &work_)),
       spill_(std::move(parts.spill)),
       attach_(*std::move(parts.attach_socket), &sessions_, pool_.get(),
@@ -119,7 +123,7 @@ Daemon::Daemon(const DaemonConfig& config, Parts parts)
 
 absl::Status Daemon::CreateMemory(const DaemonConfig& config,
                                   std::unique_ptr<DeviceMemory> device_memory, Parts* parts,
-                                  TakenOver* taken) {
+                                  AdoptedSegments* adopt) {
   std::string why_not;
   // auto registers only when the daemon holds CUDA contexts anyway (device
   // pools): clients register their own mappings, which is what their copies
@@ -175,19 +179,12 @@ absl::Status Daemon::CreateMemory(const DaemonConfig& config,
       device.emplace(config.device_pools.front().device);
     }
 #endif
-    if (taken != nullptr) {
-      // The predecessor's segments (fds 0 .. segments-1), with their data.
-      std::vector<UniqueFd> segments;
-      for (uint32_t i = 0; i < taken->state.segments(); ++i) {
-        segments.push_back(std::move(taken->fds[i]));
-      }
-      const std::vector<uint32_t> held(taken->state.held_inline().begin(),
-                                       taken->state.held_inline().end());
-      pool = AdoptHostPool(pool_options, std::move(segments), held);
+    if (adopt != nullptr) {
+      pool = AdoptHostPool(pool_options, std::move(adopt->fds), adopt->held_inline);
     } else {
       pool = CreateHostPool(pool_options);
     }
-    if (!pool.ok() && taken == nullptr && !pool_options.numa_nodes.empty() &&
+    if (!pool.ok() && adopt == nullptr && !pool_options.numa_nodes.empty() &&
         config.numa.mode == NumaSetting::Mode::kAuto) {
       // A container's seccomp profile may forbid mbind (Docker's does without
       // CAP_SYS_NICE): placement chosen by auto is a gain, not a requirement.
@@ -211,16 +208,17 @@ absl::Status Daemon::CreateMemory(const DaemonConfig& config,
     spdlog::info("memory: {} (percentages and the default pool are of the first)",
                  config.memory_basis);
   }
-  spdlog::info(
-      "host pool: {} in {} segments of {} ({}; {}), ready in {} ms",
-      FormatBytes(stats.total_bytes()), stats.segments(), FormatBytes(stats.segment_bytes()),
-      stats.locked_bytes() == stats.total_bytes()          ? "mlocked"
-      : taken != nullptr && config.mlock != Tristate::kOff ? "taken over; mlocked in the background"
-                                                           : "NOT pinned",
-      cuda,
-      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() -
-                                                            pool_start)
-          .count());
+  spdlog::info("host pool: {} in {} segments of {} ({}; {}), ready in {} ms",
+               FormatBytes(stats.total_bytes()), stats.segments(),
+               FormatBytes(stats.segment_bytes()),
+               stats.locked_bytes() == stats.total_bytes() ? "mlocked"
+               : adopt != nullptr && config.mlock != Tristate::kOff
+                   ? "adopted; mlocked in the background once it serves"
+                   : "NOT pinned",
+               cuda,
+               std::chrono::duration_cast<std::chrono::milliseconds>(
+                   std::chrono::steady_clock::now() - pool_start)
+                   .count());
 
   if (config.device_pools.empty()) return absl::OkStatus();
   if (device_memory == nullptr) {
@@ -279,16 +277,73 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config
       return received.status();
     }
   }
+  Parts parts;
+  Recovery recovery;
   if (!taken) {
+    absl::StatusOr<std::unique_ptr<ServiceNotifier>> notifier = ServiceNotifier::FromEnvironment();
+    if (!notifier.ok()) return notifier.status();
+    parts.notifier = *std::move(notifier);
+    absl::StatusOr<std::vector<PassedFd>> passed = TakePassedFds();
+    if (!passed.ok()) {
+      spdlog::warn("recovery: {}; starting afresh", passed.status().ToString());
+    } else if (!passed->empty() && parts.notifier == nullptr) {
+      spdlog::warn("recovery: {} fds were passed but NOTIFY_SOCKET is not set; starting afresh",
+                   passed->size());
+    } else if (!passed->empty()) {
+      recovery = CollectRecovery(config, *std::move(passed));
+    }
+    if (!recovery.why_lost.empty()) {
+      spdlog::error(
+          "recovery: the state of the daemon that crashed is not trusted ({}); starting empty: "
+          "its clients' sessions and leases are lost, and they are told so",
+          recovery.why_lost);
+    }
     if (absl::Status s = MakeParentDirectory(config.socket_path); !s.ok()) return s;
     if (absl::Status s = ClaimSocketPath(config.socket_path); !s.ok()) return s;
   }
 
-  Parts parts;
-  if (absl::Status s =
-          CreateMemory(config, std::move(device_memory), &parts, taken ? &*taken : nullptr);
+  const bool recovered = recovery.table != nullptr;
+  std::vector<bool> reused_segments(GeometryOf(config).segments, recovered);
+  AdoptedSegments adopt;
+  if (taken) {
+    // The predecessor's segments (fds 0 .. segments-1), with their data.
+    for (uint32_t i = 0; i < taken->state.segments(); ++i) {
+      adopt.fds.push_back(std::move(taken->fds[i]));
+    }
+    adopt.held_inline.assign(taken->state.held_inline().begin(), taken->state.held_inline().end());
+  } else if (recovered) {
+    for (size_t i = 0; i < recovery.segments.size(); ++i) {
+      reused_segments[i] = recovery.segments[i].valid();
+    }
+    adopt.fds = std::move(recovery.segments);
+    adopt.held_inline = recovery.reused_free;
+  }
+  if (absl::Status s = CreateMemory(config, std::move(device_memory), &parts,
+                                    taken || recovered ? &adopt : nullptr);
       !s.ok()) {
     return s;
+  }
+  if (parts.notifier != nullptr) {
+    std::unique_ptr<StateTable> table = std::move(recovery.table);
+    if (table == nullptr) {
+      absl::StatusOr<std::unique_ptr<StateTable>> fresh = StateTable::Create(GeometryOf(config));
+      if (!fresh.ok()) return fresh.status();
+      table = *std::move(fresh);
+    }
+    parts.journal = std::make_unique<DaemonJournal>(std::move(table), parts.notifier.get());
+    parts.journal->SetPool(parts.pool.get());
+    // Before anything is served: a lease granted from now on must find its
+    // segments' memfds kept.
+    if (absl::Status s =
+            parts.journal->KeepForRestart(reused_segments, recovered, recovery.dropped_names);
+        !s.ok()) {
+      spdlog::error(
+          "keeping the pool for a restart after a crash failed: {}; this daemon's sessions will "
+          "not survive a crash (is FileDescriptorStoreMax at least {}?)",
+          s.ToString(), GeometryOf(config).segments + 2);
+      parts.journal->GiveUp();
+      parts.journal.reset();
+    }
   }
   if (!config.spill_dir.empty()) {
     SpillOptions spill_options;
@@ -302,12 +357,35 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config
                                         : std::string("bounded by the free space"),
                  parts.spill->Stats().io_mode());
   }
-  absl::StatusOr<AttachSocket> attach_socket =
-      taken ? AttachServer::FromHandedListener(
-                  AttachOptions(config), std::move(taken->fds[taken->state.attach_listener_fd()]))
-            : AttachServer::Listen(AttachOptions(config));
+  AttachServerOptions attach_options = AttachOptions(config);
+  attach_options.recoverable = parts.journal != nullptr;
+  attach_options.accept_later = true;  // StartServing, once the sessions are in
+  bool attach_kept = false;            // the kept listener serves again (else a new one is kept)
+  auto make_attach_socket = [&]() -> absl::StatusOr<AttachSocket> {
+    if (taken) {
+      return AttachServer::FromHandedListener(
+          attach_options, std::move(taken->fds[taken->state.attach_listener_fd()]));
+    }
+    if (recovery.attach_listener.valid()) {
+      absl::StatusOr<AttachSocket> kept =
+          AttachServer::FromHandedListener(attach_options, std::move(recovery.attach_listener));
+      attach_kept = kept.ok();
+      if (kept.ok()) return kept;
+      spdlog::warn("recovery: the kept attach listener is unusable ({}); listening anew",
+                   kept.status().ToString());
+    }
+    return AttachServer::Listen(attach_options);
+  };
+  absl::StatusOr<AttachSocket> attach_socket = make_attach_socket();
   if (!attach_socket.ok()) return attach_socket.status();
   parts.attach_socket.emplace(*std::move(attach_socket));
+  if (parts.journal != nullptr && !attach_kept) {
+    (void)parts.notifier->RemoveFds(kAttachFdName);
+    if (absl::Status s = parts.notifier->StoreFd(kAttachFdName, parts.attach_socket->listener_fd());
+        !s.ok()) {
+      spdlog::warn("keeping the attach listener for a restart failed: {}", s.ToString());
+    }
+  }
   std::unique_ptr<Daemon> daemon(new Daemon(config, std::move(parts)));
   UniqueFd handed_listener;
   if (taken) {
@@ -323,7 +401,19 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config
     }
     if (absl::Status s = ClaimSocketPath(config.socket_path); !s.ok()) return s;
   }
+  if (recovered) {
+    if (absl::Status s = daemon->AdoptRecovered(&recovery); !s.ok()) return s;
+  }
   if (absl::Status s = daemon->StartServing(std::move(handed_listener)); !s.ok()) return s;
+  daemon->pool_->StartBackgroundWork();  // an adopted pool's mlock, now that it serves
+  daemon->started_ = true;
+  if (daemon->notifier_ != nullptr) {
+    const std::string status = absl::StrCat("READY=1\nSTATUS=serving on ", config.socket_path,
+                                            recovered ? "; recovered after a crash" : "");
+    if (absl::Status s = daemon->notifier_->Notify(status); !s.ok()) {
+      spdlog::warn("telling the service manager that actstashd is ready: {}", s.ToString());
+    }
+  }
   return daemon;
 }
 
@@ -336,6 +426,7 @@ absl::Status Daemon::StartServing(UniqueFd handed_listener) {
     reaper_stop_ = false;
   }
   reaper_ = std::thread([this] { ReapIdleSessions(); });
+  attach_.StartAccepting();
   if (handover_ == nullptr) {
     absl::StatusOr<std::unique_ptr<HandoverListener>> listener = HandoverListener::Start(
         attach::HandoverSocketPath(config_.socket_path), std::move(handed_listener),
@@ -430,10 +521,13 @@ void Daemon::ReapIdleSessions() {
   const int64_t ttl_ms = static_cast<int64_t>(config_.session_idle_ttl_seconds * 1000);
   absl::MutexLock lock(&reaper_mu_);
   while (!reaper_mu_.AwaitWithTimeout(absl::Condition(&reaper_stop_), absl::Seconds(1))) {
-    if (ttl_ms <= 0) continue;
     reaper_mu_.Unlock();
+    ReapUnreattached();
     const int64_t now_ms = SteadyNowMs();
-    for (const std::shared_ptr<Session>& session : sessions_.IdleSessions(now_ms, ttl_ms)) {
+    const std::vector<std::shared_ptr<Session>> idle =
+        ttl_ms > 0 ? sessions_.IdleSessions(now_ms, ttl_ms)
+                   : std::vector<std::shared_ptr<Session>>();
+    for (const std::shared_ptr<Session>& session : idle) {
       if (std::optional<SessionTotals> freed = CloseSessionAndFree(core_, session->id())) {
         core_.sessions_reclaimed.fetch_add(1, std::memory_order_relaxed);
         spdlog::info(
@@ -494,6 +588,13 @@ void Daemon::Shutdown(std::chrono::milliseconds grace) {
   if (stopped_) return;
   stopped_ = true;
   handover_.reset();  // no take-over from now on (joins its thread)
+  if (journal_ != nullptr && started_) {
+    // A clean stop releases every session: the next start has nothing to
+    // recover (and must not hand these sessions' memory to anyone).
+    journal_->table().Retire();
+  }
+  if (notifier_ != nullptr && started_) (void)notifier_->Notify("STOPPING=1");
+
   StopServing(grace, /*wait_for_calls=*/false, /*stop_attach=*/true);
   // Without a server (a failed start) too: no disconnect callback runs from
   // now on.

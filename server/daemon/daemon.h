@@ -11,11 +11,14 @@
 #include <thread>
 #include <vector>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "common/pinned_registrar.h"
+#include "server/base/service_manager.h"
 #include "server/base/work_queue.h"
 #include "server/daemon/config.h"
+#include "server/daemon/crash_recovery.h"
 #include "server/daemon/metrics.h"
 #include "server/handover/take_over.h"
 #include "server/objects/catalog.h"
@@ -38,7 +41,10 @@ class Daemon {
  public:
   // Creates the pools, claims the socket paths (refusing when another
   // daemon answers there; removing a stale socket file otherwise) and
-  // starts serving. With config.take_over: takes the pool, the sessions,
+  // starts serving. Under a service manager ($NOTIFY_SOCKET) it keeps its
+  // pool and a state table in the manager's fd store and, started again
+  // with them after a crash, recovers the sessions and their leases
+  // (crash_recovery.h). With config.take_over: takes the pool, the sessions,
   // their leases and attach connections, and the sockets over from the
   // daemon serving there instead (daemon_handover.cc), which then exits;
   // any error leaves that daemon serving. FAILED_PRECONDITION / RESOURCE_EXHAUSTED / INTERNAL
@@ -63,11 +69,17 @@ class Daemon {
     std::vector<std::unique_ptr<DevicePool>> device_pools;
     std::unique_ptr<SpillTier> spill;  // null without --spill-dir
     std::optional<AttachSocket> attach_socket;
+    std::unique_ptr<ServiceNotifier> notifier;  // null: no service manager
+    std::unique_ptr<DaemonJournal> journal;     // null: no service manager
   };
-  // `taken`: the host pool adopts its segments (take-over).
+  // Segments a new pool maps instead of making them (take-over, recovery).
+  struct AdoptedSegments {
+    std::vector<UniqueFd> fds;          // per segment; invalid: a fresh one
+    std::vector<uint32_t> held_inline;  // scrubbed before they are leased
+  };
   static absl::Status CreateMemory(const DaemonConfig& config,
                                    std::unique_ptr<DeviceMemory> device_memory, Parts* parts,
-                                   TakenOver* taken = nullptr);
+                                   AdoptedSegments* adopt = nullptr);
   // Wires the parts together; serves nothing yet (Serve does).
   Daemon(const DaemonConfig& config, Parts parts);
   // Starts the metrics endpoint (if configured) and the gRPC server.
@@ -96,6 +108,14 @@ class Daemon {
   // into the parts, before anything is served.
   absl::Status AdoptState(TakenOver* taken);
 
+  // Crash recovery (daemon_recovery.cc), on the main thread before serving:
+  // the recovered sessions and leases into the parts; the sessions have
+  // reattach_grace_seconds to attach again.
+  absl::Status AdoptRecovered(Recovery* recovery);
+  // Closes the recovered sessions that did not attach again in time (the
+  // reaper's thread).
+  void ReapUnreattached();
+
   // The attach connection of `session_id` ended (attach server's I/O thread).
   void ReclaimDisconnected(uint64_t session_id);
   // Closes sessions without an attach connection that idled past the TTL.
@@ -110,6 +130,10 @@ class Daemon {
   std::unique_ptr<HostPool> pool_;
   std::unique_ptr<DeviceMemory> device_memory_;
   std::vector<std::unique_ptr<DevicePool>> device_pools_;
+  // Both null without a service manager. The journal records into the state
+  // table from the managers below it.
+  std::unique_ptr<ServiceNotifier> notifier_;
+  std::unique_ptr<DaemonJournal> journal_;
   SessionManager sessions_;
   Catalog catalog_;
   // Runs lease renewals and Lease/Put retries. Outlives the lease managers
@@ -139,10 +163,17 @@ class Daemon {
   // Between PrepareHandover and FinishHandover (take-over listener's thread).
   std::optional<AttachServer::Handed> frozen_;
   uint32_t handovers_ = 0;  // take-overs this daemon's state went through
+  // Start completed: a Shutdown from now on is a clean stop, which retires
+  // the state table (a failed start leaves a recovered state for the next).
+  bool started_ = false;
   ino_t socket_inode_ = 0;
   bool stopped_ = false;
   // Serializes StopServing/StartServing (main thread, take-over thread).
   absl::Mutex serving_mu_;
+  absl::Mutex recovery_mu_;
+  // Recovered sessions that have not attached again yet, and until when they may.
+  absl::flat_hash_set<uint64_t> awaiting_reattach_ ABSL_GUARDED_BY(recovery_mu_);
+  int64_t reattach_deadline_ms_ ABSL_GUARDED_BY(recovery_mu_) = 0;
   absl::Mutex reaper_mu_;
   bool reaper_stop_ ABSL_GUARDED_BY(reaper_mu_) = false;
   std::thread reaper_;

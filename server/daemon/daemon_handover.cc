@@ -247,7 +247,7 @@ absl::Status Daemon::AdoptState(TakenOver* taken) {
     }
     absl::StatusOr<SegmentRun> run = pool_->AdoptRun(lease.first_segment(), lease.count());
     if (!run.ok()) return fail(run.status());
-    if (absl::Status s = leases_.Adopt(it->second, lease, *std::move(run)); !s.ok()) return fail(s);
+    if (absl::Status s = leases_.Adopt(it->second, lease, &*run); !s.ok()) return fail(s);
   }
   leases_.Restore(state.next_lease_id(), state.leases_granted_total());
   sessions_.AdvanceNextId(state.next_session_id());

@@ -17,6 +17,7 @@ absl::StatusOr<uint64_t> Catalog::Insert(const Session& session,
         absl::StrCat("session ", session.id(), " was closed during the Put"));
   }
   const uint64_t handle = next_handle_++;
+  if (journal_ != nullptr) journal_->ObjectHandleIssued(handle);
   objects_.emplace(handle, std::move(object));
   by_session_[session.id()].insert(handle);
   return handle;
@@ -26,6 +27,12 @@ absl::StatusOr<std::shared_ptr<const StoredObject>> Catalog::Lookup(uint64_t ses
                                                                     uint64_t handle) const {
   absl::MutexLock lock(&mu_);
   auto it = objects_.find(handle);
+  if (it == objects_.end() && handle < lost_below_) {
+    return absl::DataLossError(absl::StrCat(
+        "object ", handle,
+        " was stored before actstashd restarted after a crash: inline objects do not survive "
+        "a crash (leased memory does)"));
+  }
   if (it == objects_.end() || it->second->session_id() != session_id) {
     return absl::NotFoundError(absl::StrCat("no object with handle ", handle, " in this session"));
   }
@@ -42,6 +49,7 @@ absl::StatusOr<RemovedTotals> Catalog::Remove(uint64_t session_id,
     absl::flat_hash_set<uint64_t> seen;
     for (uint64_t handle : handles) {
       auto it = objects_.find(handle);
+      if (it == objects_.end() && handle < lost_below_) continue;  // gone with a crash
       if (it == objects_.end() || it->second->session_id() != session_id) {
         return absl::NotFoundError(
             absl::StrCat("no object with handle ", handle, " in this session; nothing deleted"));
@@ -54,6 +62,7 @@ absl::StatusOr<RemovedTotals> Catalog::Remove(uint64_t session_id,
     auto& owned = by_session_[session_id];
     for (uint64_t handle : handles) {
       auto it = objects_.find(handle);
+      if (it == objects_.end()) continue;  // lost in a crash (checked above)
       totals.bytes += it->second->meta().nbytes;
       removed.push_back(std::move(it->second));
       objects_.erase(it);
@@ -127,9 +136,10 @@ uint64_t Catalog::next_handle() const {
   return next_handle_;
 }
 
-void Catalog::AdvanceNextHandle(uint64_t handle) {
+void Catalog::AdvanceNextHandle(uint64_t handle, bool lost) {
   absl::MutexLock lock(&mu_);
   next_handle_ = std::max(next_handle_, handle);
+  if (lost) lost_below_ = std::max(lost_below_, handle);
 }
 
 }  // namespace actstash::server

@@ -17,6 +17,7 @@
 #include "server/base/removed_totals.h"
 #include "server/pool/memory_pool.h"
 #include "server/sessions/session.h"
+#include "server/sessions/state_journal.h"
 
 namespace actstash::server {
 
@@ -101,7 +102,9 @@ class StoredObject {
 // Objects are destroyed outside the catalog's lock.
 class Catalog {
  public:
-  Catalog() = default;
+  // `journal` (not owned; null: none) learns every handle issued, and must
+  // outlive the catalog.
+  explicit Catalog(StateJournal* journal = nullptr) : journal_(journal) {}
   Catalog(const Catalog&) = delete;
   Catalog& operator=(const Catalog&) = delete;
 
@@ -109,7 +112,9 @@ class Catalog {
   // when the session was closed meanwhile (the object is then dropped).
   absl::StatusOr<uint64_t> Insert(const Session& session, std::shared_ptr<StoredObject> object);
   // The object if it exists and belongs to `session_id`; else NOT_FOUND
-  // (the same answer for both, so handles of others reveal nothing).
+  // (the same answer for both, so handles of others reveal nothing), or
+  // DATA_LOSS for a handle a crashed predecessor issued (see
+  // AdvanceNextHandle).
   absl::StatusOr<std::shared_ptr<const StoredObject>> Lookup(uint64_t session_id,
                                                              uint64_t handle) const;
   // All-or-nothing removal: NOT_FOUND naming the first handle that is not
@@ -129,11 +134,15 @@ class Catalog {
   void RemoveAll();
   // Take-over: the handle the next Insert gives, and raising it to at least
   // `handle` in a successor (handles never repeat across a hand-over).
+  // With `lost`, the handles below `handle` were issued by a daemon that
+  // crashed, whose objects did not survive: looking one up says so.
   uint64_t next_handle() const;
-  void AdvanceNextHandle(uint64_t handle);
+  void AdvanceNextHandle(uint64_t handle, bool lost = false);
 
  private:
+  StateJournal* const journal_;
   mutable absl::Mutex mu_;
+  uint64_t lost_below_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t next_handle_ ABSL_GUARDED_BY(mu_) = 1;
   absl::flat_hash_map<uint64_t, std::shared_ptr<StoredObject>> objects_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, absl::flat_hash_set<uint64_t>> by_session_ ABSL_GUARDED_BY(mu_);

@@ -305,11 +305,14 @@ class MemfdHostPool final : public HostPool, private AllocationOwner {
     if (locker_.joinable()) locker_.join();
   }
 
-  // AdoptHostPool: mlock on a thread of its own, so that a successor serves
-  // before the pool's page tables are built (the pages are resident: its
-  // predecessor locked them). kOn's failure can no longer fail the start:
-  // logged as an error.
-  void LockInBackground(Tristate mode) {
+  // An adopted pool's mlock, on a thread of its own once the daemon serves
+  // (the pages are resident: the predecessor locked them): building the page
+  // tables of a large pool holds the process's mmap lock, which gRPC's start
+  // needs too. kOn's failure can no longer fail the start: logged as an
+  // error.
+  void StartBackgroundWork() override {
+    if (lock_mode_ == Tristate::kOff || locker_.joinable()) return;
+    const Tristate mode = lock_mode_;
     locker_ = std::thread([this, mode] {
       const auto start = std::chrono::steady_clock::now();
       // Segment by segment: mlock holds the process's mmap lock while it
@@ -330,13 +333,16 @@ class MemfdHostPool final : public HostPool, private AllocationOwner {
       }
       munlock(base_, total_bytes_);  // all or nothing, as at creation
       if (mode == Tristate::kOn) {
-        spdlog::error("mlock of the taken-over host pool failed: {}", std::strerror(failed));
+        spdlog::error("mlock of the adopted host pool failed: {}", std::strerror(failed));
       } else {
-        spdlog::warn("mlock of the taken-over host pool failed: {}; it stays unpinned",
+        spdlog::warn("mlock of the adopted host pool failed: {}; it stays unpinned",
                      std::strerror(failed));
       }
     });
   }
+
+  // AdoptHostPool: StartBackgroundWork locks the pool per `mode`.
+  void LockLater(Tristate mode) { lock_mode_ = mode; }
 
   // AdoptHostPool: the segments to scrub before they are leased.
   void MarkHeldInline(const std::vector<uint32_t>& segments) {
@@ -432,12 +438,13 @@ class MemfdHostPool final : public HostPool, private AllocationOwner {
   const uint64_t segment_count_;
   const uint64_t segment_bytes_;
   const uint64_t total_bytes_;
-  // The pool is mlocked (at creation, or by LockInBackground): renewals
+  // The pool is mlocked (at creation, or by StartBackgroundWork): renewals
   // mlock too.
   std::atomic<bool> pinned_;
-  std::thread locker_;                 // LockInBackground's; joined before the range is unmapped
-  PinnedRegistrar* const registrar_;   // null: no CUDA registration
-  const std::vector<int> numa_nodes_;  // HostPoolOptions::numa_nodes, for renewals
+  std::thread locker_;  // StartBackgroundWork's; joined before the range is unmapped
+  Tristate lock_mode_ = Tristate::kOff;  // an adopted pool's mlock, started later
+  PinnedRegistrar* const registrar_;     // null: no CUDA registration
+  const std::vector<int> numa_nodes_;    // HostPoolOptions::numa_nodes, for renewals
   const NumaBinder numa_binder_;
   // The pool's parts on NUMA nodes (byte ranges of the pool): one per node
   // of a split pool, one for a pool bound to one node, else none.
@@ -513,8 +520,20 @@ absl::StatusOr<std::unique_ptr<MemfdHostPool>> BuildHostPool(const HostPoolOptio
     fds.clear();
     return status;
   };
-  for (uint64_t i = 0; i < segments && adopt != nullptr; ++i) {
-    UniqueFd fd = std::move((*adopt)[i]);
+  // Each segment maps its handed memfd (adopt), or a fresh one: CreateHostPool,
+  // and a segment whose fd was not handed.
+  for (uint64_t i = 0; i < segments; ++i) {
+    UniqueFd fd = adopt != nullptr ? std::move((*adopt)[i]) : UniqueFd();
+    if (!fd.valid()) {
+      bool unused = false;
+      absl::StatusOr<UniqueFd> fresh = MapFreshSegment(
+          base + i * options.segment_bytes, i, options.segment_bytes, false, &unused,
+          SegmentNodes(*slices, options.numa_nodes, i * options.segment_bytes),
+          options.numa_binder);
+      if (!fresh.ok()) return fail(fresh.status());
+      fds.push_back(*std::move(fresh));
+      continue;
+    }
     struct stat st {};
     if (fstat(fd.get(), &st) != 0) return fail(ErrnoStatus("fstat of a handed segment", errno));
     if (static_cast<uint64_t>(st.st_size) != options.segment_bytes) {
@@ -530,19 +549,11 @@ absl::StatusOr<std::unique_ptr<MemfdHostPool>> BuildHostPool(const HostPoolOptio
     }
     fds.push_back(std::move(fd));
   }
-  for (uint64_t i = 0; i < segments && adopt == nullptr; ++i) {
-    bool unused = false;
-    absl::StatusOr<UniqueFd> fd = MapFreshSegment(
-        base + i * options.segment_bytes, i, options.segment_bytes, false, &unused,
-        SegmentNodes(*slices, options.numa_nodes, i * options.segment_bytes), options.numa_binder);
-    if (!fd.ok()) return fail(fd.status());
-    fds.push_back(*std::move(fd));
-  }
   // Once per daemon: the node's setting decides, and an operator can change it.
   spdlog::info("{}", DescribePoolPages(NodeShmemHugePages()));
 
   uint64_t locked = 0;
-  if (options.mlock != Tristate::kOff && adopt == nullptr) {  // adopted: LockInBackground
+  if (options.mlock != Tristate::kOff && adopt == nullptr) {  // adopted: StartBackgroundWork
     if (mlock(base, total) == 0) {
       locked = total;
     } else {
@@ -600,7 +611,7 @@ absl::StatusOr<std::unique_ptr<HostPool>> AdoptHostPool(const HostPoolOptions& o
   absl::StatusOr<std::unique_ptr<MemfdHostPool>> pool = BuildHostPool(options, &segments);
   if (!pool.ok()) return pool.status();
   (*pool)->MarkHeldInline(held_inline);
-  if (options.mlock != Tristate::kOff) (*pool)->LockInBackground(options.mlock);
+  (*pool)->LockLater(options.mlock);
   return std::unique_ptr<HostPool>(*std::move(pool));
 }
 

@@ -72,8 +72,10 @@ class HostPool : public ObjectAllocator, public FdSegmentLeaser {
   // there (a pool made by AdoptHostPool, before it serves anything).
   // INVALID_ARGUMENT when it is out of range or meets a run already taken.
   virtual absl::StatusOr<SegmentRun> AdoptRun(uint32_t first, uint32_t count) = 0;
-  // Waits for work the pool runs on its own thread (an adopted pool's mlock)
-  // to end: before the process exits.
+  // Starts the work the pool runs on its own thread (an adopted pool's
+  // mlock): once the daemon serves. FinishBackgroundWork waits for it to
+  // end: before the process exits. Both from the owner's thread.
+  virtual void StartBackgroundWork() {}
   virtual void FinishBackgroundWork() {}
 };
 
@@ -92,8 +94,12 @@ absl::StatusOr<std::unique_ptr<HostPool>> CreateHostPool(const HostPoolOptions& 
 // A pool over another daemon's segments (take-over): `segments` are its
 // memfds in order, mapped (not renewed: they hold clients' data, and not
 // populated) where CreateHostPool would map fresh ones, registered as it
-// does, and mlocked per options.mlock on a thread of its own (so that the
-// successor serves sooner; a failure is logged, not returned). NUMA placement travels with the
+// does, and mlocked per options.mlock on a thread of its own once
+// StartBackgroundWork is called (so that the successor serves sooner; a
+// failure is logged, not returned). A segment
+// whose fd is not valid (crash recovery: none was kept, or its memory may
+// still be mapped by a client that returned it) gets a fresh memfd, as
+// CreateHostPool makes them. NUMA placement travels with the
 // memfds (their policy is the file's), so options.numa_* only say how renewals bind. `held_inline`:
 // segments to scrub before they are leased. INVALID_ARGUMENT when the
 // options' pool has another number of segments, or a memfd another size.

@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <cstring>
 #include <deque>
+#include <optional>
 #include <thread>
 
 #include "absl/container/flat_hash_map.h"
@@ -78,6 +79,9 @@ class AttachServer::Impl {
   FdSegmentLeaser& pool_;
   const DisconnectCallback on_disconnect_;
   asio::io_context io_;
+  // Keeps io_.run() going while nothing is pending (not accepting yet, or
+  // frozen with no connection); Stop drops it.
+  std::optional<asio::executor_work_guard<asio::io_context::executor_type>> keep_running_;
   asio::local::stream_protocol::acceptor acceptor_;
   asio::steady_timer accept_backoff_{io_};
   std::chrono::steady_clock::time_point last_accept_warning_{};
@@ -90,6 +94,7 @@ class AttachServer::Impl {
   // Between Freeze and Thaw: nothing is accepted, and sessions whose
   // connection ends are only noted.
   bool frozen_ = false;
+  bool accepting_ = false;  // Accept() armed once (I/O thread after the constructor)
   std::vector<uint64_t> ended_while_frozen_;
   absl::flat_hash_map<uint64_t, std::weak_ptr<Connection>> by_session_;
   std::vector<std::weak_ptr<Connection>> all_;
@@ -240,6 +245,7 @@ class AttachServer::Impl::Connection : public std::enable_shared_from_this<Conne
                  peer_.gid);
     attach::WelcomePayload welcome;
     welcome.session_id = session_->id();
+    if (server_.options_.recoverable) welcome.flags |= attach::kWelcomeRecoverable;
     Send(
         Outgoing(attach::EncodeMessage(attach::MessageType::kWelcome, attach::PayloadOf(welcome))));
     WatchForClose();
@@ -357,7 +363,11 @@ AttachServer::Impl::Impl(const AttachServerOptions& options, ino_t socket_inode,
   boost::system::error_code error;
   acceptor_.assign(asio::local::stream_protocol(), listener.Release(), error);
   ACTSTASH_CHECK(!error, "serving the attach socket failed");
-  Accept();
+  keep_running_.emplace(asio::make_work_guard(io_));
+  if (!options_.accept_later) {
+    accepting_ = true;
+    Accept();
+  }
   thread_ = std::thread([this] { io_.run(); });
 }
 
@@ -506,6 +516,7 @@ void AttachServer::Impl::Stop() {
     stopped_ = true;
     asio::post(io_, [this] {
       stopping_ = true;
+      keep_running_.reset();
       boost::system::error_code ignored;
       acceptor_.close(ignored);
       accept_backoff_.cancel();
@@ -578,6 +589,15 @@ absl::StatusOr<AttachServer::Handed> AttachServer::Freeze() {
     return status;
   }
   return handed;
+}
+
+void AttachServer::StartAccepting() {
+  impl_->RunOnIo([&] {
+    Impl& server = *impl_;
+    if (server.accepting_ || server.stopping_) return;
+    server.accepting_ = true;
+    server.Accept();
+  });
 }
 
 void AttachServer::Thaw(UniqueFd listener) {

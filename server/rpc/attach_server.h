@@ -35,6 +35,13 @@ struct AttachServerOptions {
   std::vector<uint32_t> allow_uids;
   std::vector<uint32_t> allow_gids;
   std::chrono::milliseconds hello_timeout{5000};
+  // Tell clients they may attach again after a crash (kWelcomeRecoverable):
+  // the daemon's state outlives it.
+  bool recoverable = false;
+  // Accept nothing until StartAccepting (connections wait in the backlog):
+  // a daemon that adopts sessions first (after a crash or a take-over) must
+  // not refuse their clients' hellos meanwhile.
+  bool accept_later = false;
 };
 
 // The attach socket, bound and listening (AttachServer::Listen) but not
@@ -48,6 +55,8 @@ class AttachSocket {
   ~AttachSocket();
 
   const std::string& path() const { return options_.socket_path; }
+  // The listening socket (owned here; -1 once served or moved from).
+  int listener_fd() const { return fd_.get(); }
 
  private:
   friend class AttachServer;
@@ -110,6 +119,9 @@ class AttachServer final : public AttachChannel {
   // serving daemon left in place.
   static absl::StatusOr<AttachSocket> FromHandedListener(const AttachServerOptions& options,
                                                          UniqueFd listener);
+
+  // Starts accepting (with options.accept_later); idempotent. Any thread.
+  void StartAccepting();
 
   // Closes the listener and every connection, without disconnect callbacks,
   // joins the I/O thread and removes the socket file. Idempotent; call it

@@ -46,6 +46,8 @@ void LeaseManager::Recycle(SegmentRun run) {
                     run->first_segment, run->first_segment + run->count - 1, s.ToString());
       absl::MutexLock lock(&mu_);
       quarantine_.push_back(std::move(*run));
+    } else if (journal_ != nullptr) {
+      journal_->SegmentsRenewed(run->first_segment, run->count);
     }
     run->memory.Reset();  // free now, before `done` says so
   };
@@ -92,6 +94,7 @@ absl::StatusOr<std::vector<std::shared_ptr<Lease>>> LeaseManager::Grant(
         std::make_shared<Lease>(next_id_++, session, std::move(run), std::move(reservation), this);
     leases_.emplace(lease->id(), lease);
     leased_bytes_ += lease->bytes();
+    Record(*lease);
     granted.push_back(std::move(lease));
   }
   granted_total_ += granted.size();
@@ -106,6 +109,7 @@ RemovedTotals LeaseManager::TakeLocked(uint64_t session_id, absl::Span<const uin
     if (it == leases_.end() || it->second->session_id() != session_id) continue;
     totals.bytes += it->second->bytes();
     leased_bytes_ -= it->second->bytes();
+    if (journal_ != nullptr) journal_->LeaseReleased(id, it->second->first_segment());
     removed->push_back(std::move(it->second));
     leases_.erase(it);
     ++totals.objects;
@@ -191,6 +195,16 @@ uint64_t LeaseManager::granted_total() const {
   return granted_total_;
 }
 
+void LeaseManager::Record(const Lease& lease) {
+  if (journal_ == nullptr) return;
+  v1::LeaseState state;
+  state.set_id(lease.id());
+  state.set_session_id(lease.session_id());
+  state.set_first_segment(lease.first_segment());
+  state.set_count(lease.segments());
+  journal_->LeaseGranted(state);
+}
+
 std::vector<v1::LeaseState> LeaseManager::Export() const {
   absl::MutexLock lock(&mu_);
   std::vector<v1::LeaseState> out;
@@ -205,21 +219,22 @@ std::vector<v1::LeaseState> LeaseManager::Export() const {
 }
 
 absl::Status LeaseManager::Adopt(const std::shared_ptr<Session>& session,
-                                 const v1::LeaseState& state, SegmentRun run) {
+                                 const v1::LeaseState& state, SegmentRun* run) {
   if (tiered_id::TierOf(state.id()) != tier_ || tiered_id::IsInline(state.id()) ||
       tiered_id::SerialOf(state.id()) == 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("handed lease ", state.id(), " is not of tier ", tier_));
   }
-  absl::StatusOr<QuotaReservation> reservation = session->Reserve(run.memory.size());
+  absl::StatusOr<QuotaReservation> reservation = session->Reserve(run->memory.size());
   if (!reservation.ok()) return reservation.status();
   absl::MutexLock lock(&mu_);
   if (leases_.contains(state.id())) {
     return absl::InvalidArgumentError(absl::StrCat("handed lease ", state.id(), " repeats"));
   }
   auto lease =
-      std::make_shared<Lease>(state.id(), session, std::move(run), *std::move(reservation), this);
+      std::make_shared<Lease>(state.id(), session, std::move(*run), *std::move(reservation), this);
   leased_bytes_ += lease->bytes();
+  Record(*lease);
   leases_.emplace(state.id(), std::move(lease));
   next_id_ = std::max(next_id_, state.id() + 1);
   return absl::OkStatus();

@@ -17,6 +17,7 @@
 #include "server/base/removed_totals.h"
 #include "server/pool/segment_leaser.h"
 #include "server/sessions/session.h"
+#include "server/sessions/state_journal.h"
 
 namespace actstash::server {
 
@@ -66,8 +67,15 @@ class LeaseManager {
   // Neither is owned. `pool` must outlive the manager and every Lease it
   // granted; `work` must keep running tasks until StopRenewing() was called
   // (and what it had queued has run).
-  LeaseManager(SegmentLeaser* pool, WorkQueue* work, uint32_t tier = 0)
-      : pool_(*pool), work_(work), tier_(tier), next_id_(tiered_id::Make(tier, 1)) {}
+  // `journal` (not owned; null: none) records every grant, release and
+  // renewal, and must outlive the manager.
+  LeaseManager(SegmentLeaser* pool, WorkQueue* work, uint32_t tier = 0,
+               StateJournal* journal = nullptr)
+      : pool_(*pool),
+        work_(work),
+        tier_(tier),
+        journal_(journal),
+        next_id_(tiered_id::Make(tier, 1)) {}
   // From now on, released memory is freed as it is, unrenewed (daemon
   // shutdown, once nothing leases any more): nothing is posted to `work`.
   void StopRenewing() { renew_.store(false); }
@@ -107,8 +115,10 @@ class LeaseManager {
   // INVALID_ARGUMENT for an id of another tier or one already held,
   // RESOURCE_EXHAUSTED when the session's quota cannot hold it.
   std::vector<v1::LeaseState> Export() const;
+  // `run` is taken only when the lease is adopted; on an error the caller
+  // still holds it (to renew it: a client may map that memory).
   absl::Status Adopt(const std::shared_ptr<Session>& session, const v1::LeaseState& state,
-                     SegmentRun run);
+                     SegmentRun* run);
   // The id the next grant gets, and the grants counted so far.
   uint64_t next_id() const;
   // Restores both from a predecessor (ids never repeat).
@@ -132,10 +142,14 @@ class LeaseManager {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status CheckReturnLocked(uint64_t session_id, absl::Span<const uint64_t> ids) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Tells the journal of a grant (or adoption), under mu_: before the grant
+  // leaves the manager.
+  void Record(const Lease& lease) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   SegmentLeaser& pool_;
   WorkQueue* const work_;
   const uint32_t tier_;
+  StateJournal* const journal_;
   std::atomic<bool> renew_{true};
   std::atomic<int64_t> renewals_pending_{0};
   std::atomic<uint64_t> renewing_bytes_{0};

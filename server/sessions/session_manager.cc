@@ -32,7 +32,8 @@ int64_t NowUnixMs() {
 
 }  // namespace
 
-SessionManager::SessionManager(const SessionManagerOptions& options) : options_(options) {}
+SessionManager::SessionManager(const SessionManagerOptions& options, StateJournal* journal)
+    : options_(options), journal_(journal) {}
 
 absl::StatusOr<std::shared_ptr<Session>> SessionManager::Open(absl::string_view client_name,
                                                               uint64_t requested_quota,
@@ -56,6 +57,11 @@ absl::StatusOr<std::shared_ptr<Session>> SessionManager::Open(absl::string_view 
       std::make_shared<Session>(id, token, std::string(client_name), pid, quota, NowUnixMs());
   by_id_.emplace(id, session);
   id_by_token_.emplace(std::move(token), id);
+  if (journal_ != nullptr) {
+    v1::SessionState state;
+    session->ExportState(&state);
+    journal_->SessionOpened(state);
+  }
   return session;
 }
 
@@ -84,6 +90,7 @@ std::shared_ptr<Session> SessionManager::Close(uint64_t session_id) {
   by_id_.erase(it);
   id_by_token_.erase(session->token());
   session->MarkClosed();
+  if (journal_ != nullptr) journal_->SessionClosed(session_id);
   return session;
 }
 
@@ -133,6 +140,7 @@ absl::StatusOr<std::shared_ptr<Session>> SessionManager::Adopt(const v1::Session
   by_id_.emplace(state.id(), session);
   id_by_token_.emplace(state.token(), state.id());
   next_id_ = std::max(next_id_, state.id() + 1);
+  if (journal_ != nullptr) journal_->SessionOpened(state);
   return session;
 }
 

@@ -13,6 +13,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "server/sessions/session.h"
+#include "server/sessions/state_journal.h"
 
 namespace actstash::server {
 
@@ -25,7 +26,9 @@ struct SessionManagerOptions {
 // Thread-safe: every member may be called from any thread (gRPC handlers).
 class SessionManager {
  public:
-  explicit SessionManager(const SessionManagerOptions& options);
+  // `journal` (not owned; null: none) records every open and close, and
+  // must outlive the manager.
+  explicit SessionManager(const SessionManagerOptions& options, StateJournal* journal = nullptr);
   SessionManager(const SessionManager&) = delete;
   SessionManager& operator=(const SessionManager&) = delete;
 
@@ -60,6 +63,7 @@ class SessionManager {
 
  private:
   const SessionManagerOptions options_;
+  StateJournal* const journal_;
   mutable absl::Mutex mu_;
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
   absl::flat_hash_map<uint64_t, std::shared_ptr<Session>> by_id_ ABSL_GUARDED_BY(mu_);

@@ -115,13 +115,8 @@ TEST_F(TakeOverTest, SessionsLeasesAndBytesSurviveRepeatedTakeOvers) {
   ASSERT_TRUE(client.ok()) << client.status();
   ASSERT_TRUE((*client)->attached());
   const uint64_t session = (*client)->session_id();
-  std::vector<std::pair<Ticket, std::vector<std::byte>>> stored;
-  auto store = [&](uint64_t seed) {
-    std::vector<std::byte> bytes = RandomBytes((1 << 20) + seed * 4096, seed);
-    absl::StatusOr<Ticket> ticket = (*client)->Store(bytes.data(), bytes.size());
-    ASSERT_TRUE(ticket.ok()) << ticket.status();
-    stored.emplace_back(*ticket, std::move(bytes));
-  };
+  StoredBuffers stored;
+  auto store = [&](uint64_t seed) { StoreRandom(**client, seed, &stored); };
   for (uint64_t seed = 1; seed <= 8; ++seed) store(seed);
   absl::StatusOr<v1::StatsReply> first_stats = (*client)->Stats();
   ASSERT_TRUE(first_stats.ok());
@@ -131,11 +126,7 @@ TEST_F(TakeOverTest, SessionsLeasesAndBytesSurviveRepeatedTakeOvers) {
     daemon = TakeOver(std::move(daemon));
     ASSERT_NE(daemon, nullptr);
     // Stored bytes are where they were: the same memfds, still mapped.
-    for (const auto& [ticket, bytes] : stored) {
-      std::vector<std::byte> back(bytes.size());
-      ASSERT_TRUE((*client)->Fetch(ticket, back.data(), back.size()).ok());
-      ASSERT_TRUE(back == bytes);
-    }
+    ExpectFetched(**client, stored);
     // New stores lease from the successor (the Lease RPC and its fds).
     for (int i = 0; i < 24; ++i) store(100 * round + i);
     absl::StatusOr<v1::StatsReply> stats = (*client)->Stats();

@@ -36,6 +36,27 @@ inline std::vector<std::byte> RandomBytes(size_t n, uint64_t seed) {
   return bytes;
 }
 
+// Buffers a test stored with their tickets, to fetch back after the daemon
+// was replaced or restarted.
+using StoredBuffers = std::vector<std::pair<Ticket, std::vector<std::byte>>>;
+
+// Stores 1 MiB + seed * 4 KiB of random bytes through `client`.
+inline void StoreRandom(Client& client, uint64_t seed, StoredBuffers* stored) {
+  std::vector<std::byte> bytes = RandomBytes((1 << 20) + seed * 4096, seed);
+  absl::StatusOr<Ticket> ticket = client.Store(bytes.data(), bytes.size());
+  ASSERT_TRUE(ticket.ok()) << ticket.status();
+  stored->emplace_back(*ticket, std::move(bytes));
+}
+
+// Every stored buffer comes back as it was.
+inline void ExpectFetched(Client& client, const StoredBuffers& stored) {
+  for (const auto& [ticket, bytes] : stored) {
+    std::vector<std::byte> back(bytes.size());
+    ASSERT_TRUE(client.Fetch(ticket, back.data(), back.size()).ok());
+    ASSERT_TRUE(back == bytes);
+  }
+}
+
 inline std::unique_ptr<DaemonProcess> StartDaemonOrDie(DaemonProcessOptions options = {}) {
   absl::StatusOr<std::unique_ptr<DaemonProcess>> daemon = DaemonProcess::Start(options);
   EXPECT_TRUE(daemon.ok()) << daemon.status();

@@ -8,6 +8,7 @@ and so is the daemon that ships inside it. The support shared with the benchmark
 """
 import os
 import sys
+import time
 
 import pytest
 
@@ -69,3 +70,32 @@ def stash(request, daemon):
     assert s.client.attached
     yield s
     s.close()
+
+
+def pool_stats(socket):
+    """The daemon's stats, through a client of its own (counted in "sessions")."""
+    import actstash
+    check = actstash.connect(socket)
+    try:
+        return check.client.stats()
+    finally:
+        check.close()
+
+
+def wait_pool_empty(socket, timeout=15):
+    """The daemon's stats once its pool holds nothing, or after `timeout` s."""
+    deadline = time.time() + timeout
+    while True:  # returned leases are renewed (emptied) before they count as free
+        stats = pool_stats(socket)
+        if stats["pool"]["used_bytes"] == 0 or time.time() > deadline:
+            return stats
+        time.sleep(0.05)
+
+
+def assert_trained_bitwise(results):
+    """Trainer results (actstash_testing.trainers): steps ran, each bitwise equal to
+    plain autograd, every offloaded tensor came back, no store failed."""
+    for r in results:
+        assert r["steps"] > 0 and r["not_bitwise"] == 0, r
+        assert r["offloaded"] > 0 and r["fetched"] == r["offloaded"], r
+        assert r["failures"] == 0, r

@@ -1,7 +1,8 @@
 """A trainer for the take-over tests and benchmark: a GPT whose blocks offload
 through actstashd, each step checked bitwise against plain autograd on the same
 seed, until a stop file appears; then one JSON line: steps, steps not bitwise,
-tensors offloaded and fetched, calls that paused for a take-over, step times.
+tensors offloaded and fetched, calls that paused for a take-over or restart,
+attach connections made again after a restart, step times.
 
     python3 takeover_run.py SOCKET STOP_FILE READY_FILE [--dim 128]
 """
@@ -40,7 +41,7 @@ def main():
     idx = torch.randint(0, 256, (8, 65))
     # lease_retain_ms=0: leases go back after every step and are leased again,
     # so that steps make Lease and Return calls while daemons are replaced.
-    stash = actstash.connect(args.socket, lease_retain_ms=0)
+    stash = actstash.connect(args.socket, lease_retain_ms=0, reattach_timeout_ms=30000)
     assert stash.client.attached, stash.client.attach_error
     actstash.wrap(model, stash, mode="offload", min_bytes=0)
 
@@ -65,6 +66,7 @@ def main():
     print(json.dumps({"steps": steps, "not_bitwise": not_bitwise,
                       "offloaded": stats["tensors_offloaded"], "fetched": stats["tensors_fetched"],
                       "failures": stats["store_failures"], "pauses": stats["daemon_pauses"],
+                      "reattaches": stats["daemon_reattaches"],
                       "step_ms_median": 1e3 * statistics.median(times),
                       "step_ms_max": 1e3 * max(times)}))
 

@@ -177,3 +177,23 @@ def test_trainer_route(stash, tmp_path):
     assert_bitwise(expected, got)
     hidden = 2 * SEQ * 64 * 4
     assert offloaded >= 3 * len(layers(model)) * hidden and fetched == offloaded
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_offload_adamw_matches_torch_adamw(stash, arch):
+    """Adam's states in the pool (actstash.optim.OffloadAdamW), 20 steps with
+    clip_grad_norm_ (dropout on in GPT-2): parameters bitwise equal to torch's
+    AdamW(foreach=False)."""
+    from actstash.optim import OffloadAdamW
+    plain, ours = tiny(arch), tiny(arch)
+    reference = torch.optim.AdamW(plain.parameters(), lr=1e-3, foreach=False)
+    opt = OffloadAdamW(ours.parameters(), stash, lr=1e-3)
+    assert opt.offloaded_bytes == 2 * sum(p.numel() * 4 for p in ours.parameters())
+    for i in range(20):
+        for model, optimizer in ((plain, reference), (ours, opt)):
+            step(model, seed=i)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+    for a, b in zip(plain.parameters(), ours.parameters()):
+        assert torch.equal(a, b)
+    del opt

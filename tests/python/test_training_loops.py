@@ -53,6 +53,25 @@ def test_ddp_ranks_match_ddp_without_offload(daemon, tmp_path, ranks):
     assert stdout.count("offloaded") == ranks
 
 
+def test_ddp_with_offload_adamw_matches_torch_adamw(daemon, tmp_path):
+    """Two ranks, one daemon, 4 accumulated micro-batches per step: Adam's states of
+    each rank in the pool (OffloadAdamW), activations offloaded too; parameters
+    bitwise equal to DDP with torch's AdamW and nothing offloaded."""
+    common = ["--ranks", "2", "--steps", "3", "--accumulate", "4"]
+    ref, _ = _run_ddp(daemon, tmp_path, "ref", "--mode", "none", *common)
+    off, stdout = _run_ddp(daemon, tmp_path, "off", "--mode", "offload", "--optimizer",
+                           "offload-adamw", *common)
+    for r in range(2):
+        a, b = torch.load(ref / f"rank{r}.pt"), torch.load(off / f"rank{r}.pt")
+        assert _same_tensors(a["params"], b["params"]), f"rank {r} parameters"
+    # Each rank's activations and optimizer state went to the daemon.
+    reports = [line for line in stdout.splitlines() if line.startswith("rank ")]
+    assert len(reports) == 2, stdout
+    for report in reports:
+        assert "offloaded 0.0 MiB" not in report, report
+        assert "optimizer state in the pool 0.0 MiB" not in report, report
+
+
 def test_ddp_rank_quotas_are_separate(daemon, tmp_path):
     common = ["--ranks", "2", "--steps", "2"]
     ref, _ = _run_ddp(daemon, tmp_path, "ref", "--mode", "none", *common)

@@ -188,7 +188,7 @@ TEST(AdoptSessionsTest, IdsTokensAndQuotasComeBack) {
   lease.set_count(3);
   absl::StatusOr<SegmentRun> run = (*pool)->AdoptRun(2, 3);
   ASSERT_TRUE(run.ok());
-  ASSERT_TRUE(leases.Adopt(*adopted, lease, *std::move(run)).ok());
+  ASSERT_TRUE(leases.Adopt(*adopted, lease, &*run).ok());
   EXPECT_EQ((*adopted)->used_bytes(), 3u << 20);
   ASSERT_EQ(leases.Export().size(), 1u);
   EXPECT_EQ(leases.Export()[0].first_segment(), 2u);
@@ -197,7 +197,7 @@ TEST(AdoptSessionsTest, IdsTokensAndQuotasComeBack) {
   device_tier.set_id(tiered_id::Make(1, 9));
   absl::StatusOr<SegmentRun> other = (*pool)->AdoptRun(6, 1);
   ASSERT_TRUE(other.ok());
-  EXPECT_EQ(leases.Adopt(*adopted, device_tier, *std::move(other)).code(),
+  EXPECT_EQ(leases.Adopt(*adopted, device_tier, &*other).code(),
             absl::StatusCode::kInvalidArgument);
   leases.StopRenewing();
   ASSERT_EQ(leases.ReleaseSession((*adopted)->id()).objects, 1u);

@@ -33,7 +33,7 @@ extern "C" {
  * actstash_describe_json exports the constants, defaults and counter names;
  * actstash_parse_size.
  * 5: actstash_client_copy_share_json. */
-#define ACTSTASH_C_API_VERSION 5
+#define ACTSTASH_C_API_VERSION 6
 
 #if defined(__GNUC__)
 #define ACTSTASH_API __attribute__((visibility("default")))
@@ -88,6 +88,26 @@ ACTSTASH_API int actstash_client_stats_json(actstash_client* client, int all_ses
  * client's copies reached alone, in bytes per second (0: unknown). */
 ACTSTASH_API int actstash_client_copy_share_json(actstash_client* client, double probe_store_bps,
                                                  double probe_fetch_bps, char** out);
+
+/* Long-lived buffers in the session's leased pool memory (optimizer state):
+ * reserve places nbytes (attached clients only: FAILED_PRECONDITION
+ * otherwise; RESOURCE_EXHAUSTED past the quota or the pool) and gives its
+ * ticket and writable address, valid until released; the buffer is never
+ * spilled. release gives it back (NOT_FOUND for an unknown ticket). */
+ACTSTASH_API int actstash_client_reserve(actstash_client* client, uint64_t nbytes, uint64_t* ticket,
+                                         uintptr_t* data);
+ACTSTASH_API int actstash_client_release(actstash_client* client, uint64_t ticket, uint64_t nbytes);
+
+/* One AdamW step on the CPU over `count` fp32 tensors in place
+ * (kernels/adamw.h: each operation rounded on its own, the same bits for
+ * any thread count): tensor i has sizes[i] elements at params[i], grads[i],
+ * exp_avgs[i], exp_avg_sqs[i] (addresses). step counts from 1. threads < 1
+ * means 1. INVALID_ARGUMENT for a null array or step 0. */
+ACTSTASH_API int actstash_adamw_step(uint64_t count, const uintptr_t* params,
+                                     const uintptr_t* grads, const uintptr_t* exp_avgs,
+                                     const uintptr_t* exp_avg_sqs, const uint64_t* sizes, double lr,
+                                     double beta1, double beta2, double eps, double weight_decay,
+                                     uint64_t step, int threads);
 
 /* Flags of actstash_engine_pack. */
 #define ACTSTASH_ELEMENT_SIZE_MASK 0xF /* bits 0-3: element size in bytes */

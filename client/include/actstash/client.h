@@ -59,6 +59,11 @@ struct ClientOptions {
   std::chrono::milliseconds rpc_timeout{30000};
   // Deadline of Connect (opening the session).
   std::chrono::milliseconds connect_timeout{5000};
+  // When the daemon keeps its state across a crash (under a service manager
+  // that holds its memory, docs/OPERATIONS.md) and its attach connection
+  // ends: how long to try to attach again (calls meanwhile wait, leased
+  // memory stays readable) before the session counts as gone. 0: never.
+  std::chrono::milliseconds reattach_timeout{30000};
   AttachMode attach = AttachMode::kAuto;
   // Segments leased at a time by the zero-copy path; up to this many empty
   // segments are kept leased for reuse.
@@ -256,6 +261,9 @@ class Client {
   // Calls that found the daemon paused (being replaced: actstashd
   // --take-over) and waited for its successor (no RPC).
   uint64_t daemon_pauses() const;
+  // Times the attach connection was made again after the daemon restarted
+  // with its state (see ClientOptions::reattach_timeout).
+  uint64_t daemon_reattaches() const;
   // Closes the session now; later calls fail with FAILED_PRECONDITION.
   absl::Status Close();
 

@@ -10,6 +10,7 @@
     actstash.wrap(model, stash, policy="auto", budget="6GiB")   # a plan per block
     actstash.use_for_gradient_checkpointing(hf_model, stash)  # transformers' own route
     print(stash.plan())
+    opt = actstash.optim.OffloadAdamW(model.parameters(), stash)  # Adam's states in the pool
 
 The native library (libactstash.so, loaded through ctypes) links neither
 Python nor torch: one build serves every CPython version and torch >= 1.13.
@@ -27,6 +28,8 @@ _LAZY = {"BudgetError": "_planner", "Stash": "_stash", "connect": "_stash",
 
 
 def __getattr__(name):
+    if name == "optim":  # a submodule, imported on first use (it imports torch)
+        return importlib.import_module("actstash.optim")
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'actstash' has no attribute {name!r}")
@@ -36,7 +39,7 @@ def __getattr__(name):
 
 
 def __dir__():
-    return sorted(list(globals()) + list(_LAZY))
+    return sorted(list(globals()) + list(_LAZY) + ["optim"])
 
 
 __all__ = [

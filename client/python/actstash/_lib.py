@@ -50,7 +50,7 @@ def _declare(lib, name, restype, *argtypes):
     return fn
 
 
-_C_API_VERSION = 5  # settings as JSON, describe_json, copy_share; JSON shapes below
+_C_API_VERSION = 6  # settings as JSON, describe_json, copy_share, reserve, adamw_step; JSON below
 if _declare(_c, "c_api_version", _int)() != _C_API_VERSION:
     raise ImportError(f"actstash: {_PATH} has C API version {_c.actstash_c_api_version()}, "
                       f"this package needs {_C_API_VERSION} (mixed installs?)")
@@ -66,6 +66,15 @@ client_info_json = _declare(_c, "client_info_json", _vp, _vp)
 client_stats_json = _declare(_c, "client_stats_json", _int, _vp, _int, ctypes.POINTER(_vp))
 client_copy_share_json = _declare(_c, "client_copy_share_json", _int, _vp, ctypes.c_double,
                                   ctypes.c_double, ctypes.POINTER(_vp))
+client_reserve = _declare(_c, "client_reserve", _int, _vp, _u64, ctypes.POINTER(_u64),
+                          ctypes.POINTER(ctypes.c_size_t))
+client_release = _declare(_c, "client_release", _int, _vp, _u64, _u64)
+_d = ctypes.c_double
+_u64p = ctypes.POINTER(_u64)
+_uptrp = ctypes.POINTER(ctypes.c_size_t)
+# The GIL is released while it runs (CDLL).
+adamw_step = _declare(_c, "adamw_step", _int, _u64, _uptrp, _uptrp, _uptrp, _uptrp, _u64p, _d,
+                      _d, _d, _d, _d, _u64, _int)
 
 
 class EngineCallbacks(ctypes.Structure):
@@ -256,6 +265,27 @@ class Client:
         if code:
             raise_for(code)
         return json.loads(_string(out.value))
+
+    def reserve(self, nbytes):
+        """A long-lived buffer of nbytes in the session's leased pool memory (never
+        spilled): (ticket, address). StashError when not attached; StashFull past the
+        quota or the pool."""
+        if self._handle is None:
+            raise StashError("the session is closed")
+        ticket, address = _u64(), ctypes.c_size_t()
+        code = client_reserve(self._handle, int(nbytes), ctypes.byref(ticket),
+                              ctypes.byref(address))
+        if code:
+            raise_for(code)
+        return ticket.value, address.value
+
+    def release(self, ticket, nbytes):
+        """Gives a reserve()d buffer back."""
+        if self._handle is None:
+            return
+        code = client_release(self._handle, int(ticket), int(nbytes))
+        if code:
+            raise_for(code)
 
     def close(self):
         if self._handle is not None:

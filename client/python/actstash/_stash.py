@@ -426,8 +426,13 @@ class Stash:
                 pass
             info = self._client._info()
             usage = info["zero_copy"]
-            # Calls that waited while the daemon was replaced (actstashd --take-over).
+            # Calls that waited while the daemon was replaced (actstashd --take-over)
+            # or restarted; attach connections made again after a restart.
             out["daemon_pauses"] = info["daemon_pauses"]
+            out["daemon_reattaches"] = info["daemon_reattaches"]
+            # Optimizer state this session keeps in the pool (actstash.optim).
+            from actstash import optim
+            out["optimizer_state_bytes"] = optim.state_bytes(self._client)
             out["spilled_now_bytes"] = usage["spilled_bytes"]  # on the daemon's disk now
             out["spills"] = usage["spills"]
             out["restores"] = usage["restores"]

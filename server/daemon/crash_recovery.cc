@@ -1,0 +1,191 @@
+#include "server/daemon/crash_recovery.h"
+
+#include <cstdlib>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "spdlog/spdlog.h"
+
+namespace actstash::server {
+namespace {
+
+constexpr char kSegmentPrefix[] = "seg-";
+
+}  // namespace
+
+std::string SegmentFdName(uint32_t segment) { return absl::StrCat(kSegmentPrefix, segment); }
+
+TableGeometry GeometryOf(const DaemonConfig& config) {
+  TableGeometry geometry;
+  geometry.segment_bytes = config.segment_bytes;
+  geometry.segments = config.segment_bytes == 0
+                          ? 0
+                          : static_cast<uint32_t>(config.pool_bytes / config.segment_bytes);
+  geometry.session_slots = static_cast<uint32_t>(config.max_sessions);
+  return geometry;
+}
+
+Recovery CollectRecovery(const DaemonConfig& config, std::vector<PassedFd> passed) {
+  const TableGeometry geometry = GeometryOf(config);
+  Recovery recovery;
+  recovery.segments.resize(geometry.segments);
+  UniqueFd state;
+  size_t segments_passed = 0;
+  int tables = 0;
+  // A name kept twice (a removal the manager did not see): which fd is the
+  // current one is unknown, so neither is used.
+  std::vector<bool> repeated(geometry.segments, false);
+  for (PassedFd& fd : passed) {
+    uint32_t index = 0;
+    const bool segment = absl::StartsWith(fd.name, kSegmentPrefix) &&
+                         absl::SimpleAtoi(fd.name.substr(sizeof(kSegmentPrefix) - 1), &index);
+    if (fd.name == kStateFdName) {
+      ++tables;
+      state = std::move(fd.fd);
+    } else if (fd.name == kAttachFdName && !recovery.attach_listener.valid()) {
+      recovery.attach_listener = std::move(fd.fd);
+    } else if (segment && index < geometry.segments) {
+      repeated[index] = repeated[index] || recovery.segments[index].valid();
+      recovery.segments[index] = std::move(fd.fd);
+      ++segments_passed;
+    } else {
+      spdlog::warn("recovery: ignoring the passed fd '{}' (unknown, repeated or outside the pool)",
+                   fd.name);
+      if (segment) recovery.dropped_names.push_back(fd.name);
+    }
+  }
+  for (uint32_t i = 0; i < geometry.segments; ++i) {
+    if (repeated[i]) recovery.segments[i].Reset();
+  }
+  auto lose = [&](std::string why) {
+    recovery.why_lost = std::move(why);
+    recovery.table.reset();
+    for (UniqueFd& fd : recovery.segments) fd.Reset();
+    recovery.reused_free.clear();
+    return std::move(recovery);
+  };
+  if (!state.valid()) {
+    if (segments_passed == 0) return recovery;  // nothing of a state passed
+    return lose("no state table was passed back with the pool's segments");
+  }
+  if (tables > 1) {
+    // A table stored while an earlier one's removal did not reach the
+    // manager: which is current is unknown.
+    return lose(absl::StrCat(tables, " state tables were passed back"));
+  }
+  if (!config.device_pools.empty()) {
+    return lose(
+        "device pools do not survive a crash (their CUDA IPC memory died with the process), so "
+        "nothing is recovered when they are configured");
+  }
+  RecoveredState state_read;
+  absl::StatusOr<std::unique_ptr<StateTable>> table =
+      StateTable::Recover(std::move(state), geometry, &state_read);
+  if (!table.ok()) return lose(table.status().ToString());
+  recovery.table = *std::move(table);
+  recovery.state = std::move(state_read);
+
+  std::vector<bool> leased(geometry.segments, false);
+  std::vector<v1::LeaseState> kept;
+  for (v1::LeaseState& lease : recovery.state.leases) {
+    bool have = true;
+    for (uint32_t i = 0; i < lease.count(); ++i) {
+      have = have && recovery.segments[lease.first_segment() + i].valid() &&
+             recovery.state.kept[lease.first_segment() + i];
+    }
+    if (!have) {
+      // Its segments' current memfds were not kept (a store failed or did
+      // not reach the manager): the memory the client maps is not this
+      // pool's any more. The client keeps its mapping; the segments get
+      // fresh memfds.
+      spdlog::warn("recovery: lease {} of session {} lost: its segments' memfds were not kept",
+                   lease.id(), lease.session_id());
+      recovery.table->LeaseReleased(lease.id(), lease.first_segment());
+      continue;
+    }
+    for (uint32_t i = 0; i < lease.count(); ++i) leased[lease.first_segment() + i] = true;
+    kept.push_back(std::move(lease));
+  }
+  recovery.state.leases = std::move(kept);
+  for (uint32_t i = 0; i < geometry.segments; ++i) {
+    if (leased[i]) continue;
+    if (recovery.segments[i].valid() && recovery.state.clean[i]) {
+      recovery.reused_free.push_back(i);
+    } else {
+      recovery.segments[i].Reset();  // a fresh memfd replaces it
+    }
+  }
+  return recovery;
+}
+
+absl::Status DaemonJournal::StoreSegment(uint32_t segment) const {
+  if (pool_ == nullptr) return absl::FailedPreconditionError("no pool to store segments of");
+  absl::StatusOr<UniqueFd> fd = pool_->DupSegmentFd(segment);
+  if (!fd.ok()) return fd.status();
+  const std::string name = SegmentFdName(segment);
+  if (absl::Status s = notifier_.RemoveFds(name); !s.ok()) return s;
+  return notifier_.StoreFd(name, fd->get());
+}
+
+void DaemonJournal::SegmentsRenewed(uint32_t first, uint32_t count) {
+  for (uint32_t i = first; i - first < count; ++i) {
+    // Neither clean nor kept unless the service manager holds the new
+    // memfd: a restart would otherwise map the old one, which the client
+    // that returned the lease may still map.
+    if (absl::Status s = StoreSegment(i); !s.ok()) {
+      spdlog::warn("keeping segment {}'s renewed memfd for a restart failed: {}", i, s.ToString());
+      table_->SegmentsNotKept(i, 1);
+      continue;
+    }
+    table_->SegmentsRenewed(i, 1);
+  }
+}
+
+absl::Status DaemonJournal::KeepForRestart(const std::vector<bool>& reused_segments,
+                                           bool table_reused,
+                                           const std::vector<std::string>& dropped_names) {
+  // systemd 254+ says how many fds it keeps ($FDSTORE, FileDescriptorStoreMax):
+  // one dropped silently would leave a stale memfd under its name.
+  const uint64_t needed = uint64_t{pool_->segment_count()} + 2;
+  if (const char* room = std::getenv("FDSTORE"); room != nullptr) {
+    uint64_t max = 0;
+    if (absl::SimpleAtoi(room, &max) && max < needed) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("the service manager keeps at most ", max, " fds (FileDescriptorStoreMax); ",
+                       needed, " are needed (a segment each, the table, the attach listener)"));
+    }
+  }
+  for (const std::string& name : dropped_names) {
+    if (absl::Status s = notifier_.RemoveFds(name); !s.ok()) return s;
+  }
+  // The segments first, each marked kept once stored; the table last, so
+  // that a table in the store never vouches for a segment it does not hold.
+  uint32_t stored = 0;
+  for (uint32_t i = 0; i < pool_->segment_count(); ++i) {
+    if (i < reused_segments.size() && reused_segments[i]) continue;
+    if (absl::Status s = StoreSegment(i); !s.ok()) {
+      table_->SegmentsNotKept(i, 1);
+      return s;
+    }
+    table_->SegmentsRenewed(i, 1);
+    ++stored;
+  }
+  if (!table_reused) {
+    if (absl::Status s = notifier_.RemoveFds(kStateFdName); !s.ok()) return s;
+    if (absl::Status s = notifier_.StoreFd(kStateFdName, table_->fd()); !s.ok()) return s;
+  }
+  spdlog::info(
+      "service manager ({}): keeps the state table and the pool's segments ({} stored now) for "
+      "a restart after a crash",
+      notifier_.address(), stored);
+  return absl::OkStatus();
+}
+
+void DaemonJournal::GiveUp() {
+  table_->Retire();
+  (void)notifier_.RemoveFds(kStateFdName);
+}
+
+}  // namespace actstash::server

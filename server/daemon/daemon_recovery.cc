@@ -1,0 +1,100 @@
+// Daemon's side of a restart after a crash (crash_recovery.h): adopting
+// what the state table recorded, keeping what a later restart needs in the
+// service manager's fd store, and closing the sessions that do not come
+// back within the grace period.
+#include <utility>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "server/daemon/daemon.h"
+#include "spdlog/spdlog.h"
+
+namespace actstash::server {
+
+absl::Status Daemon::AdoptRecovered(Recovery* recovery) {
+  const RecoveredState& state = recovery->state;
+  absl::flat_hash_map<uint64_t, std::shared_ptr<Session>> by_id;
+  for (const v1::SessionState& s : state.sessions) {
+    absl::StatusOr<std::shared_ptr<Session>> session = sessions_.Adopt(s);
+    if (!session.ok()) {
+      // Not expected (the table was checked): this session is lost, the
+      // others are not.
+      spdlog::error("recovery: session {} not recovered: {}", s.id(), session.status().ToString());
+      if (journal_ != nullptr) journal_->SessionClosed(s.id());
+      continue;
+    }
+    by_id[s.id()] = *session;
+  }
+  size_t leases = 0;
+  for (const v1::LeaseState& lease : state.leases) {
+    absl::StatusOr<SegmentRun> run = pool_->AdoptRun(lease.first_segment(), lease.count());
+    if (!run.ok()) {  // not expected: the table's runs do not overlap
+      spdlog::error("recovery: lease {} not recovered: {}", lease.id(), run.status().ToString());
+      continue;
+    }
+    auto it = by_id.find(lease.session_id());
+    absl::Status adopted = it == by_id.end() ? absl::NotFoundError("its session was not recovered")
+                                             : leases_.Adopt(it->second, lease, &*run);
+    if (!adopted.ok()) {
+      // Its client may still map this memory: renewed before it is free.
+      spdlog::error("recovery: lease {} of session {} not recovered: {}", lease.id(),
+                    lease.session_id(), adopted.ToString());
+      if (journal_ != nullptr) journal_->LeaseReleased(lease.id(), lease.first_segment());
+      leases_.Recycle(*std::move(run));
+      continue;
+    }
+    ++leases;
+  }
+  leases_.Restore(state.next_lease_id, 0);
+  sessions_.AdvanceNextId(state.next_session_id);
+  // Inline objects are not in the table: their handles now say they were
+  // lost, and new ones never repeat them.
+  catalog_.AdvanceNextHandle(state.next_object_handle, /*lost=*/true);
+  {
+    absl::MutexLock lock(&recovery_mu_);
+    for (const auto& [id, session] : by_id) awaiting_reattach_.insert(id);
+    reattach_deadline_ms_ =
+        SteadyNowMs() + static_cast<int64_t>(config_.reattach_grace_seconds * 1000);
+  }
+  spdlog::info(
+      "recovery: the state of the daemon that crashed is back (restart {} of this state): {} "
+      "sessions, {} leases over {} segments kept, {} free segments reused; the sessions have "
+      "{} s to attach again",
+      state.restarts + 1, by_id.size(), leases, pool_->segment_count(),
+      recovery->reused_free.size(), config_.reattach_grace_seconds);
+  return absl::OkStatus();
+}
+
+void Daemon::ReapUnreattached() {
+  std::vector<uint64_t> expired;
+  {
+    absl::MutexLock lock(&recovery_mu_);
+    if (awaiting_reattach_.empty()) return;
+    const bool past = SteadyNowMs() >= reattach_deadline_ms_;
+    absl::flat_hash_map<uint64_t, bool> attached;  // open sessions
+    for (const std::shared_ptr<Session>& session : sessions_.List()) {
+      attached[session->id()] = session->attached();
+    }
+    for (auto it = awaiting_reattach_.begin(); it != awaiting_reattach_.end();) {
+      auto open = attached.find(*it);
+      const bool back = open != attached.end() && open->second;
+      if (open == attached.end() || back || past) {
+        if (!back && open != attached.end()) expired.push_back(*it);
+        awaiting_reattach_.erase(it++);
+      } else {
+        ++it;
+      }
+    }
+  }
+  for (uint64_t id : expired) {
+    if (std::optional<SessionTotals> freed = CloseSessionAndFree(core_, id)) {
+      core_.sessions_reclaimed.fetch_add(1, std::memory_order_relaxed);
+      spdlog::info(
+          "recovery: session {} did not attach again within {} s: closed, {} leases ({} bytes) "
+          "freed",
+          id, config_.reattach_grace_seconds, freed->leases.objects, freed->leases.bytes);
+    }
+  }
+}
+
+}  // namespace actstash::server

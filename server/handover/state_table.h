@@ -1,0 +1,130 @@
+// StateTable: the state a daemon restarted after a crash needs, written as
+// it changes into a memfd that the service manager keeps for the next start
+// (server/base/service_manager.h): the sessions (id, token, name, quota,
+// peer), the host leases (id, session, segment run), which free segments
+// have a memfd no client ever mapped ("clean"), whose current memfd the
+// service manager holds ("kept"), and floors under which every
+// id and handle given so far lies. The same schema as a take-over's
+// (v1::SessionState, v1::LeaseState in proto/actstash/v1/handover.proto).
+//
+// Layout (format kTableFormat; integers native, both ends on one host):
+//
+//   0       TableHeader: magic "ACTSTABL", format, geometry, XXH3 of those;
+//           then single words written atomically: retired, restarts and
+//           the three id floors
+//   4096    one byte per segment: bit 0 "clean" (free, its memfd fresh),
+//           bit 1 "kept" (the service manager holds its current memfd)
+//   S       session slots (kSessionSlotBytes each, session_slots of them)
+//   L       lease slots (kLeaseSlotBytes each, one per segment: the slot of
+//           the lease's first segment)
+//
+// A slot is a word (0: free; else body length << 1 | 1), the body's XXH3
+// and the body (a serialized proto). A slot is written while its word says
+// free and published by storing the word last (release order), so a process
+// killed mid-write leaves the slot free, never half-written: only damage
+// from outside makes a used slot fail its checksum.
+//
+// Thread-safety: the StateJournal calls from any thread; a lease slot is
+// written only by the grant or release of the lease that owns its segment,
+// which the lease manager serializes; session slots are assigned under mu_.
+#ifndef ACTSTASH_SERVER_HANDOVER_STATE_TABLE_H_
+#define ACTSTASH_SERVER_HANDOVER_STATE_TABLE_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "actstash/v1/handover.pb.h"
+#include "common/unique_fd.h"
+#include "server/sessions/state_journal.h"
+
+namespace actstash::server {
+
+inline constexpr uint32_t kTableFormat = 1;
+inline constexpr size_t kSessionSlotBytes = 512;
+inline constexpr size_t kLeaseSlotBytes = 64;
+
+struct TableGeometry {
+  uint64_t segment_bytes = 0;
+  uint32_t segments = 0;
+  uint32_t session_slots = 0;  // the daemon's max_sessions
+};
+
+// What a table says a crashed daemon held.
+struct RecoveredState {
+  std::vector<v1::SessionState> sessions;
+  std::vector<v1::LeaseState> leases;
+  std::vector<bool> clean;  // per segment: free, fresh and kept
+  std::vector<bool> kept;   // per segment: its kept memfd is the current one
+  uint64_t next_session_id = 1;
+  uint64_t next_lease_id = 0;  // 0: none recorded
+  uint64_t next_object_handle = 1;
+  uint64_t restarts = 0;  // recoveries before this one
+};
+
+class StateTable final : public StateJournal {
+ public:
+  // A new, empty table in a sealed-size memfd; no segment is clean or kept
+  // until SegmentsRenewed says so.
+  // INTERNAL / RESOURCE_EXHAUSTED with errno text when the kernel refuses.
+  static absl::StatusOr<std::unique_ptr<StateTable>> Create(const TableGeometry& geometry);
+  // The table in `fd`, left by a daemon that did not retire it; `out` gets
+  // what it holds, and the table goes on recording into the same memory.
+  // FAILED_PRECONDITION: another format or geometry, a retired table (the
+  // daemon shut down cleanly), a file whose size is not sealed. DATA_LOSS:
+  // a header or a used slot fails its checksum, or the slots contradict one
+  // another (overlapping runs, a run outside the pool, a repeated id):
+  // nothing of such a table is trusted. A lease whose session is gone (it
+  // was closing) is dropped from the table.
+  static absl::StatusOr<std::unique_ptr<StateTable>> Recover(UniqueFd fd,
+                                                             const TableGeometry& geometry,
+                                                             RecoveredState* out);
+  ~StateTable() override;
+  StateTable(const StateTable&) = delete;
+  StateTable& operator=(const StateTable&) = delete;
+
+  int fd() const { return fd_.get(); }
+  // The daemon stops cleanly: the next start finds nothing to recover.
+  void Retire();
+
+  // StateJournal.
+  void SessionOpened(const v1::SessionState& session) override ABSL_LOCKS_EXCLUDED(mu_);
+  void SessionClosed(uint64_t session_id) override ABSL_LOCKS_EXCLUDED(mu_);
+  void LeaseGranted(const v1::LeaseState& lease) override;
+  void LeaseReleased(uint64_t lease_id, uint32_t first_segment) override;
+  // Marks the segments clean and kept (their memfds are the fresh ones the
+  // service manager keeps: the caller stored them first).
+  void SegmentsRenewed(uint32_t first, uint32_t count) override;
+  // The service manager may not hold the segments' current memfds (a store
+  // failed): a lease on them cannot be recovered.
+  void SegmentsNotKept(uint32_t first, uint32_t count);
+  void ObjectHandleIssued(uint64_t handle) override;
+
+ private:
+  StateTable(UniqueFd fd, std::byte* base, size_t bytes, const TableGeometry& geometry);
+  std::byte* SessionSlot(uint32_t index) const;
+  std::byte* LeaseSlot(uint32_t index) const;
+  uint8_t* CleanFlags() const;
+  // Raises a floor word to `id` + a step when `id` reached it.
+  void RaiseFloor(size_t word_offset, uint64_t id);
+
+  const UniqueFd fd_;
+  std::byte* const base_;
+  const size_t bytes_;
+  const TableGeometry geometry_;
+  absl::Mutex mu_;
+  absl::flat_hash_map<uint64_t, uint32_t> session_slot_ ABSL_GUARDED_BY(mu_);
+  std::vector<uint32_t> free_session_slots_ ABSL_GUARDED_BY(mu_);
+};
+
+// The table's size for `geometry`, in bytes (a multiple of the page size).
+size_t StateTableBytes(const TableGeometry& geometry);
+
+}  // namespace actstash::server
+
+#endif  // ACTSTASH_SERVER_HANDOVER_STATE_TABLE_H_

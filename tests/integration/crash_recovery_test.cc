@@ -1,0 +1,150 @@
+// actstashd restarted after a crash by a service manager that keeps its fds
+// (testing/fd_store.h speaks systemd's protocols): a client's stored bytes,
+// session and leases survive SIGKILLs, the client attaches again and goes
+// on leasing; a state table damaged while the daemon was down is not
+// trusted and the client is told its state was lost; a clean stop retires
+// the table; a recovered session that never attaches again is closed after
+// the grace period.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <chrono>
+#include <thread>
+
+#include "tests/integration/test_util.h"
+
+namespace actstash::testing {
+namespace {
+
+using ::testing::HasSubstr;
+
+DaemonProcessOptions Supervised(std::vector<std::string> extra = {}) {
+  DaemonProcessOptions options;
+  options.pool_size = "128MiB";
+  options.segment_size = "4MiB";
+  options.supervised = true;
+  options.extra_args = std::move(extra);
+  return options;
+}
+
+ClientOptions Attached(const DaemonProcess& daemon) {
+  ClientOptions options;
+  options.address = daemon.address();
+  options.attach = AttachMode::kRequired;
+  options.client_name = "crash_recovery_test";
+  options.lease_retain = std::chrono::milliseconds(0);
+  options.reattach_timeout = std::chrono::seconds(20);
+  return options;
+}
+
+// SIGKILL and a restart with the kept fds, as a service manager does.
+void Crash(DaemonProcess& daemon) {
+  const int ready = daemon.fd_store()->ready_count();
+  ASSERT_TRUE(daemon.Stop(SIGKILL).ok());
+  ASSERT_TRUE(daemon.Restart().ok()) << daemon.log();
+  ASSERT_TRUE(daemon.fd_store()->WaitReady(ready, std::chrono::seconds(30))) << daemon.log();
+}
+
+bool LogHas(const DaemonProcess& daemon, const std::string& text) {
+  return daemon.log().find(text) != std::string::npos;
+}
+
+TEST(CrashRecoveryTest, StoredBytesSessionAndLeasesSurviveKills) {
+  std::unique_ptr<DaemonProcess> daemon = StartDaemonOrDie(Supervised());
+  ASSERT_NE(daemon, nullptr);
+  absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(Attached(*daemon));
+  ASSERT_TRUE(client.ok()) << client.status();
+  ASSERT_TRUE((*client)->attached());
+  const uint64_t session = (*client)->session_id();
+  StoredBuffers stored;
+  auto store = [&](uint64_t seed) {
+    StoreRandom(**client, seed, &stored);
+    ASSERT_FALSE(::testing::Test::HasFatalFailure()) << daemon->log();
+  };
+  for (uint64_t seed = 1; seed <= 6; ++seed) store(seed);
+  for (int round = 1; round <= 3; ++round) {
+    SCOPED_TRACE(round);
+    Crash(*daemon);
+    // New stores lease from the restarted daemon once the client attached
+    // again: the calls in the gap wait.
+    for (int i = 0; i < 12; ++i) store(100 * round + i);
+    ExpectFetched(**client, stored);
+    // Some go back (Return after a restart) and are leased again.
+    for (int i = 0; i < 6; ++i) {
+      ASSERT_TRUE((*client)->Release(stored.back().first).ok());
+      stored.pop_back();
+    }
+    EXPECT_EQ((*client)->daemon_reattaches(), static_cast<uint64_t>(round));
+  }
+  absl::StatusOr<v1::StatsReply> stats = (*client)->Stats();
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_EQ((*client)->session_id(), session);
+  EXPECT_GT(stats->pool().used_bytes(), 0u);
+  EXPECT_TRUE(LogHas(*daemon, "restart 3 of this state")) << daemon->log();
+  ASSERT_TRUE((*client)->Close().ok());
+  // Clean stop: the table is retired, the next start is a fresh one.
+  ASSERT_TRUE(daemon->Stop(SIGTERM).ok());
+  ASSERT_TRUE(daemon->Restart().ok());
+  EXPECT_THAT(daemon->log(), HasSubstr("shut down cleanly"));
+}
+
+TEST(CrashRecoveryTest, ADamagedTableIsNotTrustedAndTheClientIsTold) {
+  std::unique_ptr<DaemonProcess> daemon = StartDaemonOrDie(Supervised());
+  ASSERT_NE(daemon, nullptr);
+  absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(Attached(*daemon));
+  ASSERT_TRUE(client.ok()) << client.status();
+  const std::vector<std::byte> bytes = RandomBytes(1 << 20, 7);
+  ASSERT_TRUE((*client)->Store(bytes.data(), bytes.size()).ok());
+  const int ready = daemon->fd_store()->ready_count();
+  ASSERT_TRUE(daemon->Stop(SIGKILL).ok());
+  ASSERT_TRUE(daemon->fd_store()->Corrupt("state", 8, std::string(1, '\x7f')).ok());
+  ASSERT_TRUE(daemon->Restart().ok());
+  ASSERT_TRUE(daemon->fd_store()->WaitReady(ready, std::chrono::seconds(30)));
+  EXPECT_TRUE(LogHas(*daemon, "fails its checksum")) << daemon->log();
+  absl::Status status;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  do {
+    status = (*client)->Store(bytes.data(), bytes.size()).status();
+  } while (status.ok() && std::chrono::steady_clock::now() < deadline);
+  EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
+  EXPECT_THAT(std::string(status.message()), HasSubstr("restarted without this session's state"));
+  // The restarted daemon serves new sessions.
+  absl::StatusOr<std::unique_ptr<Client>> fresh = Client::Connect(Attached(*daemon));
+  ASSERT_TRUE(fresh.ok()) << fresh.status();
+  EXPECT_TRUE((*fresh)->Store(bytes.data(), bytes.size()).ok());
+}
+
+TEST(CrashRecoveryTest, ASessionThatDoesNotComeBackIsClosedAfterTheGrace) {
+  std::unique_ptr<DaemonProcess> daemon =
+      StartDaemonOrDie(Supervised({"--reattach-grace-seconds", "1"}));
+  ASSERT_NE(daemon, nullptr);
+  ClientOptions options = Attached(*daemon);
+  options.reattach_timeout = std::chrono::milliseconds(0);  // gives up at once
+  absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(options);
+  ASSERT_TRUE(client.ok()) << client.status();
+  const std::vector<std::byte> bytes = RandomBytes(1 << 20, 9);
+  absl::StatusOr<Ticket> ticket = (*client)->Store(bytes.data(), bytes.size());
+  ASSERT_TRUE(ticket.ok());
+  Crash(*daemon);
+  absl::StatusOr<std::unique_ptr<Client>> check = Client::Connect(Attached(*daemon));
+  ASSERT_TRUE(check.ok()) << check.status();
+  uint64_t used = 1;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (used > 0 && std::chrono::steady_clock::now() < deadline) {
+    absl::StatusOr<v1::StatsReply> stats = (*check)->Stats();
+    ASSERT_TRUE(stats.ok());
+    used = stats->pool().used_bytes();
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_EQ(used, 0u) << daemon->log();
+  EXPECT_TRUE(LogHas(*daemon, "did not attach again within 1 s")) << daemon->log();
+  // Its leased memory may be freed: reading it is refused, not garbage.
+  std::vector<std::byte> back(bytes.size());
+  absl::Status read = (*client)->Fetch(*ticket, back.data(), back.size());
+  EXPECT_EQ(read.code(), absl::StatusCode::kUnavailable) << read;
+  EXPECT_THAT(std::string(read.message()), HasSubstr("went away"));
+}
+
+}  // namespace
+}  // namespace actstash::testing

@@ -1,0 +1,214 @@
+"""actstash.optim.OffloadAdamW against torch.optim.AdamW(foreach=False) on the
+same seed: Adam's states live in the daemon's pool (the session's leased
+memory: the daemon's pool usage and stats() say so), and the parameters after
+20 steps with gradient accumulation, clip_grad_norm_ and bf16 autocast are
+bitwise equal in the default mode; state_dict() resumes bitwise with or
+without actstash; bad parameters and a quota too small are refused at
+construction with nothing kept; mode="fast" (the C++ step) stays within its
+stated tolerance."""
+import copy
+import gc
+
+import pytest
+import torch
+
+import actstash
+from actstash.optim import OffloadAdamW
+from gpt import GPT, loss_fn
+
+STEPS = 20
+MICRO = 4
+
+
+def _model(seed=0, dropout=0.0):
+    torch.manual_seed(seed)
+    return GPT(vocab=128, dim=64, heads=4, layers=2, context=32, dropout=dropout)
+
+
+def _train(model, opt, steps, start=0, autocast=False):
+    """`steps` optimizer steps of MICRO accumulated micro-batches each, the
+    gradient clipped before the step, the data a function of the step."""
+    for step in range(start, start + steps):
+        for micro in range(MICRO):
+            g = torch.Generator().manual_seed(1000 * step + micro)
+            idx = torch.randint(0, 128, (4, 33), generator=g)
+            if autocast:
+                with torch.autocast("cpu", dtype=torch.bfloat16):
+                    loss = loss_fn(model, idx) / MICRO
+            else:
+                loss = loss_fn(model, idx) / MICRO
+            loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+
+def _mapping_of(address):
+    """The file behind the mapping of `address` in this process (/proc/self/maps)."""
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            fields = line.split()
+            start, end = (int(x, 16) for x in fields[0].split("-"))
+            if start <= address < end:
+                return fields[5] if len(fields) > 5 else ""
+    return ""
+
+
+def _state_bytes(model, moments=2):
+    return moments * sum(p.numel() * 4 for p in model.parameters())
+
+
+@pytest.mark.parametrize("autocast", [False, True], ids=["fp32", "bf16-autocast"])
+def test_bitwise_equal_to_torch_adamw_with_states_in_the_pool(fresh_daemon, autocast):
+    torch.set_num_threads(1)
+    plain = _model()
+    ours = copy.deepcopy(plain)
+    reference = torch.optim.AdamW(plain.parameters(), lr=3e-3, weight_decay=0.1, foreach=False)
+    stash = actstash.connect(fresh_daemon.socket)
+    try:
+        before = stash.client.stats()["pool"]["used_bytes"]
+        opt = OffloadAdamW(ours.parameters(), stash, lr=3e-3, weight_decay=0.1)
+        expected = _state_bytes(ours)
+        # The states went to the daemon: its pool holds them, the stats count them.
+        assert opt.offloaded_bytes == expected
+        assert stash.stats()["optimizer_state_bytes"] >= expected
+        assert stash.client.stats()["pool"]["used_bytes"] - before >= expected
+        _train(plain, reference, STEPS, autocast=autocast)
+        _train(ours, opt, STEPS, autocast=autocast)
+        for a, b in zip(plain.parameters(), ours.parameters()):
+            assert torch.equal(a, b)
+        for a, b in zip(plain.parameters(), ours.parameters()):
+            ra, rb = reference.state[a], opt.state[b]
+            assert torch.equal(ra["exp_avg"], rb["exp_avg"])
+            assert torch.equal(ra["exp_avg_sq"], rb["exp_avg_sq"])
+            assert float(ra["step"]) == float(rb["step"]) == STEPS
+        # Every state tensor is a view of the pool's memory (a mapped segment memfd),
+        # not of the process heap.
+        for p in ours.parameters():
+            for key in ("exp_avg", "exp_avg_sq"):
+                assert "actstash-segment" in _mapping_of(opt.state[p][key].data_ptr())
+        del opt, ra, rb
+        gc.collect()
+        assert stash.stats()["optimizer_state_bytes"] == 0
+    finally:
+        stash.close()
+
+
+def test_state_dict_resumes_bitwise_with_or_without_actstash(fresh_daemon):
+    torch.set_num_threads(1)
+    stash = actstash.connect(fresh_daemon.socket)
+    try:
+        straight = _model(1)
+        first = copy.deepcopy(straight)
+        reference = torch.optim.AdamW(straight.parameters(), lr=1e-3, foreach=False)
+        _train(straight, reference, STEPS)
+
+        opt = OffloadAdamW(first.parameters(), stash, lr=1e-3)
+        _train(first, opt, STEPS // 2)
+        saved = copy.deepcopy(opt.state_dict())
+        weights = copy.deepcopy(first.state_dict())
+
+        # Resumed into a new OffloadAdamW: the loaded moments go into its pool buffers.
+        resumed = _model(1)
+        resumed.load_state_dict(weights)
+        opt2 = OffloadAdamW(resumed.parameters(), stash, lr=1e-3)
+        opt2.load_state_dict(copy.deepcopy(saved))
+        assert opt2.offloaded_bytes == _state_bytes(resumed)
+        _train(resumed, opt2, STEPS // 2, start=STEPS // 2)
+        # And into torch's own AdamW.
+        plain = _model(1)
+        plain.load_state_dict(weights)
+        opt3 = torch.optim.AdamW(plain.parameters(), lr=1e-3, foreach=False)
+        opt3.load_state_dict(copy.deepcopy(saved))
+        _train(plain, opt3, STEPS // 2, start=STEPS // 2)
+        for a, b, c in zip(straight.parameters(), resumed.parameters(), plain.parameters()):
+            assert torch.equal(a, b) and torch.equal(a, c)
+    finally:
+        stash.close()
+
+
+def test_bad_parameters_and_a_small_quota_are_refused_with_nothing_kept(fresh_daemon):
+    stash = actstash.connect(fresh_daemon.socket)
+    try:
+        with pytest.raises(ValueError, match="not contiguous"):
+            OffloadAdamW([torch.nn.Parameter(torch.zeros(8, 8).t())], stash)
+        with pytest.raises(ValueError, match="not fp32"):
+            OffloadAdamW([torch.nn.Parameter(torch.zeros(8, dtype=torch.bfloat16))], stash)
+        with pytest.raises(ValueError, match="several devices"):
+            OffloadAdamW([torch.nn.Parameter(torch.zeros(8)),
+                          torch.nn.Parameter(torch.zeros(8, device="meta"))], stash)
+        with pytest.raises(ValueError, match="sparse"):
+            OffloadAdamW([torch.nn.Parameter(torch.zeros(4, 4).to_sparse())], stash)
+        assert stash.stats()["optimizer_state_bytes"] == 0
+    finally:
+        stash.close()
+    # A session whose quota cannot hold the states: StashFull, and nothing kept.
+    small = actstash.connect(fresh_daemon.socket, quota="16MiB")
+    try:
+        big = [torch.nn.Parameter(torch.zeros(1 << 20)) for _ in range(4)]  # 4 MiB each
+        with pytest.raises(actstash.StashFull, match="nothing was kept"):
+            OffloadAdamW(big, small)
+        gc.collect()
+        assert small.stats()["optimizer_state_bytes"] == 0
+        assert small.client.stats()["self"]["leased_bytes"] <= 16 << 20
+    finally:
+        small.close()
+
+
+def test_fraction_keeps_the_last_parameters_states_in_the_process(fresh_daemon):
+    stash = actstash.connect(fresh_daemon.socket)
+    try:
+        model = _model(2)
+        opt = OffloadAdamW(model.parameters(), stash, fraction=0.5)
+        total = _state_bytes(model)
+        assert 0 < opt.offloaded_bytes <= total / 2
+        plain = copy.deepcopy(model)
+        reference = torch.optim.AdamW(plain.parameters(), foreach=False)
+        _train(model, opt, 3)
+        _train(plain, reference, 3)
+        for a, b in zip(plain.parameters(), model.parameters()):
+            assert torch.equal(a, b)
+    finally:
+        stash.close()
+
+
+def test_fast_mode_stays_within_its_tolerance(fresh_daemon):
+    """The C++ step rounds each operation on its own (kernels/adamw.h): with the same
+    gradients, parameters stay within 2e-5 * lr per step of torch's; trained, the
+    loss stays within 1e-3 of torch's."""
+    torch.set_num_threads(2)
+    stash = actstash.connect(fresh_daemon.socket)
+    try:
+        torch.manual_seed(0)
+        start = torch.randn(100_000)
+        grads = [torch.randn(100_000) * 0.1 for _ in range(STEPS)]
+        a = torch.nn.Parameter(start.clone())
+        b = torch.nn.Parameter(start.clone())
+        reference = torch.optim.AdamW([a], lr=3e-3, weight_decay=0.1, foreach=False)
+        opt = OffloadAdamW([b], stash, lr=3e-3, weight_decay=0.1, mode="fast")
+        assert "actstash-segment" in _mapping_of(opt.state[b]["exp_avg"].data_ptr())
+        for g in grads:
+            a.grad, b.grad = g.clone(), g.clone()
+            reference.step()
+            opt.step()
+        gap = (a - b).abs().max().item()
+        assert gap <= 2e-5 * 3e-3 * STEPS, gap
+        # The step wrote the pool's moments (the C++ kernel updates them in place).
+        assert opt.state[b]["exp_avg"].abs().max().item() > 0
+
+        plain = _model(3)
+        ours = copy.deepcopy(plain)
+        reference = torch.optim.AdamW(plain.parameters(), lr=3e-3, weight_decay=0.1,
+                                      foreach=False)
+        opt = OffloadAdamW(ours.parameters(), stash, lr=3e-3, weight_decay=0.1, mode="fast")
+        assert opt.offloaded_bytes == _state_bytes(ours)
+        _train(plain, reference, STEPS)
+        _train(ours, opt, STEPS)
+        idx = torch.randint(0, 128, (8, 33), generator=torch.Generator().manual_seed(5))
+        with torch.no_grad():
+            expected, actual = loss_fn(plain, idx).item(), loss_fn(ours, idx).item()
+        assert abs(expected - actual) <= 1e-3 * abs(expected), (expected, actual)
+        with pytest.raises(ValueError, match="amsgrad"):
+            OffloadAdamW(ours.parameters(), stash, amsgrad=True, mode="fast")
+    finally:
+        stash.close()

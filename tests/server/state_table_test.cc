@@ -1,0 +1,280 @@
+// The state table a restart after a crash reads (server/handover/
+// state_table.h), driven through the managers that write it: what a killed
+// daemon recorded comes back, a slot written halfway reads as free, damage
+// and other configurations are refused, and the service manager's
+// protocols (server/base/service_manager.h) carry names and fds.
+#include "server/handover/state_table.h"
+
+#include <fcntl.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "server/base/service_manager.h"
+#include "server/pool/host_pool.h"
+#include "server/sessions/lease_manager.h"
+#include "server/sessions/session_manager.h"
+
+namespace actstash::server {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr TableGeometry kGeometry{1 << 20, 8, 4};
+
+UniqueFd Dup(int fd) { return UniqueFd(fcntl(fd, F_DUPFD_CLOEXEC, 0)); }
+
+v1::SessionState SessionOf(uint64_t id) {
+  v1::SessionState session;
+  session.set_id(id);
+  session.set_token("0123456789abcdef0123456789abcdef");
+  return session;
+}
+
+v1::LeaseState LeaseOf(uint64_t id, uint64_t session, uint32_t first, uint32_t count) {
+  v1::LeaseState lease;
+  lease.set_id(id);
+  lease.set_session_id(session);
+  lease.set_first_segment(first);
+  lease.set_count(count);
+  return lease;
+}
+
+absl::StatusOr<std::unique_ptr<StateTable>> Reopen(const StateTable& table, RecoveredState* out,
+                                                   const TableGeometry& geometry = kGeometry) {
+  return StateTable::Recover(Dup(table.fd()), geometry, out);
+}
+
+TEST(StateTableTest, WhatTheManagersRecordedComesBack) {
+  absl::StatusOr<std::unique_ptr<StateTable>> table = StateTable::Create(kGeometry);
+  ASSERT_TRUE(table.ok()) << table.status();
+  HostPoolOptions options;
+  options.pool_bytes = 8 << 20;
+  options.segment_bytes = 1 << 20;
+  options.mlock = Tristate::kOff;
+  absl::StatusOr<std::unique_ptr<HostPool>> pool = CreateHostPool(options);
+  ASSERT_TRUE(pool.ok()) << pool.status();
+  SessionManager sessions(SessionManagerOptions{64 << 20, 64 << 20, 4}, table->get());
+  LeaseManager leases(pool->get(), nullptr, 0, table->get());
+  auto a = sessions.Open("a", 0, 11);
+  auto b = sessions.Open("b", 0, 12);
+  ASSERT_TRUE(a.ok() && b.ok());
+  auto granted_a = leases.Grant(*a, 2, 1);
+  auto granted_b = leases.Grant(*b, 1, 2);
+  ASSERT_TRUE(granted_a.ok() && granted_b.ok());
+  // A returned lease is released (and, renewed here at once, clean again);
+  // a closed session is gone.
+  ASSERT_TRUE(leases.Return((*a)->id(), {(*granted_a)[1]->id()}).ok());
+  const uint32_t returned_segment = (*granted_a)[1]->first_segment();
+  granted_a->pop_back();
+  auto c = sessions.Open("c", 0, 13);
+  ASSERT_TRUE(c.ok());
+  sessions.Close((*c)->id());
+
+  RecoveredState state;
+  absl::StatusOr<std::unique_ptr<StateTable>> back = Reopen(**table, &state);
+  ASSERT_TRUE(back.ok()) << back.status();
+  ASSERT_EQ(state.sessions.size(), 2u);
+  EXPECT_EQ(state.sessions[0].id() + state.sessions[1].id(), (*a)->id() + (*b)->id());
+  for (const v1::SessionState& s : state.sessions) {
+    EXPECT_EQ(s.token(), s.id() == (*a)->id() ? (*a)->token() : (*b)->token());
+    EXPECT_EQ(s.name(), s.id() == (*a)->id() ? "a" : "b");
+  }
+  ASSERT_EQ(state.leases.size(), 2u);
+  EXPECT_EQ(state.leases[0].id(), (*granted_a)[0]->id());
+  EXPECT_EQ(state.leases[0].count(), 1u);
+  EXPECT_EQ(state.leases[1].id(), (*granted_b)[0]->id());
+  EXPECT_EQ(state.leases[1].count(), 2u);
+  EXPECT_EQ(state.leases[1].session_id(), (*b)->id());
+  // Nothing is clean or kept until stored (a new table vouches for no
+  // segment); the returned one was renewed, which stores it.
+  EXPECT_FALSE(state.clean[(*granted_a)[0]->first_segment()]);
+  EXPECT_FALSE(state.kept[(*granted_a)[0]->first_segment()]);
+  EXPECT_TRUE(state.clean[returned_segment]);
+  EXPECT_TRUE(state.kept[returned_segment]);
+  // A segment kept, then leased: kept but not clean.
+  (*back)->SegmentsRenewed(7, 1);
+  (*back)->LeaseGranted(LeaseOf((*granted_b)[0]->id() + 1, (*b)->id(), 7, 1));
+  // Ids after a restart stay above every id given.
+  EXPECT_GT(state.next_session_id, (*c)->id());
+  EXPECT_GT(state.next_lease_id, (*granted_b)[0]->id());
+  EXPECT_EQ(state.restarts, 0u);
+  RecoveredState again;
+  ASSERT_TRUE(Reopen(**back, &again).ok());
+  EXPECT_EQ(again.restarts, 1u);
+  EXPECT_TRUE(again.kept[7]);
+  EXPECT_FALSE(again.clean[7]);
+  EXPECT_EQ(again.leases.size(), 3u);
+}
+
+TEST(StateTableTest, ALeaseOfASessionThatWasClosingIsDropped) {
+  absl::StatusOr<std::unique_ptr<StateTable>> table = StateTable::Create(kGeometry);
+  ASSERT_TRUE(table.ok());
+  (*table)->SessionOpened(SessionOf(5));
+  (*table)->LeaseGranted(LeaseOf(9, 5, 2, 2));
+  // Closing records the session first, its leases after: killed between.
+  (*table)->SessionClosed(5);
+  RecoveredState state;
+  absl::StatusOr<std::unique_ptr<StateTable>> back = Reopen(**table, &state);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_TRUE(state.sessions.empty());
+  EXPECT_TRUE(state.leases.empty());
+  EXPECT_FALSE(state.clean[2]);
+  RecoveredState again;  // and the table no longer holds it
+  ASSERT_TRUE(Reopen(**back, &again).ok());
+  EXPECT_TRUE(again.leases.empty());
+}
+
+TEST(StateTableTest, DamageIsDataLossAndOtherStatesArePreconditions) {
+  absl::StatusOr<std::unique_ptr<StateTable>> table = StateTable::Create(kGeometry);
+  ASSERT_TRUE(table.ok());
+  (*table)->SessionOpened(SessionOf(5));
+  const v1::LeaseState lease = LeaseOf(9, 5, 3, 1);
+  (*table)->LeaseGranted(lease);
+  RecoveredState state;
+  ASSERT_TRUE(Reopen(**table, &state).ok());
+
+  // Another configuration.
+  TableGeometry other = kGeometry;
+  other.segments = 16;
+  absl::StatusOr<std::unique_ptr<StateTable>> wrong = Reopen(**table, &state, other);
+  EXPECT_EQ(wrong.status().code(), absl::StatusCode::kFailedPrecondition) << wrong.status();
+  EXPECT_THAT(std::string(wrong.status().message()), HasSubstr("configuration changed"));
+
+  // A byte of the lease's slot: the last slot region of the file.
+  const size_t bytes = StateTableBytes(kGeometry);
+  std::string file(bytes, '\0');
+  ASSERT_EQ(pread((*table)->fd(), file.data(), bytes, 0), static_cast<ssize_t>(bytes));
+  const size_t lease_body = file.rfind(lease.SerializeAsString());
+  ASSERT_NE(lease_body, std::string::npos);
+  const char flipped = static_cast<char>(file[lease_body] ^ 0x40);
+  ASSERT_EQ(pwrite((*table)->fd(), &flipped, 1, lease_body), 1);
+  absl::StatusOr<std::unique_ptr<StateTable>> damaged = Reopen(**table, &state);
+  EXPECT_EQ(damaged.status().code(), absl::StatusCode::kDataLoss) << damaged.status();
+  EXPECT_THAT(std::string(damaged.status().message()), HasSubstr("lease slot 3"));
+  ASSERT_EQ(pwrite((*table)->fd(), &file[lease_body], 1, lease_body), 1);
+
+  // The header's checksummed part.
+  const char format = 9;
+  ASSERT_EQ(pwrite((*table)->fd(), &format, 1, 8), 1);
+  EXPECT_EQ(Reopen(**table, &state).status().code(), absl::StatusCode::kDataLoss);
+  ASSERT_EQ(pwrite((*table)->fd(), &file[8], 1, 8), 1);
+  ASSERT_TRUE(Reopen(**table, &state).ok());
+
+  // A clean stop leaves nothing to recover.
+  (*table)->Retire();
+  absl::StatusOr<std::unique_ptr<StateTable>> retired = Reopen(**table, &state);
+  EXPECT_EQ(retired.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(retired.status().message()), HasSubstr("shut down cleanly"));
+
+  // Not a sealed memfd at all.
+  int pipe_fds[2];
+  ASSERT_EQ(pipe(pipe_fds), 0);
+  close(pipe_fds[1]);
+  EXPECT_EQ(StateTable::Recover(UniqueFd(pipe_fds[0]), kGeometry, &state).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(StateTableTest, ASlotWrittenHalfwayReadsAsFree) {
+  absl::StatusOr<std::unique_ptr<StateTable>> table = StateTable::Create(kGeometry);
+  ASSERT_TRUE(table.ok());
+  (*table)->SessionOpened(SessionOf(5));
+  // A body and checksum written into a free lease slot, its word not yet
+  // stored (a process killed there): garbage that must not count.
+  const size_t bytes = StateTableBytes(kGeometry);
+  const size_t slot = bytes - 64 * kGeometry.segments / 2;  // within the lease slots
+  const char junk[32] = {1, 2, 3, 4, 5, 6, 7, 8, 9};
+  ASSERT_EQ(pwrite((*table)->fd(), junk, sizeof(junk), static_cast<off_t>(slot + 16)), 32);
+  RecoveredState state;
+  ASSERT_TRUE(Reopen(**table, &state).ok());
+  EXPECT_EQ(state.sessions.size(), 1u);
+  EXPECT_TRUE(state.leases.empty());
+}
+
+TEST(ServiceManagerTest, NotificationsCarryTextAndFds) {
+  const std::string name = "@actstash-test-notify-" + std::to_string(getpid());
+  int server = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(server, 0);
+  UniqueFd server_fd(server);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path + 1, name.data() + 1, name.size() - 1);
+  ASSERT_EQ(bind(server, reinterpret_cast<sockaddr*>(&addr),
+                 static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + name.size())),
+            0);
+  absl::StatusOr<std::unique_ptr<ServiceNotifier>> notifier = ServiceNotifier::ForAddress(name);
+  ASSERT_TRUE(notifier.ok()) << notifier.status();
+  ASSERT_TRUE((*notifier)->StoreFd("seg-3", server).ok());
+  char text[256] = {};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
+  iovec iov{text, sizeof(text) - 1};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof(control);
+  ASSERT_GT(recvmsg(server, &msg, MSG_CMSG_CLOEXEC), 0);
+  EXPECT_STREQ(text, "FDSTORE=1\nFDNAME=seg-3");
+  cmsghdr* rights = CMSG_FIRSTHDR(&msg);
+  ASSERT_NE(rights, nullptr);
+  EXPECT_EQ(rights->cmsg_type, SCM_RIGHTS);
+  int received = -1;
+  std::memcpy(&received, CMSG_DATA(rights), sizeof(received));
+  close(received);
+
+  EXPECT_EQ((*notifier)->StoreFd("a:b", server).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_FALSE(IsValidFdName(""));
+  EXPECT_FALSE(IsValidFdName(std::string(256, 'x')));
+  EXPECT_TRUE(IsValidFdName("state"));
+  EXPECT_EQ(ServiceNotifier::ForAddress("relative/path").status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(ServiceManagerTest, PassedFdsAreTakenOnlyWhenMeantForThisProcess) {
+  setenv("LISTEN_PID", "1", 1);  // another process's
+  setenv("LISTEN_FDS", "2", 1);
+  absl::StatusOr<std::vector<PassedFd>> other = TakePassedFds();
+  ASSERT_TRUE(other.ok());
+  EXPECT_TRUE(other->empty());
+  EXPECT_EQ(std::getenv("LISTEN_FDS"), nullptr);  // unset either way
+
+  setenv("LISTEN_PID", std::to_string(getpid()).c_str(), 1);
+  setenv("LISTEN_FDS", "many", 1);
+  EXPECT_EQ(TakePassedFds().status().code(), absl::StatusCode::kInvalidArgument);
+
+  // Two fds at 3 and 4 (moved there if something else holds them).
+  const int saved3 = fcntl(3, F_DUPFD_CLOEXEC, 100);
+  const int saved4 = fcntl(4, F_DUPFD_CLOEXEC, 100);
+  int pipe_fds[2];
+  ASSERT_EQ(pipe(pipe_fds), 0);
+  const int high0 = fcntl(pipe_fds[0], F_DUPFD, 200);
+  const int high1 = fcntl(pipe_fds[1], F_DUPFD, 200);
+  close(pipe_fds[0]);
+  close(pipe_fds[1]);
+  ASSERT_EQ(dup2(high0, 3), 3);
+  ASSERT_EQ(dup2(high1, 4), 4);
+  close(high0);
+  close(high1);
+  setenv("LISTEN_PID", std::to_string(getpid()).c_str(), 1);
+  setenv("LISTEN_FDS", "2", 1);
+  setenv("LISTEN_FDNAMES", "state:seg-0", 1);
+  absl::StatusOr<std::vector<PassedFd>> passed = TakePassedFds();
+  ASSERT_TRUE(passed.ok()) << passed.status();
+  ASSERT_EQ(passed->size(), 2u);
+  EXPECT_EQ((*passed)[0].name, "state");
+  EXPECT_EQ((*passed)[1].name, "seg-0");
+  EXPECT_EQ((*passed)[0].fd.get(), 3);
+  EXPECT_NE(fcntl(3, F_GETFD) & FD_CLOEXEC, 0);
+  passed->clear();  // closes 3 and 4
+  if (saved3 >= 0) dup2(saved3, 3), close(saved3);
+  if (saved4 >= 0) dup2(saved4, 4), close(saved4);
+}
+
+}  // namespace
+}  // namespace actstash::server
