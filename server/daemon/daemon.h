@@ -11,6 +11,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -107,6 +108,10 @@ class Daemon {
   // On the successor: the received sessions, leases and attach connections
   // into the parts, before anything is served.
   absl::Status AdoptState(TakenOver* taken);
+  // One inline object of the handed state: its range of the pool (quota
+  // reserved again) or its adopted spill file.
+  absl::Status AdoptObject(const v1::ObjectState& state,
+                           const absl::flat_hash_map<uint64_t, std::shared_ptr<Session>>& sessions);
 
   // Crash recovery (daemon_recovery.cc), on the main thread before serving:
   // the recovered sessions and leases into the parts; the sessions have

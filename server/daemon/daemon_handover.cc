@@ -2,10 +2,11 @@
 // serving daemon exports and how a successor adopts it. Handed over: the
 // host pool's segments (their memfds, so clients' mappings stay valid), the
 // sessions with their tokens, their host leases, their attach connections,
-// the attach and take-over listeners, and the id counters. Refused, with
-// the daemon serving on: device pools (CUDA IPC memory belongs to the
-// exporting process), inline objects and spilled data (not in the state
-// yet), another pool geometry.
+// inline objects (their ranges of the pool, or their spill files), spill
+// files (fds: unlinked files have no other name), the attach and take-over
+// listeners, and the id counters. Refused, with the daemon serving on:
+// device pools (CUDA IPC memory belongs to the exporting process), spilled
+// data for a successor without a spill tier, another pool geometry.
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -41,6 +42,7 @@ absl::StatusOr<TakenOver> Daemon::ReceiveTakeOver(const DaemonConfig& config) {
   hello.set_pool_bytes(config.pool_bytes);
   hello.set_segment_bytes(config.segment_bytes);
   hello.set_pid(static_cast<uint32_t>(getpid()));
+  hello.set_spill_tier(!config.spill_dir.empty());
   absl::StatusOr<TakenOver> taken =
       RequestTakeOver(config.socket_path, hello, std::chrono::seconds(60));
   if (!taken.ok()) return taken.status();
@@ -51,10 +53,14 @@ absl::StatusOr<TakenOver> Daemon::ReceiveTakeOver(const DaemonConfig& config) {
             in_range(state.attach_listener_fd()) && in_range(state.handover_listener_fd()) &&
             state.attach_listener_fd() >= static_cast<int64_t>(state.segments()) &&
             state.handover_listener_fd() >= static_cast<int64_t>(state.segments());
+  auto past_segments = [&](int64_t index) {
+    return in_range(index) && index >= static_cast<int64_t>(state.segments());
+  };
   for (const v1::SessionState& session : state.sessions()) {
-    ok = ok && (session.attach_fd() == -1 ||
-                (in_range(session.attach_fd()) &&
-                 session.attach_fd() >= static_cast<int64_t>(state.segments())));
+    ok = ok && (session.attach_fd() == -1 || past_segments(session.attach_fd()));
+  }
+  for (const v1::SpillFileState& file : state.spill_files()) {
+    ok = ok && past_segments(file.fd());
   }
   if (!ok) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -64,9 +70,9 @@ absl::StatusOr<TakenOver> Daemon::ReceiveTakeOver(const DaemonConfig& config) {
   }
   spdlog::info(
       "take-over: received the state of pid {} (actstashd {}): {} sessions, {} leases, {} "
-      "segments",
+      "segments, {} inline objects, {} spill files",
       state.serving_pid(), state.daemon_version(), state.sessions_size(), state.leases_size(),
-      state.segments());
+      state.segments(), state.objects_size(), state.spill_files_size());
   return taken;
 }
 
@@ -84,17 +90,11 @@ absl::Status Daemon::CheckHandover(const v1::TakeOverHello& hello) const {
                      pool_->segment_count(), " segments of ", FormatBytes(pool_->segment_bytes()),
                      "): start it with the same pool_size and segment_size"));
   }
-  if (const size_t objects = catalog_.size(); objects > 0) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        objects,
-        " inline objects are stored (sessions without an attach connection); they are not "
-        "handed over yet: retry once they are deleted, or drain the node"));
-  }
-  if (spill_ != nullptr && spill_->Stats().files() > 0) {
+  if (spill_ != nullptr && !hello.spill_tier() && spill_->Stats().files() > 0) {
     return absl::FailedPreconditionError(absl::StrCat(
         spill_->Stats().files(),
-        " spill files are on disk; spilled data is not handed over yet: retry once it is "
-        "restored or dropped, or drain the node"));
+        " spill files are on disk and the successor has no spill tier: start it with the same "
+        "spill_dir"));
   }
   return absl::OkStatus();
 }
@@ -118,12 +118,26 @@ absl::StatusOr<HandoverPackage> Daemon::PrepareHandover(const v1::TakeOverHello&
   // Returned leases are renewed on the work queue, which replaces their
   // segments' fds: the fds handed over must be the final ones.
   const auto renew_deadline = std::chrono::steady_clock::now() + kRenewalWait;
-  while (leases_.renewals_pending() > 0 && std::chrono::steady_clock::now() < renew_deadline) {
+  // Spill writes and reads end too (the calls that started them have ended,
+  // but a dropped file's write may still run), as objects' reads do.
+  auto settled = [this]() -> absl::Status {
+    if (leases_.renewals_pending() > 0) {
+      return absl::UnavailableError("returned leases are still being renewed; retry");
+    }
+    if (spill_ != nullptr) {
+      const v1::SpillStats spill = spill_->Stats();
+      if (spill.writing_bytes() > 0 || spill.reading_bytes() > 0) {
+        return absl::UnavailableError("spill files are still being written or read; retry");
+      }
+    }
+    return absl::OkStatus();
+  };
+  absl::Status quiet = settled();
+  while (!quiet.ok() && std::chrono::steady_clock::now() < renew_deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    quiet = settled();
   }
-  if (leases_.renewals_pending() > 0) {
-    return resume(absl::UnavailableError("returned leases are still being renewed; retry"));
-  }
+  if (!quiet.ok()) return resume(quiet);
   if (absl::Status s = CheckHandover(hello); !s.ok()) return resume(s);
   absl::StatusOr<AttachServer::Handed> handed = attach_.Freeze();
   if (!handed.ok()) return resume(handed.status());
@@ -159,11 +173,16 @@ absl::StatusOr<HandoverPackage> Daemon::PrepareHandover(const v1::TakeOverHello&
   for (const std::shared_ptr<Session>& session : sessions_.List()) {
     v1::SessionState* out = state.add_sessions();
     session->ExportState(out);
+    if (spill_ != nullptr) *out->mutable_spill() = spill_->SessionStats(session->id());
     if (auto it = attach_fd.find(session->id()); it != attach_fd.end()) {
       out->set_attach_fd(it->second);
     }
   }
   for (v1::LeaseState& lease : leases_.Export()) *state.add_leases() = std::move(lease);
+  if (absl::Status s = catalog_.Export(&state); !s.ok()) return resume(s);
+  if (spill_ != nullptr) {
+    if (absl::Status s = spill_->Export(&state, &package.fds); !s.ok()) return resume(s);
+  }
   state.set_next_session_id(sessions_.next_id());
   state.set_next_lease_id(leases_.next_id());
   state.set_next_object_handle(catalog_.next_handle());
@@ -174,9 +193,10 @@ absl::StatusOr<HandoverPackage> Daemon::PrepareHandover(const v1::TakeOverHello&
   if (!image.ok()) return resume(image.status());
   package.state_image = *std::move(image);
   spdlog::info(
-      "take-over by pid {}: handing over {} sessions ({} attached), {} leases, {} segments "
-      "(stopped serving for {} ms so far)",
+      "take-over by pid {}: handing over {} sessions ({} attached), {} leases, {} segments, {} "
+      "inline objects, {} spill files (stopped serving for {} ms so far)",
       hello.pid(), state.sessions_size(), attach_fd.size(), state.leases_size(), state.segments(),
+      state.objects_size(), state.spill_files_size(),
       std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() -
                                                             started)
           .count());
@@ -249,6 +269,16 @@ absl::Status Daemon::AdoptState(TakenOver* taken) {
     if (!run.ok()) return fail(run.status());
     if (absl::Status s = leases_.Adopt(it->second, lease, &*run); !s.ok()) return fail(s);
   }
+  if (state.spill_files_size() > 0 && spill_ == nullptr) {
+    return fail(absl::FailedPreconditionError(
+        "spill files were handed and this actstashd has no spill tier (spill_dir)"));
+  }
+  if (spill_ != nullptr) {
+    if (absl::Status s = spill_->Adopt(state, &taken->fds); !s.ok()) return fail(s);
+  }
+  for (const v1::ObjectState& object : state.objects()) {
+    if (absl::Status s = AdoptObject(object, by_id); !s.ok()) return fail(s);
+  }
   leases_.Restore(state.next_lease_id(), state.leases_granted_total());
   sessions_.AdvanceNextId(state.next_session_id());
   catalog_.AdvanceNextHandle(state.next_object_handle());
@@ -261,9 +291,51 @@ absl::Status Daemon::AdoptState(TakenOver* taken) {
       return fail(st);
     }
   }
-  spdlog::info("took over {} sessions and {} leases from pid {} (hand-over {} of this state)",
-               state.sessions_size(), state.leases_size(), state.serving_pid(), handovers_);
+  spdlog::info(
+      "took over {} sessions, {} leases, {} inline objects and {} spill files from pid {} "
+      "(hand-over {} of this state)",
+      state.sessions_size(), state.leases_size(), state.objects_size(), state.spill_files_size(),
+      state.serving_pid(), handovers_);
   return absl::OkStatus();
+}
+
+absl::Status Daemon::AdoptObject(
+    const v1::ObjectState& state,
+    const absl::flat_hash_map<uint64_t, std::shared_ptr<Session>>& sessions) {
+  auto it = sessions.find(state.session_id());
+  if (it == sessions.end()) {
+    return absl::InvalidArgumentError(absl::StrCat("object ", state.handle(),
+                                                   " belongs to session ", state.session_id(),
+                                                   ", which was not handed"));
+  }
+  const std::shared_ptr<Session>& session = it->second;
+  ObjectMeta meta;
+  meta.dtype = state.dtype();
+  meta.shape.assign(state.shape().begin(), state.shape().end());
+  meta.nbytes = state.nbytes();
+  meta.checksum_algorithm = state.checksum_algorithm();
+  meta.checksum = state.checksum();
+  std::shared_ptr<StoredObject> object;
+  if (state.residence_case() == v1::ObjectState::kSpillId) {
+    // Its file was adopted with the spill tier: the same session's, as long.
+    if (spill_ == nullptr || !spill_->Holds(state.session_id(), state.spill_id(), state.nbytes())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "object ", state.handle(), " names spill file ", state.spill_id(),
+          ", which its session does not hold with ", state.nbytes(), " bytes"));
+    }
+    object = StoredObject::Spilled(session->id(), std::move(meta), state.spill_id(), spill_.get());
+  } else if (state.residence_case() == v1::ObjectState::kPoolOffset) {
+    absl::StatusOr<QuotaReservation> reservation = session->Reserve(state.nbytes());
+    if (!reservation.ok()) return reservation.status();
+    absl::StatusOr<Allocation> memory = pool_->AdoptAllocation(state.pool_offset(), state.nbytes());
+    if (!memory.ok()) return memory.status();
+    object = std::make_shared<StoredObject>(session->id(), std::move(meta), *std::move(memory),
+                                            *std::move(reservation));
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("object ", state.handle(), " has neither a pool offset nor a spill file"));
+  }
+  return catalog_.Adopt(*session, state.handle(), std::move(object));
 }
 
 }  // namespace actstash::server

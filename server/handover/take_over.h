@@ -34,7 +34,7 @@ namespace actstash::server {
 
 // Bumped when a successor of this version cannot read what an older daemon
 // hands over (or the other way round): the serving daemon refuses it.
-inline constexpr uint32_t kTakeOverProtocol = 1;
+inline constexpr uint32_t kTakeOverProtocol = 2;
 
 // What the serving daemon hands over: the state image and the fds its state
 // names by index (index i of the state is fds[i]).

@@ -23,6 +23,31 @@ absl::StatusOr<uint64_t> Catalog::Insert(const Session& session,
   return handle;
 }
 
+absl::Status Catalog::Export(v1::DaemonState* state) const {
+  absl::MutexLock lock(&mu_);
+  for (const auto& [handle, object] : objects_) {
+    v1::ObjectState out;
+    absl::StatusOr<bool> exported = object->ExportState(handle, &out);
+    if (!exported.ok()) return exported.status();
+    if (*exported) *state->add_objects() = std::move(out);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Catalog::Adopt(const Session& session, uint64_t handle,
+                            std::shared_ptr<StoredObject> object) {
+  absl::MutexLock lock(&mu_);
+  if (handle == 0 || objects_.contains(handle)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("object handle ", handle, " is 0 or repeated in the handed state"));
+  }
+  if (journal_ != nullptr) journal_->ObjectHandleIssued(handle);
+  next_handle_ = std::max(next_handle_, handle + 1);
+  objects_.emplace(handle, std::move(object));
+  by_session_[session.id()].insert(handle);
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::shared_ptr<const StoredObject>> Catalog::Lookup(uint64_t session_id,
                                                                     uint64_t handle) const {
   absl::MutexLock lock(&mu_);

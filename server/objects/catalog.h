@@ -14,6 +14,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
+#include "actstash/v1/handover.pb.h"
 #include "server/base/removed_totals.h"
 #include "server/pool/memory_pool.h"
 #include "server/sessions/session.h"
@@ -82,6 +83,17 @@ class StoredObject {
       ABSL_LOCKS_EXCLUDED(mu_);
   bool resident() const ABSL_LOCKS_EXCLUDED(mu_);
 
+  // Take-over (server/handover). ExportState fills `out` (its residence:
+  // the pool offset, or the spill id) and says true; false for a lost
+  // object (its successor will not know the handle); UNAVAILABLE while it
+  // is read, spilled or read back (the daemon stopped serving: retry).
+  absl::StatusOr<bool> ExportState(uint64_t handle, v1::ObjectState* out) const
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // An object whose bytes are in spill file `spill_id` of `tier` (adopted
+  // from a predecessor).
+  static std::shared_ptr<StoredObject> Spilled(uint64_t session_id, ObjectMeta meta,
+                                               uint64_t spill_id, SpillTier* tier);
+
  private:
   enum class Residence { kResident, kSpilling, kSpilled, kRestoring, kLost };
   const uint64_t session_id_;
@@ -138,6 +150,12 @@ class Catalog {
   // crashed, whose objects did not survive: looking one up says so.
   uint64_t next_handle() const;
   void AdvanceNextHandle(uint64_t handle, bool lost = false);
+  // Take-over: every object's state appended to `state` (UNAVAILABLE while
+  // one is in transit, as StoredObject::ExportState); and an object of a
+  // predecessor under its own handle, before anything is served
+  // (INVALID_ARGUMENT for handle 0 or one already held).
+  absl::Status Export(v1::DaemonState* state) const;
+  absl::Status Adopt(const Session& session, uint64_t handle, std::shared_ptr<StoredObject> object);
 
  private:
   StateJournal* const journal_;

@@ -87,6 +87,42 @@ void StoredObject::FinishRestore(const absl::Status& status, Allocation memory,
   for (auto& waiter : waiters) waiter(told);
 }
 
+absl::StatusOr<bool> StoredObject::ExportState(uint64_t handle, v1::ObjectState* out) const {
+  absl::MutexLock lock(&mu_);
+  if (residence_ == Residence::kLost) return false;
+  if (residence_ != Residence::kResident && residence_ != Residence::kSpilled) {
+    return absl::UnavailableError(
+        absl::StrCat("object ", handle, " is being spilled or read back; retry"));
+  }
+  if (readers_ > 0) {
+    return absl::UnavailableError(absl::StrCat("object ", handle, " is being read; retry"));
+  }
+  out->set_handle(handle);
+  out->set_session_id(session_id_);
+  out->set_dtype(meta_.dtype);
+  for (int64_t dim : meta_.shape) out->add_shape(dim);
+  out->set_nbytes(meta_.nbytes);
+  out->set_checksum_algorithm(meta_.checksum_algorithm);
+  out->set_checksum(meta_.checksum);
+  if (residence_ == Residence::kSpilled) {
+    out->set_spill_id(spill_id_);
+  } else {
+    out->set_pool_offset(memory_.offset());
+  }
+  return true;
+}
+
+std::shared_ptr<StoredObject> StoredObject::Spilled(uint64_t session_id, ObjectMeta meta,
+                                                    uint64_t spill_id, SpillTier* tier) {
+  auto object =
+      std::make_shared<StoredObject>(session_id, std::move(meta), Allocation(), QuotaReservation());
+  absl::MutexLock lock(&object->mu_);
+  object->residence_ = Residence::kSpilled;
+  object->spill_id_ = spill_id;
+  object->spill_ = tier;
+  return object;
+}
+
 bool StoredObject::TryBeginSpill() const {
   absl::MutexLock lock(&mu_);
   if (residence_ != Residence::kResident || readers_ > 0) return false;

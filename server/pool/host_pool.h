@@ -72,6 +72,10 @@ class HostPool : public ObjectAllocator, public FdSegmentLeaser {
   // there (a pool made by AdoptHostPool, before it serves anything).
   // INVALID_ARGUMENT when it is out of range or meets a run already taken.
   virtual absl::StatusOr<SegmentRun> AdoptRun(uint32_t first, uint32_t count) = 0;
+  // An inline object's `nbytes` at `offset`, allocated exactly there (as
+  // AdoptRun). INVALID_ARGUMENT when misaligned, out of range or meeting a
+  // range already taken.
+  virtual absl::StatusOr<Allocation> AdoptAllocation(uint64_t offset, uint64_t nbytes) = 0;
   // Starts the work the pool runs on its own thread (an adopted pool's
   // mlock): once the daemon serves. FinishBackgroundWork waits for it to
   // end: before the process exits. Both from the owner's thread.

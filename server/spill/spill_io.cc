@@ -1,5 +1,6 @@
 #include "server/spill/spill_io.h"
 
+#include <fcntl.h>
 #include <liburing.h>
 #include <unistd.h>
 
@@ -71,6 +72,14 @@ absl::Status SpillFileIo::TransferSync(bool write, int fd, std::byte* data, uint
 // Keeps up to depth_ chunk requests in flight; a short transfer is resubmitted
 // for its remainder (at its new offset), so requests need not be in order.
 absl::Status SpillFileIo::Transfer(bool write, int fd, std::byte* data, uint64_t bytes) {
+  if ((reinterpret_cast<uintptr_t>(data) | bytes) % kDirectAlignment != 0) {
+    // An inline object (256-byte aligned, any size): O_DIRECT would refuse
+    // it (EINVAL), so this file does buffered I/O.
+    const int flags = fcntl(fd, F_GETFL);
+    if (flags >= 0 && (flags & O_DIRECT) != 0 && fcntl(fd, F_SETFL, flags & ~O_DIRECT) != 0) {
+      return SpillIoError(write, errno, 0);
+    }
+  }
   if (ring_ == nullptr) return TransferSync(write, fd, data, bytes);
   io_uring* ring = &ring_->ring;
   struct Request {

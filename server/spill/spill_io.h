@@ -14,10 +14,13 @@ namespace actstash::server {
 
 // One instance per thread: it owns one ring, and Write/Read block that
 // thread until the whole buffer is transferred (the daemon runs them on its
-// spill workers, never on gRPC or attach threads). With O_DIRECT files the
-// buffer, size and offset must be 4 KiB aligned (pool segments are).
+// spill workers, never on gRPC or attach threads). O_DIRECT files need the
+// buffer and size 4 KiB aligned (pool segments are): a file given anything
+// else has O_DIRECT cleared and is written and read through the page cache.
 class SpillFileIo {
  public:
+  static constexpr uint64_t kDirectAlignment = 4096;
+
   // `chunk_bytes` per request, up to `depth` requests in flight.
   SpillFileIo(uint32_t depth, uint64_t chunk_bytes);
   ~SpillFileIo();

@@ -5,11 +5,13 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <utility>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "common/checksum.h"
 #include "common/clock.h"
@@ -356,6 +358,92 @@ RemovedTotals SpillTier::ReleaseSession(uint64_t session_id) {
   absl::MutexLock lock(&mu_);
   sessions_.erase(session_id);
   return dropped.ok() ? *dropped : RemovedTotals{};
+}
+
+absl::Status SpillTier::Export(v1::DaemonState* state, std::vector<UniqueFd>* fds) const {
+  absl::MutexLock lock(&mu_);
+  for (const auto& [id, file] : files_) {
+    if (file->state != File::State::kOnDisk) {
+      return absl::UnavailableError(
+          absl::StrCat("spill file ", id, " is still being written or read; retry"));
+    }
+  }
+  for (const auto& [id, file] : files_) {
+    if (file->dropped) continue;
+    absl::StatusOr<UniqueFd> dup = DupFd(file->fd.get(), "dup of a spill file for the take-over");
+    if (!dup.ok()) return dup.status();
+    v1::SpillFileState* out = state->add_spill_files();
+    out->set_id(id);
+    out->set_session_id(file->session_id);
+    out->set_bytes(file->bytes);
+    out->set_checksum(file->checksum);
+    out->set_fd(static_cast<int32_t>(fds->size()));
+    fds->push_back(*std::move(dup));
+  }
+  state->set_next_spill_id(next_id_);
+  *state->mutable_spill_totals() = totals_;
+  return absl::OkStatus();
+}
+
+absl::Status SpillTier::Adopt(const v1::DaemonState& state, std::vector<UniqueFd>* fds) {
+  absl::MutexLock lock(&mu_);
+  if (!files_.empty()) return absl::FailedPreconditionError("the spill tier already has files");
+  absl::flat_hash_map<uint64_t, std::shared_ptr<File>> adopted;
+  absl::flat_hash_set<int32_t> fd_indices;
+  uint64_t bytes = 0;
+  uint64_t next_id = state.next_spill_id();
+  for (const v1::SpillFileState& in : state.spill_files()) {
+    if (in.fd() < 0 || static_cast<size_t>(in.fd()) >= fds->size() || !(*fds)[in.fd()].valid()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("spill file ", in.id(), " names fd ", in.fd(), ", which was not handed"));
+    }
+    struct stat st {};
+    if (fstat((*fds)[in.fd()].get(), &st) != 0 || !S_ISREG(st.st_mode) ||
+        static_cast<uint64_t>(st.st_size) < in.bytes()) {
+      return absl::InvalidArgumentError(absl::StrCat("spill file ", in.id(),
+                                                     " is not a regular file of at least ",
+                                                     in.bytes(), " bytes"));
+    }
+    if (in.id() == 0 || adopted.contains(in.id()) || !fd_indices.insert(in.fd()).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("spill file ", in.id(), " (fd ", in.fd(), "): an id or fd repeated"));
+    }
+    auto file = std::make_shared<File>();
+    file->id = in.id();
+    file->session_id = in.session_id();
+    file->bytes = in.bytes();
+    file->checksum = in.checksum();
+    file->state = File::State::kOnDisk;
+    adopted.emplace(in.id(), std::move(file));
+    bytes += in.bytes();
+    next_id = std::max(next_id, in.id() + 1);
+  }
+  // Checked, so taken: the fds move only now.
+  for (const v1::SpillFileState& in : state.spill_files()) {
+    adopted[in.id()]->fd = std::move((*fds)[in.fd()]);
+  }
+  files_ = std::move(adopted);
+  reserved_bytes_ = bytes;
+  next_id_ = std::max(next_id_, next_id);
+  totals_ = state.spill_totals();
+  totals_.set_writing_bytes(0);
+  totals_.set_reading_bytes(0);
+  for (const v1::SessionState& session : state.sessions()) {
+    if (session.has_spill()) sessions_[session.id()].stats = session.spill();
+  }
+  for (auto& [id, per] : sessions_) per.stats.set_on_disk_bytes(0);
+  for (const auto& [id, file] : files_) {
+    v1::SessionSpillStats& stats = sessions_[file->session_id].stats;
+    stats.set_on_disk_bytes(stats.on_disk_bytes() + file->bytes);
+  }
+  return absl::OkStatus();
+}
+
+bool SpillTier::Holds(uint64_t session_id, uint64_t id, uint64_t bytes) const {
+  absl::MutexLock lock(&mu_);
+  auto it = files_.find(id);
+  return it != files_.end() && it->second->session_id == session_id &&
+         it->second->bytes == bytes && !it->second->dropped;
 }
 
 v1::SpillStats SpillTier::Stats() const {

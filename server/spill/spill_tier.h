@@ -23,6 +23,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
+#include "actstash/v1/handover.pb.h"
 #include "actstash/v1/stash.pb.h"
 #include "common/unique_fd.h"
 #include "server/base/removed_totals.h"
@@ -91,6 +92,20 @@ class SpillTier {
   v1::SpillStats Stats() const ABSL_LOCKS_EXCLUDED(mu_);
   v1::SessionSpillStats SessionStats(uint64_t session_id) const ABSL_LOCKS_EXCLUDED(mu_);
   const std::string& dir() const { return options_.dir; }
+
+  // Take-over (server/handover). Export appends every file to `state`
+  // (spill_files, with a duplicate of its fd appended to `fds`;
+  // next_spill_id; spill_totals); UNAVAILABLE while a write or read is in
+  // flight (the daemon has stopped serving: they end; retry). Adopt takes
+  // a predecessor's files, before anything is served: INVALID_ARGUMENT for
+  // a fd index out of range, an id repeated, a file shorter than its bytes;
+  // then nothing is adopted. Session numbers come from state.sessions' spill.
+  absl::Status Export(v1::DaemonState* state, std::vector<UniqueFd>* fds) const
+      ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status Adopt(const v1::DaemonState& state, std::vector<UniqueFd>* fds)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Whether file `id` is the session's and holds `bytes`.
+  bool Holds(uint64_t session_id, uint64_t id, uint64_t bytes) const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   struct File;

@@ -384,7 +384,8 @@ TEST_F(SpillTest, InlineObjectsSpillAndComeBack) {
   PutOptions options;
   options.checksum = true;
   for (int i = 0; i < 40; ++i) {  // 160 MiB through a 64 MiB pool and quota
-    std::vector<std::byte> data = RandomBytes(4 * kMiB - 4096 * i, 900 + i);
+    // Sizes not a multiple of 4 KiB, which O_DIRECT files refuse.
+    std::vector<std::byte> data = RandomBytes(4 * kMiB - 4196 * i, 900 + i);
     absl::StatusOr<Handle> handle = client->Put(data.data(), data.size(), options);
     ASSERT_TRUE(handle.ok()) << i << ": " << handle.status();
     objects.emplace_back(*handle, std::move(data));

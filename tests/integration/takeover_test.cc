@@ -23,6 +23,8 @@
 #include "common/attach_wire.h"
 #include "common/unix_socket.h"
 #include "server/handover/state_image.h"
+#include "server/handover/take_over.h"
+#include "tests/integration/takeover_util.h"
 #include "tests/integration/test_util.h"
 
 namespace actstash::testing {
@@ -30,52 +32,6 @@ namespace {
 
 using attach::MessageType;
 using ::testing::HasSubstr;
-
-constexpr const char* kPool = "256MiB";
-constexpr const char* kSegment = "4MiB";
-constexpr uint64_t kSegmentBytes = 4 << 20;
-
-DaemonProcessOptions Options(const std::string& socket_path = "") {
-  DaemonProcessOptions options;
-  options.pool_size = kPool;
-  options.segment_size = kSegment;
-  options.socket_path = socket_path;
-  return options;
-}
-
-bool LogHas(const DaemonProcess& daemon, const std::string& text) {
-  return daemon.log().find(text) != std::string::npos;
-}
-
-// The daemons that handed over: kept until the test ends, since the first
-// one's temporary folder holds the sockets every successor serves.
-std::vector<std::unique_ptr<DaemonProcess>>& Retired() {
-  static auto* retired = new std::vector<std::unique_ptr<DaemonProcess>>();
-  return *retired;
-}
-
-// Starts a successor of `serving` and waits until it took over and the
-// serving daemon exited (0). Null on failure, with both logs in the failure.
-std::unique_ptr<DaemonProcess> TakeOver(std::unique_ptr<DaemonProcess> serving) {
-  Retired().push_back(std::move(serving));
-  DaemonProcess* const retiring = Retired().back().get();
-  DaemonProcessOptions options = Options(retiring->socket_path());
-  options.extra_args = {"--take-over"};
-  absl::StatusOr<std::unique_ptr<DaemonProcess>> successor = DaemonProcess::Start(options);
-  if (!successor.ok()) {
-    ADD_FAILURE() << successor.status() << "\nserving:\n" << retiring->log();
-    return nullptr;
-  }
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-  while (!LogHas(**successor, "took over") && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  EXPECT_TRUE(LogHas(**successor, "took over")) << (*successor)->log();
-  absl::StatusOr<int> code = retiring->Stop(SIGTERM, std::chrono::seconds(30));
-  EXPECT_TRUE(code.ok() && *code == 0) << code.status() << retiring->log();
-  EXPECT_TRUE(LogHas(*retiring, "handed over; exiting")) << retiring->log();
-  return *std::move(successor);
-}
 
 class TakeOverTest : public ::testing::Test {
  protected:
@@ -284,7 +240,7 @@ TEST_F(TakeOverTest, ASecondSuccessorIsRefusedAndAnAbandonedTakeOverResumes) {
   ASSERT_TRUE(ticket.ok()) << ticket.status();
 
   UniqueFd first = ConnectHandover(*daemon);
-  ASSERT_TRUE(attach::SendMessage(first.get(), MessageType::kTakeOverHello, Hello(1)).ok());
+  ASSERT_TRUE(attach::SendMessage(first.get(), MessageType::kTakeOverHello, Hello(server::kTakeOverProtocol)).ok());
   std::vector<UniqueFd> fds;
   uint32_t total = 0;
   do {
@@ -306,7 +262,7 @@ TEST_F(TakeOverTest, ASecondSuccessorIsRefusedAndAnAbandonedTakeOverResumes) {
 
   UniqueFd second = ConnectHandover(*daemon);
   // The refusal may come before the hello is written (then the write fails).
-  attach::SendMessage(second.get(), MessageType::kTakeOverHello, Hello(1)).IgnoreError();
+  attach::SendMessage(second.get(), MessageType::kTakeOverHello, Hello(server::kTakeOverProtocol)).IgnoreError();
   absl::StatusOr<attach::Message> refused =
       attach::ReceiveMessage(second.get(), std::chrono::seconds(10));
   ASSERT_TRUE(refused.ok()) << refused.status();
