@@ -319,9 +319,9 @@ absl::Status Daemon::AdoptObject(
   if (state.residence_case() == v1::ObjectState::kSpillId) {
     // Its file was adopted with the spill tier: the same session's, as long.
     if (spill_ == nullptr || !spill_->Holds(state.session_id(), state.spill_id(), state.nbytes())) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "object ", state.handle(), " names spill file ", state.spill_id(),
-          ", which its session does not hold with ", state.nbytes(), " bytes"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("object ", state.handle(), " names spill file ", state.spill_id(),
+                       ", which its session does not hold with ", state.nbytes(), " bytes"));
     }
     object = StoredObject::Spilled(session->id(), std::move(meta), state.spill_id(), spill_.get());
   } else if (state.residence_case() == v1::ObjectState::kPoolOffset) {

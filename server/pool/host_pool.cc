@@ -306,13 +306,13 @@ class MemfdHostPool final : public HostPool, private AllocationOwner {
     const uint64_t granule = allocator_.granule();
     if (offset % granule != 0 || offset >= total_bytes_ || nbytes > total_bytes_ - offset) {
       return absl::InvalidArgumentError(absl::StrCat("an object of ", nbytes, " bytes at offset ",
-                                                     offset, " is outside a pool of ",
-                                                     total_bytes_, " bytes or misaligned"));
+                                                     offset, " is outside a pool of ", total_bytes_,
+                                                     " bytes or misaligned"));
     }
     const uint64_t rounded = (nbytes + granule - 1) / granule * granule;
     absl::MutexLock lock(&mu_);
-    const std::optional<uint64_t> at =
-        allocator_.AllocateWithin(nbytes, granule, offset, std::min(total_bytes_, offset + rounded));
+    const std::optional<uint64_t> at = allocator_.AllocateWithin(
+        nbytes, granule, offset, std::min(total_bytes_, offset + rounded));
     if (!at.has_value()) {
       return absl::InvalidArgumentError(absl::StrCat("an object of ", nbytes, " bytes at offset ",
                                                      offset, " meets a range already taken"));

@@ -400,9 +400,8 @@ absl::Status SpillTier::Adopt(const v1::DaemonState& state, std::vector<UniqueFd
     struct stat st {};
     if (fstat((*fds)[in.fd()].get(), &st) != 0 || !S_ISREG(st.st_mode) ||
         static_cast<uint64_t>(st.st_size) < in.bytes()) {
-      return absl::InvalidArgumentError(absl::StrCat("spill file ", in.id(),
-                                                     " is not a regular file of at least ",
-                                                     in.bytes(), " bytes"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "spill file ", in.id(), " is not a regular file of at least ", in.bytes(), " bytes"));
     }
     if (in.id() == 0 || adopted.contains(in.id()) || !fd_indices.insert(in.fd()).second) {
       return absl::InvalidArgumentError(
@@ -442,8 +441,8 @@ absl::Status SpillTier::Adopt(const v1::DaemonState& state, std::vector<UniqueFd
 bool SpillTier::Holds(uint64_t session_id, uint64_t id, uint64_t bytes) const {
   absl::MutexLock lock(&mu_);
   auto it = files_.find(id);
-  return it != files_.end() && it->second->session_id == session_id &&
-         it->second->bytes == bytes && !it->second->dropped;
+  return it != files_.end() && it->second->session_id == session_id && it->second->bytes == bytes &&
+         !it->second->dropped;
 }
 
 v1::SpillStats SpillTier::Stats() const {

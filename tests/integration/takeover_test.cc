@@ -240,7 +240,9 @@ TEST_F(TakeOverTest, ASecondSuccessorIsRefusedAndAnAbandonedTakeOverResumes) {
   ASSERT_TRUE(ticket.ok()) << ticket.status();
 
   UniqueFd first = ConnectHandover(*daemon);
-  ASSERT_TRUE(attach::SendMessage(first.get(), MessageType::kTakeOverHello, Hello(server::kTakeOverProtocol)).ok());
+  ASSERT_TRUE(attach::SendMessage(first.get(), MessageType::kTakeOverHello,
+                                  Hello(server::kTakeOverProtocol))
+                  .ok());
   std::vector<UniqueFd> fds;
   uint32_t total = 0;
   do {
@@ -262,7 +264,8 @@ TEST_F(TakeOverTest, ASecondSuccessorIsRefusedAndAnAbandonedTakeOverResumes) {
 
   UniqueFd second = ConnectHandover(*daemon);
   // The refusal may come before the hello is written (then the write fails).
-  attach::SendMessage(second.get(), MessageType::kTakeOverHello, Hello(server::kTakeOverProtocol)).IgnoreError();
+  attach::SendMessage(second.get(), MessageType::kTakeOverHello, Hello(server::kTakeOverProtocol))
+      .IgnoreError();
   absl::StatusOr<attach::Message> refused =
       attach::ReceiveMessage(second.get(), std::chrono::seconds(10));
   ASSERT_TRUE(refused.ok()) << refused.status();
