@@ -9,12 +9,19 @@ its median step and its slowest step (the steps that met a gap), and the calls
 that paused. Also a baseline: the same trainers for the same time with no
 hand-over, in the same run.
 
+--stores mixed (the default for take-overs) gives the daemon a spill tier and
+cycles the trainers through four kinds: zero-copy, zero-copy under an 8 MiB quota
+(its blocks spill), inline (Put/Get, no attach connection), inline under the
+quota (the daemon spills its objects); --stores zero-copy runs them all
+zero-copy.
+
 With --crash the daemon runs under a service manager that keeps its fds
 (actstash_testing.supervisor) and each replacement is a SIGKILL and a restart
 that recovers the state; the gap is then from the SIGKILL to the restarted
 daemon's READY=1, and the trainers count their reattachments.
 
-    python3 bench/takeover_bench.py [--trainers 4] [--handovers 20] [--interval 1.0] [--crash]
+    python3 bench/takeover_bench.py [--trainers 4] [--handovers 20] [--interval 1.0]
+        [--stores mixed|zero-copy] [--crash]
 """
 import argparse
 import os
@@ -31,15 +38,27 @@ from actstash_testing.supervisor import SupervisedDaemon  # noqa: E402
 from actstash_testing.trainers import Trainers  # noqa: E402
 
 
-def run(trainers, handovers, interval, dim, crash=False):
+QUOTA = ("--quota", str(8 << 20))
+KINDS = [(), QUOTA, ("--inline",), ("--inline", *QUOTA)]
+
+
+def run(trainers, handovers, interval, dim, crash=False, mixed=False):
     """One round; returns (gaps, trainer results)."""
     binary = os.environ.get("ACTSTASH_DAEMON_BINARY", BUILT_DAEMON)
+    work = tempfile.mkdtemp(prefix="actstash-takeover-")
+    extra = ()
+    if mixed:
+        os.mkdir(os.path.join(work, "spill"))
+        extra = ("--spill-dir", os.path.join(work, "spill"))
     daemon = (SupervisedDaemon(binary, "1GiB", segment="4MiB", prefix="actstash-bench-") if crash
-              else DaemonProcess(binary, "1GiB", segment="4MiB", prefix="actstash-bench-"))
+              else DaemonProcess(binary, "1GiB", segment="4MiB", extra=extra,
+                                 prefix="actstash-bench-"))
     group = None
     try:
-        group = Trainers(daemon.socket, trainers, tempfile.mkdtemp(prefix="actstash-takeover-"),
-                         env=dict(os.environ, PYTHONPATH=BUILD_PYTHON), extra=("--dim", str(dim)))
+        each = [KINDS[i % len(KINDS)] if mixed else () for i in range(trainers)]
+        group = Trainers(daemon.socket, trainers, work,
+                         env=dict(os.environ, PYTHONPATH=BUILD_PYTHON), extra=("--dim", str(dim)),
+                         each=each)
         gaps = []
         time.sleep(interval)
         for _ in range(handovers):
@@ -62,25 +81,37 @@ def main():
     parser.add_argument("--dim", type=int, default=128)
     parser.add_argument("--crash", action="store_true",
                         help="SIGKILL and restart under a service manager instead")
+    parser.add_argument("--stores", choices=("mixed", "zero-copy"), default=None,
+                        help="mixed: zero-copy and inline, each with and without spilling "
+                        "(default for take-overs; inline objects and spilled data do not "
+                        "survive a crash)")
     args = parser.parse_args()
-    base_gaps, base = run(args.trainers, 0, args.interval, args.dim, args.crash)
-    gaps, results = run(args.trainers, args.handovers, args.interval, args.dim, args.crash)
+    stores = args.stores or ("zero-copy" if args.crash else "mixed")
+    if args.crash and stores == "mixed":
+        parser.error("--crash keeps leased memory only: use --stores zero-copy")
+    mixed = stores == "mixed"
+    base_gaps, base = run(args.trainers, 0, args.interval, args.dim, args.crash, mixed)
+    gaps, results = run(args.trainers, args.handovers, args.interval, args.dim, args.crash, mixed)
     ms = sorted(1e3 * g for g in gaps)
     what = "crashes (SIGKILL, restart)" if args.crash else "take-overs"
-    print(f"{args.trainers} trainers, {args.handovers} {what}, one every {args.interval} s")
+    print(f"{args.trainers} trainers ({stores} stores), {args.handovers} {what}, one every "
+          f"{args.interval} s")
     gap = ("SIGKILL to the restarted daemon's READY=1" if args.crash
            else "socket serving no call")
     print(f"gap ({gap}): median {statistics.median(ms):.1f} ms, "
           f"max {ms[-1]:.1f} ms, min {ms[0]:.1f} ms")
     name = "crash" if args.crash else "take-over"
-    print(f"{'':10}{'steps':>7}{'not bitwise':>13}{'offloaded':>11}{'fetched':>9}"
-          f"{'pauses':>8}{'reattach':>9}{'median ms':>11}{'max ms':>9}")
+    print(f"{'':10}{'kind':>16}{'steps':>7}{'not bitwise':>13}{'offloaded':>11}{'fetched':>9}"
+          f"{'source':>8}{'spilled MiB':>13}{'pauses':>8}{'reattach':>9}{'median ms':>11}"
+          f"{'max ms':>9}")
     for label, rows in (("baseline", base), (name, results)):
         for r in rows:
-            print(f"{label:10}{r['steps']:>7}{r['not_bitwise']:>13}{r['offloaded']:>11}"
-                  f"{r['fetched']:>9}{r['pauses']:>8}{r['reattaches']:>9}"
+            kind = ("inline" if r["inline"] else "zero-copy") + ("+spill" if r["quota"] else "")
+            print(f"{label:10}{kind:>16}{r['steps']:>7}{r['not_bitwise']:>13}{r['offloaded']:>11}"
+                  f"{r['fetched']:>9}{r['from_source']:>8}{r['spilled'] / 2**20:>13.1f}"
+                  f"{r['pauses']:>8}{r['reattaches']:>9}"
                   f"{r['step_ms_median']:>11.1f}{r['step_ms_max']:>9.1f}")
-    lost = sum(r["offloaded"] - r["fetched"] for r in results)
+    lost = sum(r["offloaded"] - r["fetched"] - r["from_source"] for r in results)
     bad = sum(r["not_bitwise"] for r in results) + sum(r["failures"] for r in results)
     ratio = (statistics.median(r["step_ms_median"] for r in results) /
              statistics.median(r["step_ms_median"] for r in base))

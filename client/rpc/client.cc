@@ -95,6 +95,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   }
   impl->session_id = reply.session_id();
   impl->rpc->SetToken(reply.token());
+  impl->rpc->SetUnattachedPauseLimit(options.reattach_timeout);
   impl->quota_bytes = reply.quota_bytes();
   if (reply.max_chunk_bytes() != 0) {
     impl->max_chunk_bytes = std::min<uint64_t>(reply.max_chunk_bytes(), kMaxChunkBytes);
@@ -120,77 +121,80 @@ absl::StatusOr<Handle> Client::Put(const void* data, size_t nbytes, const PutOpt
   if (nbytes > 0 && data == nullptr) {
     return absl::InvalidArgumentError("Put: null data with a non-zero size");
   }
-  grpc::ClientContext ctx;
-  impl_->rpc->Prepare(&ctx);
   v1::PutReply reply;
-  std::unique_ptr<grpc::ClientWriter<v1::PutChunk>> writer = impl_->rpc->stub().Put(&ctx, &reply);
-  v1::PutChunk chunk;
-  v1::ObjectHeader* header = chunk.mutable_header();
-  header->set_dtype(options.dtype);
-  for (int64_t dim : options.shape) header->add_shape(dim);
-  header->set_nbytes(nbytes);
-  if (options.checksum) {
-    header->mutable_checksum()->set_algorithm(v1::CHECKSUM_ALGORITHM_XXH3_64);
-    header->mutable_checksum()->set_value(Xxh3(data, nbytes));
-  }
-  // A failed Write means the daemon ended the call early; Finish says why.
-  bool writing = writer->Write(chunk);
-  const auto* bytes = static_cast<const char*>(data);
-  for (size_t sent = 0; writing && sent < nbytes;) {
-    const size_t n = std::min<size_t>(impl_->max_chunk_bytes, nbytes - sent);
-    chunk.set_data(bytes + sent, n);
-    writing = writer->Write(chunk);
-    sent += n;
-  }
-  if (writing) writer->WritesDone();
-  grpc::Status status = writer->Finish();
-  if (!status.ok()) return impl_->rpc->Fail(status, "Put");
+  absl::Status status = impl_->rpc->Retrying("Put", [&](grpc::ClientContext* ctx) {
+    std::unique_ptr<grpc::ClientWriter<v1::PutChunk>> writer = impl_->rpc->stub().Put(ctx, &reply);
+    v1::PutChunk chunk;
+    v1::ObjectHeader* header = chunk.mutable_header();
+    header->set_dtype(options.dtype);
+    for (int64_t dim : options.shape) header->add_shape(dim);
+    header->set_nbytes(nbytes);
+    if (options.checksum) {
+      header->mutable_checksum()->set_algorithm(v1::CHECKSUM_ALGORITHM_XXH3_64);
+      header->mutable_checksum()->set_value(Xxh3(data, nbytes));
+    }
+    // A failed Write means the daemon ended the call early; Finish says why.
+    bool writing = writer->Write(chunk);
+    const auto* bytes = static_cast<const char*>(data);
+    for (size_t sent = 0; writing && sent < nbytes;) {
+      const size_t n = std::min<size_t>(impl_->max_chunk_bytes, nbytes - sent);
+      chunk.set_data(bytes + sent, n);
+      writing = writer->Write(chunk);
+      sent += n;
+    }
+    if (writing) writer->WritesDone();
+    return writer->Finish();
+  });
+  if (!status.ok()) return status;
   return Handle{reply.handle()};
 }
 
 absl::StatusOr<ObjectInfo> Client::Impl::Fetch(
     Handle handle, const std::function<absl::StatusOr<std::byte*>(const ObjectInfo&)>& on_header) {
   if (absl::Status s = CheckOpen(); !s.ok()) return s;
-  grpc::ClientContext ctx;
-  rpc->Prepare(&ctx);
   v1::GetRequest request;
   request.set_handle(handle.id);
-  std::unique_ptr<grpc::ClientReader<v1::GetChunk>> reader = rpc->stub().Get(&ctx, request);
-  v1::GetChunk chunk;
-  if (!reader->Read(&chunk)) return rpc->Fail(reader->Finish(), "Get");
-  absl::Status error;
+  absl::Status error;  // this side's, never retried
   ObjectInfo info;
-  std::byte* dst = nullptr;
-  if (chunk.payload_case() != v1::GetChunk::kHeader) {
-    error = absl::InternalError("Get: the daemon's first chunk carried no header");
-  } else {
-    info = InfoFromHeader(chunk.header());
-    absl::StatusOr<std::byte*> buffer = on_header(info);
-    if (buffer.ok()) {
-      dst = *buffer;
-    } else {
-      error = buffer.status();
-    }
-  }
   uint64_t received = 0;
   Xxh3Hasher hasher;
-  while (error.ok() && reader->Read(&chunk)) {
-    const std::string& data = chunk.data();
-    if (chunk.payload_case() != v1::GetChunk::kData || data.size() > info.nbytes - received) {
-      error = absl::InternalError("Get: the daemon sent more data than its header announced");
-      break;
+  absl::Status status = rpc->Retrying("Get", [&](grpc::ClientContext* ctx) {
+    std::unique_ptr<grpc::ClientReader<v1::GetChunk>> reader = rpc->stub().Get(ctx, request);
+    v1::GetChunk chunk;
+    if (!reader->Read(&chunk)) return reader->Finish();
+    std::byte* dst = nullptr;
+    if (chunk.payload_case() != v1::GetChunk::kHeader) {
+      error = absl::InternalError("Get: the daemon's first chunk carried no header");
+    } else {
+      info = InfoFromHeader(chunk.header());
+      absl::StatusOr<std::byte*> buffer = on_header(info);
+      if (buffer.ok()) {
+        dst = *buffer;
+      } else {
+        error = buffer.status();
+      }
     }
-    std::memcpy(dst + received, data.data(), data.size());
-    if (info.checksum_xxh3.has_value()) hasher.Update(data.data(), data.size());
-    received += data.size();
-  }
-  if (!error.ok()) {
-    ctx.TryCancel();
-    (void)reader->Finish();
-    return error;
-  }
-  grpc::Status status = reader->Finish();
-  if (!status.ok()) return rpc->Fail(status, "Get");
+    received = 0;
+    hasher = Xxh3Hasher();
+    while (error.ok() && reader->Read(&chunk)) {
+      const std::string& data = chunk.data();
+      if (chunk.payload_case() != v1::GetChunk::kData || data.size() > info.nbytes - received) {
+        error = absl::InternalError("Get: the daemon sent more data than its header announced");
+        break;
+      }
+      std::memcpy(dst + received, data.data(), data.size());
+      if (info.checksum_xxh3.has_value()) hasher.Update(data.data(), data.size());
+      received += data.size();
+    }
+    if (!error.ok()) {
+      ctx->TryCancel();
+      (void)reader->Finish();
+      return grpc::Status::OK;
+    }
+    return reader->Finish();
+  });
+  if (!error.ok()) return error;
+  if (!status.ok()) return status;
   if (received != info.nbytes) {
     return absl::InternalError(absl::StrCat("Get: the daemon sent ", received,
                                             " bytes; its header announced ", info.nbytes));

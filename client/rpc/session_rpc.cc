@@ -1,5 +1,6 @@
 #include "client/rpc/session_rpc.h"
 
+#include <thread>
 #include <utility>
 
 #include "client/rpc/channel.h"
@@ -32,10 +33,18 @@ bool SessionRpc::Paused(const grpc::Status& status) const {
   // unary calls, so the daemon did; it does so only when it stops serving,
   // to calls it had received but not started (those it started finish
   // first, server/daemon/daemon.cc StopServing). ConfirmLost waits up to its
-  // limit for a closing connection to show: also the pause between tries.
+  // limit for a closing connection to show: also the pause between tries
+  // (a draining daemon answers at once), which an unattached session sleeps.
   const grpc::StatusCode code = status.error_code();
-  return (code == grpc::StatusCode::UNAVAILABLE || code == grpc::StatusCode::CANCELLED) &&
-         attach_ != nullptr && !attach_->ConfirmLost(std::chrono::milliseconds(200));
+  if (code != grpc::StatusCode::UNAVAILABLE && code != grpc::StatusCode::CANCELLED) return false;
+  if (attach_ == nullptr) {
+    if (unattached_pause_limit_.count() == 0 || unattached_gone_.load(std::memory_order_relaxed)) {
+      return false;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    return true;
+  }
+  return !attach_->ConfirmLost(std::chrono::milliseconds(200));
 }
 
 absl::Status SessionRpc::GoneError(absl::string_view what, absl::string_view consequence) const {

@@ -4,17 +4,17 @@
 // the attach connection says the daemon is gone). Private to the client
 // library; used by Client and by its rooms (HostLeases, DeviceTiers).
 //
-// Thread-safety: set up by Client::Connect (SetToken) and Client::Impl::Attach
-// (SetAttach) before any other thread can reach it; read-only afterwards, so
-// any thread may call the const members. The deadline is atomic:
-// ShortenDeadline (the Client's destructor) may run while the store's
-// background threads still return or lease.
+// Thread-safety: set up by Client::Connect (SetToken, SetUnattachedPauseLimit)
+// and Client::Impl::Attach (SetAttach) before any other thread can reach it; read-only afterwards,
+// so any thread may call the const members. The deadline is atomic: ShortenDeadline (the Client's
+// destructor) may run while the store's background threads still return or lease.
 #ifndef ACTSTASH_CLIENT_RPC_SESSION_RPC_H_
 #define ACTSTASH_CLIENT_RPC_SESSION_RPC_H_
 
 #include <grpcpp/client_context.h>
 #include <grpcpp/support/status.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -43,6 +43,9 @@ class SessionRpc {
   // The attach connection (not owned; it must outlive every call that may
   // fail), consulted when a call finds the daemon unreachable.
   void SetAttach(AttachConnection* attach) { attach_ = attach; }
+  // How long a call of an unattached session waits for a daemon that does
+  // not answer (see Retrying); 0: not at all.
+  void SetUnattachedPauseLimit(std::chrono::milliseconds limit) { unattached_pause_limit_ = limit; }
   void ShortenDeadline(std::chrono::milliseconds limit) {
     int64_t now = rpc_timeout_ms_.load(std::memory_order_relaxed);
     while (limit.count() < now &&
@@ -59,30 +62,57 @@ class SessionRpc {
 
   // Sets the call's deadline and the session's token.
   void Prepare(grpc::ClientContext* ctx) const;
-  // One unary call of the stub (`method`, e.g. &v1::Stash::Stub::Stats):
-  // Prepare'd, and a failure made the session's error by Fail. Streaming
-  // calls (Put, Get) Prepare and Fail themselves.
-  //
-  // A daemon that does not answer while the attach connection stays open
-  // is being replaced (actstashd --take-over hands the connection to its
-  // successor, server/handover/take_over.h): a pause, not an error. The call
-  // is then sent again, waiting for the channel to reconnect, until the
-  // call's deadline. A call the daemon refused is never repeated: an
-  // unreachable daemon has not run it.
+  // One unary call of the stub (`method`, e.g. &v1::Stash::Stub::Stats)
+  // through Retrying.
   template <typename Request, typename Reply>
   absl::Status Call(grpc::Status (v1::Stash::Stub::*method)(grpc::ClientContext*, const Request&,
                                                             Reply*),
                     const Request& request, Reply* reply, const char* what) const {
+    return Retrying(
+        what, [&](grpc::ClientContext* ctx) { return ((*stub_).*method)(ctx, request, reply); });
+  }
+  // Runs `attempt(ctx)` (one whole call of the stub, a Put or Get stream
+  // included, on a Prepare'd context bounded by the call's deadline) and
+  // makes a failure the session's error by Fail.
+  //
+  // A daemon that does not answer is being replaced (actstashd --take-over
+  // hands the session to its successor, server/handover/take_over.h) or
+  // restarted under a service manager: a pause, not an error. For an
+  // attached session that is so while the attach connection stays open (or
+  // reattaches); an unattached one cannot tell, so it waits up to its pause
+  // limit (ClientOptions::reattach_timeout). The call is then sent again,
+  // waiting for the channel to reconnect, until the deadline; one that runs
+  // out of time that way fails with the pause's UNAVAILABLE, and an
+  // unattached session's later calls then fail at once until one gets
+  // through (a daemon that is gone does not cost every call its limit). A call the
+  // daemon refused is never repeated: an unreachable or draining daemon has
+  // not run it.
+  template <typename Attempt>
+  absl::Status Retrying(const char* what, Attempt attempt) const {
     const auto deadline = std::chrono::system_clock::now() + rpc_timeout();
+    auto until = deadline;
+    grpc::Status pause;
     for (bool again = false;; again = true) {
       grpc::ClientContext ctx;
       Prepare(&ctx);
-      ctx.set_deadline(deadline);
+      ctx.set_deadline(until);
       ctx.set_wait_for_ready(again);
-      const grpc::Status status = ((*stub_).*method)(&ctx, request, reply);
-      if (status.ok()) return absl::OkStatus();
+      const grpc::Status status = attempt(&ctx);
+      if (status.ok()) {
+        if (again) unattached_gone_.store(false, std::memory_order_relaxed);
+        return absl::OkStatus();
+      }
+      if (again && status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+        if (attach_ == nullptr) unattached_gone_.store(true, std::memory_order_relaxed);
+        return Fail(pause, what);
+      }
       if (!Paused(status)) return Fail(status, what);
-      if (!again) paused_calls_.fetch_add(1, std::memory_order_relaxed);
+      if (!again) {
+        paused_calls_.fetch_add(1, std::memory_order_relaxed);
+        pause = status;
+        if (attach_ == nullptr)
+          until = std::min(deadline, std::chrono::system_clock::now() + unattached_pause_limit_);
+      }
     }
   }
   // Calls that found the daemon paused (being replaced) and were sent again.
@@ -93,7 +123,7 @@ class SessionRpc {
   // away gives the one "went away" error, whichever the client noticed first.
   absl::Status Fail(const grpc::Status& status, const char* what) const;
   // Whether `status` says the daemon did not answer while the attach
-  // connection is alive (see Call).
+  // connection is alive, or for an unattached session at all (see Retrying).
   bool Paused(const grpc::Status& status) const;
   // True once the attach connection saw the daemon go.
   bool Lost() const { return attach_ != nullptr && attach_->lost(); }
@@ -106,6 +136,8 @@ class SessionRpc {
   std::atomic<int64_t> rpc_timeout_ms_;
   std::string token_;
   AttachConnection* attach_ = nullptr;
+  std::chrono::milliseconds unattached_pause_limit_{0};
+  mutable std::atomic<bool> unattached_gone_{false};  // a pause ran out (see Retrying)
   mutable std::atomic<uint64_t> paused_calls_{0};
 };
 

@@ -94,8 +94,11 @@ def wait_pool_empty(socket, timeout=15):
 
 def assert_trained_bitwise(results):
     """Trainer results (actstash_testing.trainers): steps ran, each bitwise equal to
-    plain autograd, every offloaded tensor came back, no store failed."""
+    plain autograd, every offloaded tensor came back (read from the daemon, or from
+    its source where backward needed it before its store had finished, as inline
+    stores often do), no store failed."""
     for r in results:
         assert r["steps"] > 0 and r["not_bitwise"] == 0, r
-        assert r["offloaded"] > 0 and r["fetched"] == r["offloaded"], r
+        assert r["offloaded"] > 0 and r["fetched"] > 0, r
+        assert r["fetched"] + r["from_source"] == r["offloaded"], r
         assert r["failures"] == 0, r

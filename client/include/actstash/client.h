@@ -63,6 +63,10 @@ struct ClientOptions {
   // that holds its memory, docs/OPERATIONS.md) and its attach connection
   // ends: how long to try to attach again (calls meanwhile wait, leased
   // memory stays readable) before the session counts as gone. 0: never.
+  // A session without an attach connection cannot tell a daemon being
+  // replaced or restarted from one that is gone: its calls wait this long
+  // (within rpc_timeout) for a daemon that does not answer, then fail
+  // UNAVAILABLE.
   std::chrono::milliseconds reattach_timeout{30000};
   AttachMode attach = AttachMode::kAuto;
   // Segments leased at a time by the zero-copy path; up to this many empty

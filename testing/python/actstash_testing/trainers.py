@@ -15,12 +15,17 @@ RUNNER = os.path.join(ROOT, "tests", "python", "takeover_run.py")
 
 
 class Trainers:
-    def __init__(self, socket, count, work_dir, env, extra=(), start_timeout=120):
+    def __init__(self, socket, count, work_dir, env, extra=(), start_timeout=120, each=None):
+        """`extra`: arguments of every trainer; `each`: one tuple of arguments per
+        trainer (count of them), after `extra`."""
         self.stop_file = os.path.join(work_dir, "stop")
         ready = [os.path.join(work_dir, f"ready{i}") for i in range(count)]
+        each = each or [()] * count
+        assert len(each) == count, each
         self.procs = [subprocess.Popen([sys.executable, RUNNER, socket, self.stop_file, r,
-                                        *extra], env=env, stdout=subprocess.PIPE,
-                                       stderr=subprocess.PIPE, text=True) for r in ready]
+                                        *extra, *own], env=env, stdout=subprocess.PIPE,
+                                       stderr=subprocess.PIPE, text=True)
+                      for r, own in zip(ready, each)]
         deadline = time.time() + start_timeout
         while not all(os.path.exists(r) for r in ready):
             if any(p.poll() is not None for p in self.procs):
