@@ -25,6 +25,7 @@ daemon's READY=1, and the trainers count their reattachments.
 """
 import argparse
 import os
+import re
 import statistics
 import sys
 import tempfile
@@ -66,7 +67,10 @@ def run(trainers, handovers, interval, dim, crash=False, mixed=False):
             time.sleep(interval)
         if not handovers:
             time.sleep(interval * 20)
-        return gaps, group.finish(timeout=300)
+        handed = [tuple(map(int, m)) for m in re.findall(
+            r"took over \d+ sessions, \d+ leases, (\d+) inline objects and (\d+) spill files",
+            daemon.text())]
+        return gaps, group.finish(timeout=300), handed
     finally:
         if group is not None:
             group.kill()
@@ -90,8 +94,9 @@ def main():
     if args.crash and stores == "mixed":
         parser.error("--crash keeps leased memory only: use --stores zero-copy")
     mixed = stores == "mixed"
-    base_gaps, base = run(args.trainers, 0, args.interval, args.dim, args.crash, mixed)
-    gaps, results = run(args.trainers, args.handovers, args.interval, args.dim, args.crash, mixed)
+    _, base, _ = run(args.trainers, 0, args.interval, args.dim, args.crash, mixed)
+    gaps, results, handed = run(args.trainers, args.handovers, args.interval, args.dim,
+                                args.crash, mixed)
     ms = sorted(1e3 * g for g in gaps)
     what = "crashes (SIGKILL, restart)" if args.crash else "take-overs"
     print(f"{args.trainers} trainers ({stores} stores), {args.handovers} {what}, one every "
@@ -100,6 +105,12 @@ def main():
            else "socket serving no call")
     print(f"gap ({gap}): median {statistics.median(ms):.1f} ms, "
           f"max {ms[-1]:.1f} ms, min {ms[0]:.1f} ms")
+    if handed:
+        objects = sorted(h[0] for h in handed)
+        files = sorted(h[1] for h in handed)
+        print(f"handed per take-over: inline objects median {statistics.median(objects):g} "
+              f"(max {objects[-1]}), spill files median {statistics.median(files):g} "
+              f"(max {files[-1]})")
     name = "crash" if args.crash else "take-over"
     print(f"{'':10}{'kind':>16}{'steps':>7}{'not bitwise':>13}{'offloaded':>11}{'fetched':>9}"
           f"{'source':>8}{'spilled MiB':>13}{'pauses':>8}{'reattach':>9}{'median ms':>11}"
