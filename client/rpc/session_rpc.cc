@@ -11,6 +11,7 @@ namespace actstash::client_internal {
 SessionRpc::SessionRpc(std::string target, std::shared_ptr<grpc::Channel> channel,
                        std::chrono::milliseconds rpc_timeout)
     : target_(std::move(target)),
+      channel_(channel),
       stub_(v1::Stash::NewStub(std::move(channel))),
       rpc_timeout_ms_(rpc_timeout.count()) {}
 
@@ -25,6 +26,10 @@ absl::Status SessionRpc::Fail(const grpc::Status& status, const char* what) cons
     return GoneError(what, "this session, its leases and its spilled buffers are gone");
   }
   return AnnotateRpcError(status, target_, what, rpc_timeout());
+}
+
+bool SessionRpc::Connected() const {
+  return channel_->GetState(/*try_to_connect=*/false) == GRPC_CHANNEL_READY;
 }
 
 bool SessionRpc::Paused(const grpc::Status& status) const {

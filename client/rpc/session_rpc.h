@@ -11,6 +11,7 @@
 #ifndef ACTSTASH_CLIENT_RPC_SESSION_RPC_H_
 #define ACTSTASH_CLIENT_RPC_SESSION_RPC_H_
 
+#include <grpcpp/channel.h>
 #include <grpcpp/client_context.h>
 #include <grpcpp/support/status.h>
 
@@ -82,13 +83,17 @@ class SessionRpc {
   // reattaches); an unattached one cannot tell, so it waits up to its pause
   // limit (ClientOptions::reattach_timeout). The call is then sent again,
   // waiting for the channel to reconnect, until the deadline; one that runs
-  // out of time that way fails with the pause's UNAVAILABLE, and an
-  // unattached session's later calls then fail at once until one gets
-  // through (a daemon that is gone does not cost every call its limit). A call the
+  // out of time without a daemon to talk to fails with the pause's
+  // UNAVAILABLE, and an unattached session's later calls then fail at once
+  // until one gets through (a daemon that is gone does not cost every call
+  // its limit). A call the
   // daemon refused is never repeated: an unreachable or draining daemon has
   // not run it.
+  //
+  // `resend_cancelled` false: a CANCELLED call is not sent again (a Put: the
+  // daemon may cancel a stream that it has already run to its end).
   template <typename Attempt>
-  absl::Status Retrying(const char* what, Attempt attempt) const {
+  absl::Status Retrying(const char* what, Attempt attempt, bool resend_cancelled = true) const {
     const auto deadline = std::chrono::system_clock::now() + rpc_timeout();
     auto until = deadline;
     grpc::Status pause;
@@ -99,14 +104,21 @@ class SessionRpc {
       ctx.set_wait_for_ready(again);
       const grpc::Status status = attempt(&ctx);
       if (status.ok()) {
-        if (again) unattached_gone_.store(false, std::memory_order_relaxed);
+        if (unattached_gone_.load(std::memory_order_relaxed)) {
+          unattached_gone_.store(false, std::memory_order_relaxed);
+        }
         return absl::OkStatus();
       }
-      if (again && status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+      if (again && status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED && !Connected()) {
+        // The daemon never came back within the limit (a call it answered
+        // too slowly is the deadline's error, below).
         if (attach_ == nullptr) unattached_gone_.store(true, std::memory_order_relaxed);
         return Fail(pause, what);
       }
-      if (!Paused(status)) return Fail(status, what);
+      if ((!resend_cancelled && status.error_code() == grpc::StatusCode::CANCELLED) ||
+          !Paused(status)) {
+        return Fail(status, what);
+      }
       if (!again) {
         paused_calls_.fetch_add(1, std::memory_order_relaxed);
         pause = status;
@@ -122,6 +134,8 @@ class SessionRpc {
   // dead daemon's sockets one after the other) so that a daemon that went
   // away gives the one "went away" error, whichever the client noticed first.
   absl::Status Fail(const grpc::Status& status, const char* what) const;
+  // Whether the channel is connected to a daemon now.
+  bool Connected() const;
   // Whether `status` says the daemon did not answer while the attach
   // connection is alive, or for an unattached session at all (see Retrying).
   bool Paused(const grpc::Status& status) const;
@@ -132,6 +146,7 @@ class SessionRpc {
 
  private:
   const std::string target_;
+  const std::shared_ptr<grpc::Channel> channel_;
   const std::unique_ptr<v1::Stash::Stub> stub_;
   std::atomic<int64_t> rpc_timeout_ms_;
   std::string token_;

@@ -110,8 +110,10 @@ class Daemon {
   absl::Status AdoptState(TakenOver* taken);
   // One inline object of the handed state: its range of the pool (quota
   // reserved again) or its adopted spill file.
+  // `spill_ids`: the spill files objects adopted so far hold.
   absl::Status AdoptObject(const v1::ObjectState& state,
-                           const absl::flat_hash_map<uint64_t, std::shared_ptr<Session>>& sessions);
+                           const absl::flat_hash_map<uint64_t, std::shared_ptr<Session>>& sessions,
+                           absl::flat_hash_set<uint64_t>* spill_ids);
 
   // Crash recovery (daemon_recovery.cc), on the main thread before serving:
   // the recovered sessions and leases into the parts; the sessions have

@@ -276,8 +276,9 @@ absl::Status Daemon::AdoptState(TakenOver* taken) {
   if (spill_ != nullptr) {
     if (absl::Status s = spill_->Adopt(state, &taken->fds); !s.ok()) return fail(s);
   }
+  absl::flat_hash_set<uint64_t> spill_ids;  // each file held by one object at most
   for (const v1::ObjectState& object : state.objects()) {
-    if (absl::Status s = AdoptObject(object, by_id); !s.ok()) return fail(s);
+    if (absl::Status s = AdoptObject(object, by_id, &spill_ids); !s.ok()) return fail(s);
   }
   leases_.Restore(state.next_lease_id(), state.leases_granted_total());
   sessions_.AdvanceNextId(state.next_session_id());
@@ -301,7 +302,8 @@ absl::Status Daemon::AdoptState(TakenOver* taken) {
 
 absl::Status Daemon::AdoptObject(
     const v1::ObjectState& state,
-    const absl::flat_hash_map<uint64_t, std::shared_ptr<Session>>& sessions) {
+    const absl::flat_hash_map<uint64_t, std::shared_ptr<Session>>& sessions,
+    absl::flat_hash_set<uint64_t>* spill_ids) {
   auto it = sessions.find(state.session_id());
   if (it == sessions.end()) {
     return absl::InvalidArgumentError(absl::StrCat("object ", state.handle(),
@@ -309,6 +311,15 @@ absl::Status Daemon::AdoptObject(
                                                    ", which was not handed"));
   }
   const std::shared_ptr<Session>& session = it->second;
+  v1::ObjectHeader header;
+  header.set_dtype(state.dtype());
+  for (int64_t dim : state.shape()) header.add_shape(dim);
+  header.mutable_checksum()->set_algorithm(
+      static_cast<v1::ChecksumAlgorithm>(state.checksum_algorithm()));
+  if (absl::Status valid = ValidateObjectHeader(header); !valid.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("object ", state.handle(), ": ", valid.message()));
+  }
   ObjectMeta meta;
   meta.dtype = state.dtype();
   meta.shape.assign(state.shape().begin(), state.shape().end());
@@ -318,10 +329,12 @@ absl::Status Daemon::AdoptObject(
   std::shared_ptr<StoredObject> object;
   if (state.residence_case() == v1::ObjectState::kSpillId) {
     // Its file was adopted with the spill tier: the same session's, as long.
-    if (spill_ == nullptr || !spill_->Holds(state.session_id(), state.spill_id(), state.nbytes())) {
+    if (spill_ == nullptr || !spill_->Holds(state.session_id(), state.spill_id(), state.nbytes()) ||
+        !spill_ids->insert(state.spill_id()).second) {
       return absl::InvalidArgumentError(
           absl::StrCat("object ", state.handle(), " names spill file ", state.spill_id(),
-                       ", which its session does not hold with ", state.nbytes(), " bytes"));
+                       ", which its session does not hold with ", state.nbytes(),
+                       " bytes, or another object names too"));
     }
     object = StoredObject::Spilled(session->id(), std::move(meta), state.spill_id(), spill_.get());
   } else if (state.residence_case() == v1::ObjectState::kPoolOffset) {

@@ -37,9 +37,9 @@ absl::Status Catalog::Export(v1::DaemonState* state) const {
 absl::Status Catalog::Adopt(const Session& session, uint64_t handle,
                             std::shared_ptr<StoredObject> object) {
   absl::MutexLock lock(&mu_);
-  if (handle == 0 || objects_.contains(handle)) {
+  if (handle == 0 || handle == UINT64_MAX || objects_.contains(handle)) {
     return absl::InvalidArgumentError(
-        absl::StrCat("object handle ", handle, " is 0 or repeated in the handed state"));
+        absl::StrCat("object handle ", handle, " is out of range or repeated in the handed state"));
   }
   if (journal_ != nullptr) journal_->ObjectHandleIssued(handle);
   next_handle_ = std::max(next_handle_, handle + 1);

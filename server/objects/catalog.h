@@ -32,6 +32,11 @@ struct ObjectMeta {
 
 class SpillTier;
 
+// An object's header as a client sent it (Put), or as a predecessor handed
+// it: INVALID_ARGUMENT for a dtype or shape over the limits, a negative
+// dimension, an unknown checksum algorithm.
+absl::Status ValidateObjectHeader(const v1::ObjectHeader& header);
+
 // One stored object. Its metadata and bytes never change once built; where
 // the bytes live may (the spill tier): in its pool allocation, or in a spill
 // file while nobody reads it. It owns its pool memory and its quota
@@ -154,8 +159,9 @@ class Catalog {
   // one is in transit, as StoredObject::ExportState); and an object of a
   // predecessor under its own handle, before anything is served
   // (INVALID_ARGUMENT for handle 0 or one already held).
-  absl::Status Export(v1::DaemonState* state) const;
-  absl::Status Adopt(const Session& session, uint64_t handle, std::shared_ptr<StoredObject> object);
+  absl::Status Export(v1::DaemonState* state) const ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status Adopt(const Session& session, uint64_t handle, std::shared_ptr<StoredObject> object)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   StateJournal* const journal_;

@@ -1,10 +1,34 @@
 // StoredObject's residence: resident in the pool, being spilled, spilled to
 // the spill tier, being read back, or lost.
 #include "absl/strings/str_cat.h"
+#include "common/protocol.h"
 #include "server/objects/catalog.h"
 #include "server/spill/spill_tier.h"
 
 namespace actstash::server {
+
+absl::Status ValidateObjectHeader(const v1::ObjectHeader& header) {
+  if (header.dtype().size() > kMaxDtypeBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("dtype is ", header.dtype().size(), " bytes; at most ", kMaxDtypeBytes));
+  }
+  if (header.shape_size() > kMaxShapeDims) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("shape has ", header.shape_size(), " dimensions; at most ", kMaxShapeDims));
+  }
+  for (int64_t dim : header.shape()) {
+    if (dim < 0) {
+      return absl::InvalidArgumentError(absl::StrCat("negative dimension ", dim, " in shape"));
+    }
+  }
+  const auto algorithm = header.checksum().algorithm();
+  if (algorithm != v1::CHECKSUM_ALGORITHM_UNSPECIFIED &&
+      algorithm != v1::CHECKSUM_ALGORITHM_XXH3_64) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unsupported checksum algorithm ", static_cast<int>(algorithm)));
+  }
+  return absl::OkStatus();
+}
 
 StoredObject::~StoredObject() {
   absl::MutexLock lock(&mu_);

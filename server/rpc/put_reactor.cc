@@ -13,29 +13,6 @@
 namespace actstash::server {
 namespace {
 
-absl::Status ValidateHeader(const v1::ObjectHeader& header) {
-  if (header.dtype().size() > kMaxDtypeBytes) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("dtype is ", header.dtype().size(), " bytes; at most ", kMaxDtypeBytes));
-  }
-  if (header.shape_size() > kMaxShapeDims) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("shape has ", header.shape_size(), " dimensions; at most ", kMaxShapeDims));
-  }
-  for (int64_t dim : header.shape()) {
-    if (dim < 0) {
-      return absl::InvalidArgumentError(absl::StrCat("negative dimension ", dim, " in shape"));
-    }
-  }
-  const auto algorithm = header.checksum().algorithm();
-  if (algorithm != v1::CHECKSUM_ALGORITHM_UNSPECIFIED &&
-      algorithm != v1::CHECKSUM_ALGORITHM_XXH3_64) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("unsupported checksum algorithm ", static_cast<int>(algorithm)));
-  }
-  return absl::OkStatus();
-}
-
 // Reactor state machine: header expected → data until nbytes → stream end.
 // gRPC serializes the callbacks of one call, so no lock is needed: at most
 // one read is pending, and only the callback it brings (or the work queue or
@@ -126,7 +103,7 @@ class PutReactor final : public grpc::ServerReadReactor<v1::PutChunk> {
   }
 
   absl::Status Begin(const v1::ObjectHeader& header) {
-    if (absl::Status valid = ValidateHeader(header); !valid.ok()) return valid;
+    if (absl::Status valid = ValidateObjectHeader(header); !valid.ok()) return valid;
     have_header_ = true;
     meta_.dtype = header.dtype();
     meta_.shape.assign(header.shape().begin(), header.shape().end());

@@ -390,6 +390,8 @@ absl::Status SpillTier::Adopt(const v1::DaemonState& state, std::vector<UniqueFd
   if (!files_.empty()) return absl::FailedPreconditionError("the spill tier already has files");
   absl::flat_hash_map<uint64_t, std::shared_ptr<File>> adopted;
   absl::flat_hash_set<int32_t> fd_indices;
+  absl::flat_hash_set<uint64_t> sessions;
+  for (const v1::SessionState& session : state.sessions()) sessions.insert(session.id());
   uint64_t bytes = 0;
   uint64_t next_id = state.next_spill_id();
   for (const v1::SpillFileState& in : state.spill_files()) {
@@ -403,9 +405,15 @@ absl::Status SpillTier::Adopt(const v1::DaemonState& state, std::vector<UniqueFd
       return absl::InvalidArgumentError(absl::StrCat(
           "spill file ", in.id(), " is not a regular file of at least ", in.bytes(), " bytes"));
     }
-    if (in.id() == 0 || adopted.contains(in.id()) || !fd_indices.insert(in.fd()).second) {
+    if (in.id() == 0 || in.id() == UINT64_MAX || adopted.contains(in.id()) ||
+        !fd_indices.insert(in.fd()).second) {
       return absl::InvalidArgumentError(
-          absl::StrCat("spill file ", in.id(), " (fd ", in.fd(), "): an id or fd repeated"));
+          absl::StrCat("spill file ", in.id(), " (fd ", in.fd(),
+                       "): an id out of range, or an id or fd repeated"));
+    }
+    if (!sessions.contains(in.session_id())) {
+      return absl::InvalidArgumentError(absl::StrCat("spill file ", in.id(), " belongs to session ",
+                                                     in.session_id(), ", which was not handed"));
     }
     auto file = std::make_shared<File>();
     file->id = in.id();

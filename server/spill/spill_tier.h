@@ -98,7 +98,8 @@ class SpillTier {
   // next_spill_id; spill_totals); UNAVAILABLE while a write or read is in
   // flight (the daemon has stopped serving: they end; retry). Adopt takes
   // a predecessor's files, before anything is served: INVALID_ARGUMENT for
-  // a fd index out of range, an id repeated, a file shorter than its bytes;
+  // a fd index out of range, an id out of range or repeated, a file shorter
+  // than its bytes, one of a session the state does not hold;
   // then nothing is adopted. Session numbers come from state.sessions' spill.
   absl::Status Export(v1::DaemonState* state, std::vector<UniqueFd>* fds) const
       ABSL_LOCKS_EXCLUDED(mu_);

@@ -56,7 +56,6 @@ def test_trainers_survive_repeated_take_overs(tmp_path):
         assert stats["pool"]["used_bytes"] == 0, stats
         assert stats["objects"] == 0, stats
         assert stats["spill"]["files"] == 0 and stats["spill"]["on_disk_bytes"] == 0, stats
-        assert not os.listdir(spill_dir)
     finally:
         if trainers is not None:
             trainers.kill()
