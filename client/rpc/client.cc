@@ -122,33 +122,29 @@ absl::StatusOr<Handle> Client::Put(const void* data, size_t nbytes, const PutOpt
     return absl::InvalidArgumentError("Put: null data with a non-zero size");
   }
   v1::PutReply reply;
-  absl::Status status = impl_->rpc->Retrying(
-      "Put",
-      [&](grpc::ClientContext* ctx) {
-        std::unique_ptr<grpc::ClientWriter<v1::PutChunk>> writer =
-            impl_->rpc->stub().Put(ctx, &reply);
-        v1::PutChunk chunk;
-        v1::ObjectHeader* header = chunk.mutable_header();
-        header->set_dtype(options.dtype);
-        for (int64_t dim : options.shape) header->add_shape(dim);
-        header->set_nbytes(nbytes);
-        if (options.checksum) {
-          header->mutable_checksum()->set_algorithm(v1::CHECKSUM_ALGORITHM_XXH3_64);
-          header->mutable_checksum()->set_value(Xxh3(data, nbytes));
-        }
-        // A failed Write means the daemon ended the call early; Finish says why.
-        bool writing = writer->Write(chunk);
-        const auto* bytes = static_cast<const char*>(data);
-        for (size_t sent = 0; writing && sent < nbytes;) {
-          const size_t n = std::min<size_t>(impl_->max_chunk_bytes, nbytes - sent);
-          chunk.set_data(bytes + sent, n);
-          writing = writer->Write(chunk);
-          sent += n;
-        }
-        if (writing) writer->WritesDone();
-        return writer->Finish();
-      },
-      /*resend_cancelled=*/false);
+  absl::Status status = impl_->rpc->Retrying("Put", [&](grpc::ClientContext* ctx) {
+    std::unique_ptr<grpc::ClientWriter<v1::PutChunk>> writer = impl_->rpc->stub().Put(ctx, &reply);
+    v1::PutChunk chunk;
+    v1::ObjectHeader* header = chunk.mutable_header();
+    header->set_dtype(options.dtype);
+    for (int64_t dim : options.shape) header->add_shape(dim);
+    header->set_nbytes(nbytes);
+    if (options.checksum) {
+      header->mutable_checksum()->set_algorithm(v1::CHECKSUM_ALGORITHM_XXH3_64);
+      header->mutable_checksum()->set_value(Xxh3(data, nbytes));
+    }
+    // A failed Write means the daemon ended the call early; Finish says why.
+    bool writing = writer->Write(chunk);
+    const auto* bytes = static_cast<const char*>(data);
+    for (size_t sent = 0; writing && sent < nbytes;) {
+      const size_t n = std::min<size_t>(impl_->max_chunk_bytes, nbytes - sent);
+      chunk.set_data(bytes + sent, n);
+      writing = writer->Write(chunk);
+      sent += n;
+    }
+    if (writing) writer->WritesDone();
+    return writer->Finish();
+  });
   if (!status.ok()) return status;
   return Handle{reply.handle()};
 }

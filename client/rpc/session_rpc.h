@@ -90,10 +90,12 @@ class SessionRpc {
   // daemon refused is never repeated: an unreachable or draining daemon has
   // not run it.
   //
-  // `resend_cancelled` false: a CANCELLED call is not sent again (a Put: the
-  // daemon may cancel a stream that it has already run to its end).
+  // A Put is resent too: a stopping daemon cancels the calls it has not
+  // started, and waits for those it runs to send their status first, so a
+  // CANCELLED Put was not stored (were its status lost after it was, the
+  // copy stored first would hold quota until its session ends).
   template <typename Attempt>
-  absl::Status Retrying(const char* what, Attempt attempt, bool resend_cancelled = true) const {
+  absl::Status Retrying(const char* what, Attempt attempt) const {
     const auto deadline = std::chrono::system_clock::now() + rpc_timeout();
     auto until = deadline;
     grpc::Status pause;
@@ -115,10 +117,7 @@ class SessionRpc {
         if (attach_ == nullptr) unattached_gone_.store(true, std::memory_order_relaxed);
         return Fail(pause, what);
       }
-      if ((!resend_cancelled && status.error_code() == grpc::StatusCode::CANCELLED) ||
-          !Paused(status)) {
-        return Fail(status, what);
-      }
+      if (!Paused(status)) return Fail(status, what);
       if (!again) {
         paused_calls_.fetch_add(1, std::memory_order_relaxed);
         pause = status;
