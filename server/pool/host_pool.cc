@@ -303,6 +303,7 @@ class MemfdHostPool final : public HostPool, private AllocationOwner {
 
   absl::StatusOr<Allocation> AdoptAllocation(uint64_t offset, uint64_t nbytes) override {
     if (nbytes == 0) return Allocation();
+    absl::MutexLock lock(&mu_);
     const uint64_t granule = allocator_.granule();
     if (offset % granule != 0 || offset >= total_bytes_ || nbytes > total_bytes_ - offset) {
       return absl::InvalidArgumentError(absl::StrCat("an object of ", nbytes, " bytes at offset ",
@@ -310,7 +311,6 @@ class MemfdHostPool final : public HostPool, private AllocationOwner {
                                                      " bytes or misaligned"));
     }
     const uint64_t rounded = (nbytes + granule - 1) / granule * granule;
-    absl::MutexLock lock(&mu_);
     const std::optional<uint64_t> at = allocator_.AllocateWithin(
         nbytes, granule, offset, std::min(total_bytes_, offset + rounded));
     if (!at.has_value()) {
