@@ -315,21 +315,25 @@ absl::StatusOr<DaemonConfig> Resolve(const std::map<std::string, std::string>& v
     if (!known.ok()) return known;
     config.log_level = *level;
   }
-  if (const std::string* grace = get("shutdown_grace_seconds")) {
+  // A number of seconds in [0, max] (a grace period).
+  auto seconds = [&get](const char* key, int max, double* out) -> absl::Status {
+    const std::string* text = get(key);
+    if (text == nullptr) return absl::OkStatus();
     double parsed = 0;
-    if (!absl::SimpleAtod(*grace, &parsed) || !(parsed >= 0 && parsed <= 3600)) {
-      return absl::InvalidArgumentError(absl::StrCat("shutdown_grace_seconds: '", *grace,
-                                                     "' is not a number of seconds in [0, 3600]"));
+    if (!absl::SimpleAtod(*text, &parsed) || !(parsed >= 0 && parsed <= max)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(key, ": '", *text, "' is not a number of seconds in [0, ", max, "]"));
     }
-    config.shutdown_grace_seconds = parsed;
+    *out = parsed;
+    return absl::OkStatus();
+  };
+  if (absl::Status s = seconds("shutdown_grace_seconds", 3600, &config.shutdown_grace_seconds);
+      !s.ok()) {
+    return s;
   }
-  if (const std::string* grace = get("reattach_grace_seconds")) {
-    double parsed = 0;
-    if (!absl::SimpleAtod(*grace, &parsed) || !(parsed >= 0 && parsed <= 86400)) {
-      return absl::InvalidArgumentError(absl::StrCat("reattach_grace_seconds: '", *grace,
-                                                     "' is not a number of seconds in [0, 86400]"));
-    }
-    config.reattach_grace_seconds = parsed;
+  if (absl::Status s = seconds("reattach_grace_seconds", 86400, &config.reattach_grace_seconds);
+      !s.ok()) {
+    return s;
   }
   if (const std::string* ttl = get("session_idle_ttl_seconds")) {
     double parsed = 0;

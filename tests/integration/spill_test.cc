@@ -30,13 +30,6 @@ using ::testing::HasSubstr;
 namespace pb = ::actstash::v1;
 constexpr uint64_t kMiB = 1 << 20;
 
-std::string MakeTempDir() {
-  std::string pattern = (std::filesystem::temp_directory_path() / "actstash-spill-XXXXXX").string();
-  const char* dir = mkdtemp(pattern.data());
-  EXPECT_NE(dir, nullptr);
-  return pattern;
-}
-
 // Names in `dir` (the spill files have none: they are created unlinked).
 std::vector<std::string> Entries(const std::string& dir) {
   std::vector<std::string> names;
@@ -44,18 +37,6 @@ std::vector<std::string> Entries(const std::string& dir) {
     names.push_back(entry.path().filename().string());
   }
   return names;
-}
-
-// The daemon's open spill files: /proc/<pid>/fd links into `dir`.
-std::vector<std::string> SpillFds(pid_t pid, const std::string& dir) {
-  std::vector<std::string> fds;
-  const std::string fd_dir = "/proc/" + std::to_string(pid) + "/fd";
-  for (const auto& entry : std::filesystem::directory_iterator(fd_dir)) {
-    std::error_code error;
-    const std::string target = std::filesystem::read_symlink(entry.path(), error).string();
-    if (!error && target.rfind(dir + "/", 0) == 0) fds.push_back(entry.path().string());
-  }
-  return fds;
 }
 
 struct Stored {

@@ -4,7 +4,6 @@
 // and nothing is left on disk or in the pool once the clients are done.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <stdlib.h>
 
 #include <cstring>
 #include <filesystem>
@@ -21,26 +20,9 @@ namespace {
 using ::testing::HasSubstr;
 constexpr uint64_t kMiB = 1 << 20;
 
-// The daemon's open files in `dir` (spill files: created unlinked there).
-size_t OpenFilesIn(pid_t pid, const std::string& dir) {
-  size_t count = 0;
-  for (const auto& entry :
-       std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/fd")) {
-    std::error_code error;
-    const std::string target = std::filesystem::read_symlink(entry.path(), error).string();
-    if (!error && target.rfind(dir + "/", 0) == 0) ++count;
-  }
-  return count;
-}
-
 class TakeOverObjectsTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    std::string pattern =
-        (std::filesystem::temp_directory_path() / "actstash-takeover-spill-XXXXXX").string();
-    ASSERT_NE(mkdtemp(pattern.data()), nullptr);
-    spill_dir_ = pattern;
-  }
+  void SetUp() override { spill_dir_ = MakeTempDir(); }
   void TearDown() override {
     if (HasFailure() && daemon_ != nullptr) std::fprintf(stderr, "%s", daemon_->log().c_str());
     daemon_.reset();
@@ -103,7 +85,7 @@ TEST_F(TakeOverObjectsTest, InlineObjectsAndSpilledDataSurviveTakeOvers) {
     EXPECT_THAT(daemon_->log(), HasSubstr(absl::StrCat(objects.size(), " inline objects and ",
                                                        files, " spill files")));
     // The files are the successor's now (the predecessor has exited).
-    EXPECT_EQ(OpenFilesIn(daemon_->pid(), spill_dir_), files);
+    EXPECT_EQ(SpillFds(daemon_->pid(), spill_dir_).size(), files);
     v1::StatsReply stats = Stats();
     EXPECT_EQ(stats.objects(), objects.size());
     EXPECT_EQ(stats.spill().files(), files);
@@ -129,7 +111,7 @@ TEST_F(TakeOverObjectsTest, InlineObjectsAndSpilledDataSurviveTakeOvers) {
   EXPECT_EQ(after.objects(), 0u);
   EXPECT_EQ(after.spill().files(), 0u);
   EXPECT_EQ(after.spill().on_disk_bytes(), 0u);
-  EXPECT_EQ(OpenFilesIn(daemon_->pid(), spill_dir_), 0u);
+  EXPECT_EQ(SpillFds(daemon_->pid(), spill_dir_).size(), 0u);
   EXPECT_EQ(after.pool().used_bytes(), 0u);
 }
 

@@ -7,6 +7,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
+#include <filesystem>
 #include <memory>
 #include <random>
 #include <string>
@@ -55,6 +57,26 @@ inline void ExpectFetched(Client& client, const StoredBuffers& stored) {
     ASSERT_TRUE(client.Fetch(ticket, back.data(), back.size()).ok());
     ASSERT_TRUE(back == bytes);
   }
+}
+
+// A fresh folder under the temporary directory (a spill dir).
+inline std::string MakeTempDir() {
+  std::string pattern = (std::filesystem::temp_directory_path() / "actstash-spill-XXXXXX").string();
+  const char* dir = mkdtemp(pattern.data());
+  EXPECT_NE(dir, nullptr);
+  return pattern;
+}
+
+// The daemon's open spill files: /proc/<pid>/fd links into `dir`.
+inline std::vector<std::string> SpillFds(pid_t pid, const std::string& dir) {
+  std::vector<std::string> fds;
+  const std::string fd_dir = "/proc/" + std::to_string(pid) + "/fd";
+  for (const auto& entry : std::filesystem::directory_iterator(fd_dir)) {
+    std::error_code error;
+    const std::string target = std::filesystem::read_symlink(entry.path(), error).string();
+    if (!error && target.rfind(dir + "/", 0) == 0) fds.push_back(entry.path().string());
+  }
+  return fds;
 }
 
 inline std::unique_ptr<DaemonProcess> StartDaemonOrDie(DaemonProcessOptions options = {}) {
