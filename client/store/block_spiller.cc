@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <optional>
 #include <thread>
 
 #include "absl/strings/match.h"
@@ -33,20 +34,25 @@ absl::StatusOr<std::vector<std::unique_ptr<BlockSpiller::Arena>>> BlockSpiller::
     arenas = leases_.Lease(1, segments, dedicated, turn);  // room for one, maybe
   }
   if (!exhausted(arenas) || !backend_.CanSpill() || leases_.mapper().on_device()) return arenas;
-  uint64_t return_bytes = 0;
-  absl::StatusOr<bool> spilled =
-      SpillColdest(std::max<uint32_t>(retention_.lease_batch(), segments), &return_bytes, turn);
+  // Spills what it can; an empty vector when it did (the caller places again).
+  auto spill = [&]() -> absl::StatusOr<std::optional<std::vector<std::unique_ptr<Arena>>>> {
+    uint64_t return_bytes = 0;
+    absl::StatusOr<bool> spilled =
+        SpillColdest(std::max<uint32_t>(retention_.lease_batch(), segments), &return_bytes, turn);
+    if (!spilled.ok()) return spilled.status();
+    if (!*spilled) return std::nullopt;
+    // Another session waits and this one holds more than its share: what
+    // spilling emptied goes back to the pool rather than being reused.
+    if (return_bytes > 0) leases_.GiveBackEmpty([](const Arena&) { return false; }, return_bytes);
+    return std::vector<std::unique_ptr<Arena>>{};
+  };
+  auto spilled = spill();
   if (!spilled.ok()) {
     return absl::ResourceExhaustedError(
         absl::StrCat(arenas.status().message(),
                      "; spilling to the daemon's disk failed too: ", spilled.status().message()));
   }
-  if (*spilled) {
-    // Another session waits and this one holds more than its share: what
-    // spilling emptied goes back to the pool rather than being reused.
-    if (return_bytes > 0) leases_.GiveBackEmpty([](const Arena&) { return false; }, return_bytes);
-    return std::vector<std::unique_ptr<Arena>>{};
-  }
+  if (spilled->has_value()) return std::move(**spilled);
   // Nothing of ours can spill. Buffers still being written will be
   // spillable once their writer marks them: let the caller do that first.
   bool unwritten = false;
@@ -57,12 +63,13 @@ absl::StatusOr<std::vector<std::unique_ptr<BlockSpiller::Arena>>> BlockSpiller::
     }
   }
   // Otherwise, when other sessions hold the pool, they give memory back as
-  // they spill or finish their backward: wait for it.
+  // they spill or finish their backward: wait for it. A block of ours being
+  // read back ahead (or spilled) can spill once that ends.
   const auto deadline =
       std::chrono::steady_clock::now() + (unwritten ? std::chrono::milliseconds(0) : pool_wait_);
   auto pause = std::chrono::milliseconds(5);
   absl::Status last = arenas.status();
-  while (absl::StrContains(last.message(), "pool exhausted") &&
+  while ((absl::StrContains(last.message(), "pool exhausted") || AnotherBlockMoving(nullptr)) &&
          std::chrono::steady_clock::now() + pause < deadline) {
     const uint64_t start = MonotonicNowNs();
     std::this_thread::sleep_for(pause);
@@ -75,6 +82,8 @@ absl::StatusOr<std::vector<std::unique_ptr<BlockSpiller::Arena>>> BlockSpiller::
     }
     if (arenas.ok()) return arenas;
     last = arenas.status();
+    spilled = spill();
+    if (spilled.ok() && spilled->has_value()) return std::move(**spilled);
   }
   return absl::ResourceExhaustedError(absl::StrCat(
       last.message(),
@@ -172,6 +181,18 @@ absl::Status BlockSpiller::EnsureResident(Block* block) {
   }
 }
 
+bool BlockSpiller::AnotherBlockMoving(const Block* block) {
+  absl::MutexLock lock(&table_.mu());
+  for (const std::unique_ptr<Arena>& arena : table_.arenas()) {
+    const BlockState state = arena->block->state;
+    if (arena->block != block &&
+        (state == BlockState::kRestoring || state == BlockState::kSpilling)) {
+      return true;
+    }
+  }
+  return false;
+}
+
 void BlockSpiller::CountRestoreWait(uint64_t start) {
   v1::ClientUsage& usage = table_.usage();
   usage.set_restore_wait_ns(usage.restore_wait_ns() + MonotonicNowNs() - start);
@@ -213,11 +234,14 @@ absl::StatusOr<BlockSpiller::Arena*> BlockSpiller::ArenaToRestoreInto(
         return a.bytes == bytes && a.dedicated == dedicated;
       });
       spilled = SpillColdest(1, nullptr, turn);
-      if (spilled.ok() && !*spilled &&
-          absl::StrContains(granted.status().message(), "pool exhausted") &&
-          std::chrono::steady_clock::now() + pause < deadline) {
+      if (spilled.ok() && !*spilled && std::chrono::steady_clock::now() + pause < deadline &&
+          (absl::StrContains(granted.status().message(), "pool exhausted") ||
+           AnotherBlockMoving(block))) {
         // Other sessions hold the pool: they give memory back as they spill
-        // or finish their backward.
+        // or finish their backward. Or this session's quota is full while
+        // one of its blocks is being read back ahead (or spilled): once
+        // resident and unread, it can spill for this one, which is needed
+        // now (a quota error is otherwise final: the quota is ours alone).
         std::this_thread::sleep_for(pause);
         pause = std::min(pause * 2, std::chrono::milliseconds(100));
         continue;

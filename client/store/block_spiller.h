@@ -73,6 +73,9 @@ class BlockSpiller {
   // Waits until `block` is resident, reading it back itself when it is
   // spilled; the block's error when it is lost. Drops the lock meanwhile.
   absl::Status EnsureResident(Block* block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_.mu());
+  // Whether an arena other than `block`'s holds a block being read back or
+  // spilled (its lease is in use, but only until the RPC ends).
+  bool AnotherBlockMoving(const Block* block) ABSL_LOCKS_EXCLUDED(table_.mu());
   // Counts a reader's wait for a read-back that began at `start`.
   void CountRestoreWait(uint64_t start) ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_.mu());
   // Reads a block whose state the caller moved to kRestoring back into an

@@ -5,6 +5,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <map>
@@ -30,7 +31,8 @@ class SpillingBackend : public LeaseBackend {
   absl::StatusOr<std::vector<GrantedLease>> Lease(uint32_t count, uint32_t per) override {
     absl::MutexLock lock(&mu_);
     if (uint64_t{count} * per > segments_left_) {
-      return absl::ResourceExhaustedError("fake host pool exhausted");
+      return absl::ResourceExhaustedError(quota_errors_ ? "fake session quota exceeded"
+                                                        : "fake host pool exhausted");
     }
     segments_left_ -= uint64_t{count} * per;
     std::vector<GrantedLease> granted;
@@ -78,6 +80,8 @@ class SpillingBackend : public LeaseBackend {
     return out;
   }
   absl::Status Restore(uint64_t spill_id, uint64_t lease_id) override {
+    ++restore_calls_;
+    std::this_thread::sleep_for(restore_delay_);  // an RPC in flight: nothing locked
     absl::MutexLock lock(&mu_);
     auto it = disk_.find(spill_id);
     if (it == disk_.end()) return absl::NotFoundError("no such spill");
@@ -100,6 +104,11 @@ class SpillingBackend : public LeaseBackend {
     for (uint64_t id : ids) disk_.erase(id);
     return absl::OkStatus();
   }
+
+  // Set before the store is used.
+  bool quota_errors_ = false;  // a full pool is this session's quota, not others' use
+  std::chrono::milliseconds restore_delay_{0};
+  std::atomic<int> restore_calls_{0};
 
   absl::Mutex mu_;
   uint64_t segments_left_ ABSL_GUARDED_BY(mu_);
@@ -341,6 +350,40 @@ TEST(LocalStoreSpillTest, ABlockReadAheadAndSpilledAgainUnreadIsReadAheadAgain) 
   EXPECT_EQ(usage.spilled_leases(), 0u);
   EXPECT_EQ(usage.spilled_bytes(), 0u);
   EXPECT_LE(usage.restores_ahead(), usage.restores());
+  absl::MutexLock lock(&backend.mu_);
+  EXPECT_TRUE(backend.disk_.empty());
+}
+
+TEST(LocalStoreSpillTest, AReadWaitsForAReadAheadThatHoldsTheLastOfTheQuota) {
+  // A quota of two blocks. A, B spill for C, D; D is released and C located
+  // (pinned), so reading C reads B back ahead into D's lease, slowly. A read
+  // of A meanwhile finds the quota full and nothing spillable: it must wait
+  // for B to land and spill it, not fail (a quota error is not another
+  // session's memory, which was the only thing worth waiting for before).
+  SpillingBackend backend(2);
+  backend.quota_errors_ = true;
+  backend.restore_delay_ = std::chrono::milliseconds(300);
+  LocalStore store(&backend, kSegment, /*lease_batch=*/1, nullptr, false, /*restore_ahead=*/1);
+  std::vector<Held> held = StoreMany(store, 4, 768 << 10, 60);  // A, B, C, D
+  ASSERT_EQ(held.size(), 4u);
+  ASSERT_EQ(store.usage().spilled_leases(), 2u);
+  ASSERT_TRUE(store.Release(held[3].ticket).ok());
+  absl::StatusOr<Located> c = store.Locate(held[2].ticket);
+  ASSERT_TRUE(c.ok()) << c.status();
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::minutes(1);
+  while (backend.restore_calls_ < 1 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ASSERT_EQ(backend.restore_calls_, 1) << "B was not read back ahead";
+  const uint64_t spills_before = store.usage().spills();
+  ExpectBack(store, held[0]);                            // A, while B is on its way
+  EXPECT_EQ(store.usage().spills(), spills_before + 1);  // B went again, unread
+  EXPECT_EQ(0, std::memcmp(c->data, held[2].data.data(), held[2].data.size()));
+  ASSERT_TRUE(store.Release(held[0].ticket).ok());
+  ASSERT_TRUE(store.Release(held[2].ticket).ok());
+  ExpectBack(store, held[1]);
+  ASSERT_TRUE(store.Release(held[1].ticket).ok());
+  EXPECT_GE(store.usage().restores_ahead(), 1u);
   absl::MutexLock lock(&backend.mu_);
   EXPECT_TRUE(backend.disk_.empty());
 }
