@@ -3,6 +3,7 @@
 #include <cstdlib>
 #include <utility>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -12,10 +13,12 @@ namespace actstash::server {
 namespace {
 
 constexpr char kSegmentPrefix[] = "seg-";
+constexpr char kSpillPrefix[] = "spill-";
 
 }  // namespace
 
 std::string SegmentFdName(uint32_t segment) { return absl::StrCat(kSegmentPrefix, segment); }
+std::string SpillFdName(uint64_t spill_id) { return absl::StrCat(kSpillPrefix, spill_id); }
 
 TableGeometry GeometryOf(const DaemonConfig& config) {
   TableGeometry geometry;
@@ -24,6 +27,7 @@ TableGeometry GeometryOf(const DaemonConfig& config) {
                           ? 0
                           : static_cast<uint32_t>(config.pool_bytes / config.segment_bytes);
   geometry.session_slots = static_cast<uint32_t>(config.max_sessions);
+  geometry.spill_slots = config.spill_dir.empty() ? 0 : kKeptSpillFiles;
   return geometry;
 }
 
@@ -37,10 +41,19 @@ Recovery CollectRecovery(const DaemonConfig& config, std::vector<PassedFd> passe
   // A name kept twice (a removal the manager did not see): which fd is the
   // current one is unknown, so neither is used.
   std::vector<bool> repeated(geometry.segments, false);
+  absl::flat_hash_map<uint64_t, UniqueFd> spill_fds;
+  absl::flat_hash_set<uint64_t> spill_repeated;
   for (PassedFd& fd : passed) {
     uint32_t index = 0;
+    uint64_t spill_id = 0;
     const bool segment = absl::StartsWith(fd.name, kSegmentPrefix) &&
                          absl::SimpleAtoi(fd.name.substr(sizeof(kSegmentPrefix) - 1), &index);
+    if (absl::StartsWith(fd.name, kSpillPrefix) &&
+        absl::SimpleAtoi(fd.name.substr(sizeof(kSpillPrefix) - 1), &spill_id)) {
+      // Matched with the table's files below; a name kept twice is neither.
+      if (!spill_fds.emplace(spill_id, std::move(fd.fd)).second) spill_repeated.insert(spill_id);
+      continue;
+    }
     if (fd.name == kStateFdName) {
       ++tables;
       state = std::move(fd.fd);
@@ -59,7 +72,14 @@ Recovery CollectRecovery(const DaemonConfig& config, std::vector<PassedFd> passe
   for (uint32_t i = 0; i < geometry.segments; ++i) {
     if (repeated[i]) recovery.segments[i].Reset();
   }
+  // Every passed spill fd not matched with a file of the table leaves the
+  // store (all of them when nothing is recovered).
+  auto drop_spill_fds = [&]() {
+    for (auto& [id, fd] : spill_fds) recovery.dropped_names.push_back(SpillFdName(id));
+    spill_fds.clear();
+  };
   auto lose = [&](std::string why) {
+    drop_spill_fds();
     recovery.why_lost = std::move(why);
     recovery.table.reset();
     for (UniqueFd& fd : recovery.segments) fd.Reset();
@@ -67,7 +87,10 @@ Recovery CollectRecovery(const DaemonConfig& config, std::vector<PassedFd> passe
     return std::move(recovery);
   };
   if (!state.valid()) {
-    if (segments_passed == 0) return recovery;  // nothing of a state passed
+    if (segments_passed == 0) {  // nothing of a state passed
+      drop_spill_fds();
+      return recovery;
+    }
     return lose("no state table was passed back with the pool's segments");
   }
   if (tables > 1) {
@@ -109,6 +132,21 @@ Recovery CollectRecovery(const DaemonConfig& config, std::vector<PassedFd> passe
     kept.push_back(std::move(lease));
   }
   recovery.state.leases = std::move(kept);
+  std::vector<v1::SpillFileState> files;
+  for (v1::SpillFileState& file : recovery.state.spill_files) {
+    auto fd = spill_fds.find(file.id());
+    if (fd == spill_fds.end() || spill_repeated.contains(file.id())) {
+      spdlog::warn("recovery: spill file {} of session {} lost: its fd was not kept", file.id(),
+                   file.session_id());
+      recovery.table->SpillFileGone(file.id());
+      continue;
+    }
+    recovery.spill_fds.push_back(std::move(fd->second));
+    spill_fds.erase(fd);
+    files.push_back(std::move(file));
+  }
+  recovery.state.spill_files = std::move(files);
+  drop_spill_fds();  // those the table does not record
   for (uint32_t i = 0; i < geometry.segments; ++i) {
     if (leased[i]) continue;
     if (recovery.segments[i].valid() && recovery.state.clean[i]) {
@@ -156,6 +194,10 @@ absl::Status DaemonJournal::KeepForRestart(const std::vector<bool>& reused_segme
           absl::StrCat("the service manager keeps at most ", max, " fds (FileDescriptorStoreMax); ",
                        needed, " are needed (a segment each, the table, the attach listener)"));
     }
+    if (absl::SimpleAtoi(room, &max)) {
+      absl::MutexLock lock(&mu_);
+      spill_room_ = max - needed;
+    }
   }
   for (const std::string& name : dropped_names) {
     if (absl::Status s = notifier_.RemoveFds(name); !s.ok()) return s;
@@ -186,6 +228,45 @@ absl::Status DaemonJournal::KeepForRestart(const std::vector<bool>& reused_segme
 void DaemonJournal::GiveUp() {
   table_->Retire();
   (void)notifier_.RemoveFds(kStateFdName);
+}
+
+void DaemonJournal::SpillFileKept(const v1::SpillFileState& file, int fd) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (kept_spills_.size() >= spill_room_) {
+      if (!spill_room_logged_) {
+        spdlog::warn(
+            "the service manager keeps no more fds (FileDescriptorStoreMax): spill file {} (and "
+            "others until some are read back) will not survive a crash",
+            file.id());
+        spill_room_logged_ = true;
+      }
+      return;
+    }
+    if (!kept_spills_.insert(file.id()).second) return;  // kept already
+  }
+  if (absl::Status s = notifier_.StoreFd(SpillFdName(file.id()), fd); !s.ok()) {
+    spdlog::warn("keeping spill file {} for a restart failed: {}", file.id(), s.ToString());
+    absl::MutexLock lock(&mu_);
+    kept_spills_.erase(file.id());
+    return;
+  }
+  table_->SpillFileKept(file, fd);
+}
+
+void DaemonJournal::SpillFileGone(uint64_t spill_id) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (kept_spills_.erase(spill_id) == 0) return;
+  }
+  // The table forgets it first: a table never names a file the store lost.
+  table_->SpillFileGone(spill_id);
+  (void)notifier_.RemoveFds(SpillFdName(spill_id));
+}
+
+void DaemonJournal::SpillFilesRecovered(const std::vector<v1::SpillFileState>& files) {
+  absl::MutexLock lock(&mu_);
+  for (const v1::SpillFileState& file : files) kept_spills_.insert(file.id());
 }
 
 }  // namespace actstash::server

@@ -3,19 +3,25 @@
 //
 // Stored, under these names: "state" (the state table, server/handover/
 // state_table.h), "seg-<i>" (host pool segment i's memfd; replaced after
-// each renewal) and "attach" (the attach socket's listener, so that clients
-// that reconnect while the daemon is down wait in its backlog). A start with
-// those fds passed ($LISTEN_FDS) maps the same segments, takes the sessions
-// and leases from the table, and gives the sessions a grace period to
-// attach again (Daemon::AdoptRecovered, daemon_recovery.cc).
+// each renewal), "attach" (the attach socket's listener, so that clients
+// that reconnect while the daemon is down wait in its backlog) and
+// "spill-<id>" (a spilled lease's unlinked file, while it is on disk). A
+// start with those fds passed ($LISTEN_FDS) maps the same segments, takes
+// the sessions, leases and spill files from the table, and gives the
+// sessions a grace period to attach again (Daemon::AdoptRecovered,
+// daemon_recovery.cc).
 #ifndef ACTSTASH_SERVER_DAEMON_CRASH_RECOVERY_H_
 #define ACTSTASH_SERVER_DAEMON_CRASH_RECOVERY_H_
 
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/synchronization/mutex.h"
 #include "common/unique_fd.h"
 #include "server/base/service_manager.h"
 #include "server/daemon/config.h"
@@ -28,6 +34,10 @@ namespace actstash::server {
 inline constexpr char kStateFdName[] = "state";
 inline constexpr char kAttachFdName[] = "attach";
 std::string SegmentFdName(uint32_t segment);
+std::string SpillFdName(uint64_t spill_id);
+// Spill files a table records at most (the service manager must keep them
+// too: FileDescriptorStoreMax counts them).
+inline constexpr uint32_t kKeptSpillFiles = 4096;
 
 // The table's geometry for `config`.
 TableGeometry GeometryOf(const DaemonConfig& config);
@@ -45,6 +55,9 @@ struct Recovery {
   // Free segments mapped again: they may hold a lost inline object's bytes
   // (scrubbed before they are leased).
   std::vector<uint32_t> reused_free;
+  // The recovered spill files' fds, in the order of state.spill_files (each
+  // recorded file whose fd was not passed back is dropped from both).
+  std::vector<UniqueFd> spill_fds;
   UniqueFd attach_listener;  // invalid: none passed
   // Names of kept fds this start does not use again (to drop from the store:
   // segments outside the pool, a second table).
@@ -77,6 +90,12 @@ class DaemonJournal final : public StateJournal {
   }
   void SegmentsRenewed(uint32_t first, uint32_t count) override;
   void ObjectHandleIssued(uint64_t handle) override { table_->ObjectHandleIssued(handle); }
+  // The fd goes to the service manager's store first, then the table
+  // records the file (neither when the store has no room left for it).
+  void SpillFileKept(const v1::SpillFileState& file, int fd) override ABSL_LOCKS_EXCLUDED(mu_);
+  void SpillFileGone(uint64_t spill_id) override ABSL_LOCKS_EXCLUDED(mu_);
+  // Files a restart adopted: the store and the table hold them already.
+  void SpillFilesRecovered(const std::vector<v1::SpillFileState>& files) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Replaces the kept fd of `segment` by its current memfd.
   absl::Status StoreSegment(uint32_t segment) const;
@@ -94,6 +113,11 @@ class DaemonJournal final : public StateJournal {
   const std::unique_ptr<StateTable> table_;
   const ServiceNotifier& notifier_;
   const FdSegmentLeaser* pool_ = nullptr;
+  absl::Mutex mu_;
+  absl::flat_hash_set<uint64_t> kept_spills_ ABSL_GUARDED_BY(mu_);
+  // How many spill fds the store takes beside the pool's ($FDSTORE).
+  uint64_t spill_room_ ABSL_GUARDED_BY(mu_) = std::numeric_limits<uint64_t>::max();
+  bool spill_room_logged_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace actstash::server

@@ -356,6 +356,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config
                  config.spill_bytes > 0 ? absl::StrCat("at most ", FormatBytes(config.spill_bytes))
                                         : std::string("bounded by the free space"),
                  parts.spill->Stats().io_mode());
+    parts.spill->SetJournal(parts.journal.get());
   }
   AttachServerOptions attach_options = AttachOptions(config);
   attach_options.recoverable = parts.journal != nullptr;

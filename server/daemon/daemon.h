@@ -119,6 +119,10 @@ class Daemon {
   // the recovered sessions and leases into the parts; the sessions have
   // reattach_grace_seconds to attach again.
   absl::Status AdoptRecovered(Recovery* recovery);
+  // The recovered spill files of `sessions` into the spill tier; the others
+  // (and all, when the tier refuses them) leave the journal. How many went in.
+  size_t AdoptRecoveredSpills(
+      Recovery* recovery, const absl::flat_hash_map<uint64_t, std::shared_ptr<Session>>& sessions);
   // Closes the recovered sessions that did not attach again in time (the
   // reaper's thread).
   void ReapUnreattached();

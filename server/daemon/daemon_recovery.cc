@@ -45,6 +45,7 @@ absl::Status Daemon::AdoptRecovered(Recovery* recovery) {
     }
     ++leases;
   }
+  const size_t spill_files = AdoptRecoveredSpills(recovery, by_id);
   leases_.Restore(state.next_lease_id, 0);
   sessions_.AdvanceNextId(state.next_session_id);
   // Inline objects are not in the table: their handles now say they were
@@ -58,11 +59,43 @@ absl::Status Daemon::AdoptRecovered(Recovery* recovery) {
   }
   spdlog::info(
       "recovery: the state of the daemon that crashed is back (restart {} of this state): {} "
-      "sessions, {} leases over {} segments kept, {} free segments reused; the sessions have "
-      "{} s to attach again",
+      "sessions, {} leases over {} segments kept, {} free segments reused, {} spill files; the "
+      "sessions have {} s to attach again",
       state.restarts + 1, by_id.size(), leases, pool_->segment_count(),
-      recovery->reused_free.size(), config_.reattach_grace_seconds);
+      recovery->reused_free.size(), spill_files, config_.reattach_grace_seconds);
   return absl::OkStatus();
+}
+
+size_t Daemon::AdoptRecoveredSpills(
+    Recovery* recovery, const absl::flat_hash_map<uint64_t, std::shared_ptr<Session>>& sessions) {
+  const RecoveredState& state = recovery->state;
+  if (state.spill_files.empty() || journal_ == nullptr) return 0;
+  // The store and the table hold them: from here on they leave both when
+  // they leave the tier (or now, when they cannot be adopted).
+  journal_->SpillFilesRecovered(state.spill_files);
+  v1::DaemonState adopt;
+  adopt.set_next_spill_id(state.next_spill_id);
+  for (const auto& [id, session] : sessions) adopt.add_sessions()->set_id(id);
+  std::vector<uint64_t> lost;
+  for (size_t i = 0; i < state.spill_files.size(); ++i) {
+    const v1::SpillFileState& file = state.spill_files[i];
+    if (spill_ == nullptr || !sessions.contains(file.session_id())) {
+      lost.push_back(file.id());
+      continue;
+    }
+    v1::SpillFileState* in = adopt.add_spill_files();
+    *in = file;
+    in->set_fd(static_cast<int32_t>(i));
+  }
+  if (spill_ != nullptr) {
+    if (absl::Status s = spill_->Adopt(adopt, &recovery->spill_fds, /*journaled=*/true); !s.ok()) {
+      spdlog::error("recovery: the spill files are not recovered: {}", s.ToString());
+      for (const v1::SpillFileState& file : adopt.spill_files()) lost.push_back(file.id());
+      adopt.clear_spill_files();
+    }
+  }
+  for (uint64_t id : lost) journal_->SpillFileGone(id);
+  return static_cast<size_t>(adopt.spill_files_size());
 }
 
 void Daemon::ReapUnreattached() {

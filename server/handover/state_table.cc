@@ -36,7 +36,7 @@ struct TableHeader {
   uint32_t session_slots = 0;
   uint64_t segment_bytes = 0;
   uint32_t segments = 0;
-  uint32_t reserved = 0;
+  uint32_t spill_slots = 0;
   uint64_t checksum = 0;  // XXH3 of the fields above
   // Not checksummed: single words, each stored atomically.
   uint64_t retired = 0;
@@ -44,6 +44,7 @@ struct TableHeader {
   uint64_t session_id_floor = 1;
   uint64_t lease_id_floor = 0;
   uint64_t object_handle_floor = 1;
+  uint64_t spill_id_floor = 1;
 };
 constexpr size_t kChecksummedBytes = offsetof(TableHeader, checksum);
 static_assert(sizeof(TableHeader) <= kHeaderBytes);
@@ -54,6 +55,7 @@ struct SlotHeader {
 };
 constexpr size_t kSessionBodyBytes = kSessionSlotBytes - sizeof(SlotHeader);
 constexpr size_t kLeaseBodyBytes = kLeaseSlotBytes - sizeof(SlotHeader);
+constexpr size_t kSpillBodyBytes = kSpillSlotBytes - sizeof(SlotHeader);
 
 size_t RoundUp(size_t n, size_t to) { return (n + to - 1) / to * to; }
 
@@ -61,6 +63,9 @@ size_t CleanOffset() { return kHeaderBytes; }
 size_t SessionsOffset(const TableGeometry& g) { return RoundUp(CleanOffset() + g.segments, 64); }
 size_t LeasesOffset(const TableGeometry& g) {
   return SessionsOffset(g) + size_t{g.session_slots} * kSessionSlotBytes;
+}
+size_t SpillsOffset(const TableGeometry& g) {
+  return LeasesOffset(g) + size_t{g.segments} * kLeaseSlotBytes;
 }
 
 uint64_t HeaderChecksum(const TableHeader& header) { return Xxh3(&header, kChecksummedBytes); }
@@ -118,7 +123,7 @@ absl::StatusOr<std::byte*> MapTable(int fd, size_t bytes) {
 
 size_t StateTableBytes(const TableGeometry& geometry) {
   const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
-  return RoundUp(LeasesOffset(geometry) + size_t{geometry.segments} * kLeaseSlotBytes, page);
+  return RoundUp(SpillsOffset(geometry) + size_t{geometry.spill_slots} * kSpillSlotBytes, page);
 }
 
 StateTable::StateTable(UniqueFd fd, std::byte* base, size_t bytes, const TableGeometry& geometry)
@@ -143,6 +148,7 @@ absl::StatusOr<std::unique_ptr<StateTable>> StateTable::Create(const TableGeomet
   header.session_slots = geometry.session_slots;
   header.segment_bytes = geometry.segment_bytes;
   header.segments = geometry.segments;
+  header.spill_slots = geometry.spill_slots;
   header.checksum = HeaderChecksum(header);
   std::memcpy(*base, &header, sizeof(header));
   // Nothing is clean or kept until the service manager holds its memfd
@@ -152,6 +158,7 @@ absl::StatusOr<std::unique_ptr<StateTable>> StateTable::Create(const TableGeomet
   std::unique_ptr<StateTable> table(new StateTable(std::move(fd), *base, bytes, geometry));
   absl::MutexLock lock(&table->mu_);
   for (uint32_t i = geometry.session_slots; i > 0; --i) table->free_session_slots_.push_back(i - 1);
+  for (uint32_t i = geometry.spill_slots; i > 0; --i) table->free_spill_slots_.push_back(i - 1);
   return table;
 }
 
@@ -181,11 +188,13 @@ absl::StatusOr<std::unique_ptr<StateTable>> StateTable::Recover(UniqueFd fd,
         "the state table is of format ", header.format, "; this actstashd reads ", kTableFormat));
   }
   if (header.segment_bytes != geometry.segment_bytes || header.segments != geometry.segments ||
-      header.session_slots != geometry.session_slots) {
+      header.session_slots != geometry.session_slots ||
+      header.spill_slots != geometry.spill_slots) {
     return absl::FailedPreconditionError(absl::StrCat(
         "the state table is of a pool of ", header.segments, " segments of ", header.segment_bytes,
-        " bytes with ", header.session_slots, " sessions; this one is configured for ",
-        geometry.segments, " of ", geometry.segment_bytes, " with ", geometry.session_slots,
+        " bytes with ", header.session_slots, " sessions and ", header.spill_slots,
+        " spill files; this one is configured for ", geometry.segments, " of ",
+        geometry.segment_bytes, " with ", geometry.session_slots, " and ", geometry.spill_slots,
         " (the configuration changed)"));
   }
   if (static_cast<uint64_t>(st.st_size) != bytes) {
@@ -204,8 +213,9 @@ absl::StatusOr<std::unique_ptr<StateTable>> StateTable::Recover(UniqueFd fd,
   state.next_session_id = header.session_id_floor;
   state.next_lease_id = header.lease_id_floor;
   state.next_object_handle = header.object_handle_floor;
+  state.next_spill_id = header.spill_id_floor;
   if (header.session_id_floor > kMaxFloor || header.lease_id_floor > kMaxFloor ||
-      header.object_handle_floor > kMaxFloor) {
+      header.object_handle_floor > kMaxFloor || header.spill_id_floor > kMaxFloor) {
     return absl::DataLossError("the state table's id floors are damaged");
   }
   const uint8_t* flags = table->CleanFlags();
@@ -263,6 +273,32 @@ absl::StatusOr<std::unique_ptr<StateTable>> StateTable::Recover(UniqueFd fd,
     state.next_lease_id = std::max(state.next_lease_id, lease.id() + 1);
     state.leases.push_back(std::move(lease));
   }
+  absl::flat_hash_map<uint64_t, uint32_t> spill_slot_of;
+  std::vector<uint32_t> free_spill_slots;
+  for (uint32_t i = geometry.spill_slots; i > 0; --i) {
+    const uint32_t slot = i - 1;
+    absl::StatusOr<std::string> body =
+        ReadSlot(table->SpillSlot(slot), kSpillBodyBytes, "spill file", slot);
+    if (!body.ok()) return body.status();
+    if (body->empty()) {
+      free_spill_slots.push_back(slot);
+      continue;
+    }
+    v1::SpillFileState file;
+    if (!file.ParseFromString(*body) || file.id() == 0 || file.id() > kMaxFloor ||
+        file.bytes() == 0 || !spill_slot_of.emplace(file.id(), slot).second) {
+      return absl::DataLossError(absl::StrCat("the state table's spill file slot ", slot,
+                                              " holds no file, or one that repeats"));
+    }
+    state.next_spill_id = std::max(state.next_spill_id, file.id() + 1);
+    if (!slot_of.contains(file.session_id())) {  // its session was closing, as for a lease
+      StoreWord(table->SpillSlot(slot), 0);
+      spill_slot_of.erase(file.id());
+      free_spill_slots.push_back(slot);
+      continue;
+    }
+    state.spill_files.push_back(std::move(file));
+  }
   for (const v1::SessionState& session : state.sessions) {
     state.next_session_id = std::max(state.next_session_id, session.id() + 1);
   }
@@ -270,6 +306,8 @@ absl::StatusOr<std::unique_ptr<StateTable>> StateTable::Recover(UniqueFd fd,
     absl::MutexLock lock(&table->mu_);
     table->session_slot_ = std::move(slot_of);
     table->free_session_slots_ = std::move(free_slots);
+    table->spill_slot_ = std::move(spill_slot_of);
+    table->free_spill_slots_ = std::move(free_spill_slots);
   }
   __atomic_store_n(&HeaderOf(table->base_)->restarts, header.restarts + 1, __ATOMIC_RELEASE);
   *out = std::move(state);
@@ -282,6 +320,10 @@ std::byte* StateTable::SessionSlot(uint32_t index) const {
 
 std::byte* StateTable::LeaseSlot(uint32_t index) const {
   return base_ + LeasesOffset(geometry_) + size_t{index} * kLeaseSlotBytes;
+}
+
+std::byte* StateTable::SpillSlot(uint32_t index) const {
+  return base_ + SpillsOffset(geometry_) + size_t{index} * kSpillSlotBytes;
 }
 
 uint8_t* StateTable::CleanFlags() const {
@@ -376,6 +418,44 @@ void StateTable::SegmentsNotKept(uint32_t first, uint32_t count) {
 
 void StateTable::ObjectHandleIssued(uint64_t handle) {
   RaiseFloor(offsetof(TableHeader, object_handle_floor), handle);
+}
+
+void StateTable::SpillFileKept(const v1::SpillFileState& file, int /*fd*/) {
+  v1::SpillFileState kept;
+  kept.set_id(file.id());
+  kept.set_session_id(file.session_id());
+  kept.set_bytes(file.bytes());
+  kept.set_checksum(file.checksum());
+  const std::string body = kept.SerializeAsString();
+  RaiseFloor(offsetof(TableHeader, spill_id_floor), file.id());
+  absl::MutexLock lock(&mu_);
+  uint32_t slot = 0;
+  if (auto it = spill_slot_.find(file.id()); it != spill_slot_.end()) {
+    slot = it->second;
+  } else if (!free_spill_slots_.empty() && body.size() <= kSpillBodyBytes) {
+    slot = free_spill_slots_.back();
+    free_spill_slots_.pop_back();
+    spill_slot_[file.id()] = slot;
+  } else {
+    if (!spill_slots_full_logged_ && geometry_.spill_slots > 0) {
+      spdlog::warn(
+          "state table: all {} spill file slots are in use; spill file {} (and others until "
+          "slots free up) will not survive a crash",
+          geometry_.spill_slots, file.id());
+      spill_slots_full_logged_ = true;
+    }
+    return;
+  }
+  WriteSlot(SpillSlot(slot), body);
+}
+
+void StateTable::SpillFileGone(uint64_t spill_id) {
+  absl::MutexLock lock(&mu_);
+  auto it = spill_slot_.find(spill_id);
+  if (it == spill_slot_.end()) return;
+  StoreWord(SpillSlot(it->second), 0);
+  free_spill_slots_.push_back(it->second);
+  spill_slot_.erase(it);
 }
 
 }  // namespace actstash::server

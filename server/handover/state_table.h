@@ -3,20 +3,23 @@
 // (server/base/service_manager.h): the sessions (id, token, name, quota,
 // peer), the host leases (id, session, segment run), which free segments
 // have a memfd no client ever mapped ("clean"), whose current memfd the
-// service manager holds ("kept"), and floors under which every
-// id and handle given so far lies. The same schema as a take-over's
-// (v1::SessionState, v1::LeaseState in proto/actstash/v1/handover.proto).
+// service manager holds ("kept"), the spilled leases' files (id, session,
+// size, checksum; their fds are in the service manager's store), and floors
+// under which every id and handle given so far lies. The same schema as a
+// take-over's (v1::SessionState, v1::LeaseState, v1::SpillFileState in
+// proto/actstash/v1/handover.proto).
 //
 // Layout (format kTableFormat; integers native, both ends on one host):
 //
 //   0       TableHeader: magic "ACTSTABL", format, geometry, XXH3 of those;
 //           then single words written atomically: retired, restarts and
-//           the three id floors
+//           the four id floors
 //   4096    one byte per segment: bit 0 "clean" (free, its memfd fresh),
 //           bit 1 "kept" (the service manager holds its current memfd)
 //   S       session slots (kSessionSlotBytes each, session_slots of them)
 //   L       lease slots (kLeaseSlotBytes each, one per segment: the slot of
 //           the lease's first segment)
+//   F       spill file slots (kSpillSlotBytes each, spill_slots of them)
 //
 // A slot is a word (0: free; else body length << 1 | 1), the body's XXH3
 // and the body (a serialized proto). A slot is written while its word says
@@ -26,7 +29,8 @@
 //
 // Thread-safety: the StateJournal calls from any thread; a lease slot is
 // written only by the grant or release of the lease that owns its segment,
-// which the lease manager serializes; session slots are assigned under mu_.
+// which the lease manager serializes; session and spill slots are assigned
+// under mu_.
 #ifndef ACTSTASH_SERVER_HANDOVER_STATE_TABLE_H_
 #define ACTSTASH_SERVER_HANDOVER_STATE_TABLE_H_
 
@@ -45,25 +49,29 @@
 
 namespace actstash::server {
 
-inline constexpr uint32_t kTableFormat = 1;
+inline constexpr uint32_t kTableFormat = 2;
 inline constexpr size_t kSessionSlotBytes = 512;
 inline constexpr size_t kLeaseSlotBytes = 64;
+inline constexpr size_t kSpillSlotBytes = 64;
 
 struct TableGeometry {
   uint64_t segment_bytes = 0;
   uint32_t segments = 0;
   uint32_t session_slots = 0;  // the daemon's max_sessions
+  uint32_t spill_slots = 0;    // spill files kept at most (0: no spill tier)
 };
 
 // What a table says a crashed daemon held.
 struct RecoveredState {
   std::vector<v1::SessionState> sessions;
   std::vector<v1::LeaseState> leases;
-  std::vector<bool> clean;  // per segment: free, fresh and kept
-  std::vector<bool> kept;   // per segment: its kept memfd is the current one
+  std::vector<v1::SpillFileState> spill_files;  // fd unset: matched by id
+  std::vector<bool> clean;                      // per segment: free, fresh and kept
+  std::vector<bool> kept;                       // per segment: its kept memfd is the current one
   uint64_t next_session_id = 1;
   uint64_t next_lease_id = 0;  // 0: none recorded
   uint64_t next_object_handle = 1;
+  uint64_t next_spill_id = 1;
   uint64_t restarts = 0;  // recoveries before this one
 };
 
@@ -79,8 +87,8 @@ class StateTable final : public StateJournal {
   // daemon shut down cleanly), a file whose size is not sealed. DATA_LOSS:
   // a header or a used slot fails its checksum, or the slots contradict one
   // another (overlapping runs, a run outside the pool, a repeated id):
-  // nothing of such a table is trusted. A lease whose session is gone (it
-  // was closing) is dropped from the table.
+  // nothing of such a table is trusted. A lease or spill file whose session
+  // is gone (it was closing) is dropped from the table.
   static absl::StatusOr<std::unique_ptr<StateTable>> Recover(UniqueFd fd,
                                                              const TableGeometry& geometry,
                                                              RecoveredState* out);
@@ -104,11 +112,16 @@ class StateTable final : public StateJournal {
   // failed): a lease on them cannot be recovered.
   void SegmentsNotKept(uint32_t first, uint32_t count);
   void ObjectHandleIssued(uint64_t handle) override;
+  // Records the file in a free spill slot (none free: logged, and the file
+  // does not survive a crash). `fd` is the caller's to keep.
+  void SpillFileKept(const v1::SpillFileState& file, int fd) override ABSL_LOCKS_EXCLUDED(mu_);
+  void SpillFileGone(uint64_t spill_id) override ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   StateTable(UniqueFd fd, std::byte* base, size_t bytes, const TableGeometry& geometry);
   std::byte* SessionSlot(uint32_t index) const;
   std::byte* LeaseSlot(uint32_t index) const;
+  std::byte* SpillSlot(uint32_t index) const;
   uint8_t* CleanFlags() const;
   // Raises a floor word to `id` + a step when `id` reached it.
   void RaiseFloor(size_t word_offset, uint64_t id);
@@ -120,6 +133,9 @@ class StateTable final : public StateJournal {
   absl::Mutex mu_;
   absl::flat_hash_map<uint64_t, uint32_t> session_slot_ ABSL_GUARDED_BY(mu_);
   std::vector<uint32_t> free_session_slots_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uint64_t, uint32_t> spill_slot_ ABSL_GUARDED_BY(mu_);
+  std::vector<uint32_t> free_spill_slots_ ABSL_GUARDED_BY(mu_);
+  bool spill_slots_full_logged_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 // The table's size for `geometry`, in bytes (a multiple of the page size).

@@ -31,6 +31,12 @@ class StateJournal {
   virtual void SegmentsRenewed(uint32_t first, uint32_t count) = 0;
   // An inline object handle was issued: handles after a restart stay above.
   virtual void ObjectHandleIssued(uint64_t handle) = 0;
+  // A spilled lease's file was written, before its id is answered: `file`
+  // holds its id, session, size and checksum, `fd` is the unlinked file (its
+  // only name; the journal keeps what it needs before returning). Gone: the
+  // file left the spill tier (read back, dropped, its session closed).
+  virtual void SpillFileKept(const v1::SpillFileState& file, int fd) = 0;
+  virtual void SpillFileGone(uint64_t spill_id) = 0;
 };
 
 }  // namespace actstash::server

@@ -40,8 +40,13 @@ struct SpillTier::File {
   UniqueFd fd;  // empty until created
   uint64_t checksum = 0;
   State state = State::kWriting;
-  bool dropped = false;  // dropped while an operation was in flight
+  bool dropped = false;    // dropped while an operation was in flight
+  bool journaled = false;  // the journal holds it (JournalGone when it goes)
 };
+
+void SpillTier::JournalGone(absl::Span<const uint64_t> ids) const {
+  for (uint64_t id : ids) journal_->SpillFileGone(id);
+}
 
 absl::StatusOr<std::unique_ptr<SpillTier>> SpillTier::Open(const SpillOptions& options) {
   UniqueFd dir_fd(open(options.dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
@@ -149,7 +154,7 @@ absl::StatusOr<UniqueFd> SpillTier::CreateFile(uint64_t bytes) {
 }
 
 void SpillTier::SpillBytes(std::shared_ptr<Session> session, const std::byte* data, uint64_t bytes,
-                           std::shared_ptr<const void> keepalive, SpillDone done) {
+                           std::shared_ptr<const void> keepalive, SpillDone done, bool journaled) {
   uint64_t id = 0;
   absl::Status refused;  // answered outside mu_: `done` may call back in
   {
@@ -178,8 +183,9 @@ void SpillTier::SpillBytes(std::shared_ptr<Session> session, const std::byte* da
     }
   }
   if (!refused.ok()) return done(refused);
-  Post([this, id, bytes, data, session = std::move(session), keepalive = std::move(keepalive),
-        done = std::move(done)](SpillFileIo& io) {
+  journaled = journaled && journal_ != nullptr;
+  Post([this, id, bytes, data, journaled, session = std::move(session),
+        keepalive = std::move(keepalive), done = std::move(done)](SpillFileIo& io) {
     const uint64_t start = MonotonicNowNs();
     const uint64_t checksum = Xxh3(data, bytes);
     absl::StatusOr<UniqueFd> fd = CreateFile(bytes);
@@ -188,6 +194,17 @@ void SpillTier::SpillBytes(std::shared_ptr<Session> session, const std::byte* da
     if (!status.ok() && status.code() == absl::StatusCode::kResourceExhausted && fd.ok()) {
       status =
           absl::ResourceExhaustedError(absl::StrCat(status.message(), FreeSpace(dir_fd_.get())));
+    }
+    const bool in_journal = status.ok() && journaled;
+    if (in_journal) {
+      // Before the id is answered: a client never holds one that a restart
+      // after a crash would not know.
+      v1::SpillFileState kept;
+      kept.set_id(id);
+      kept.set_session_id(session->id());
+      kept.set_bytes(bytes);
+      kept.set_checksum(checksum);
+      journal_->SpillFileKept(kept, fd->get());
     }
     const uint64_t elapsed = MonotonicNowNs() - start;
     UniqueFd to_close;
@@ -209,6 +226,7 @@ void SpillTier::SpillBytes(std::shared_ptr<Session> session, const std::byte* da
         files_.erase(it);
         result = status;
       } else {
+        file.journaled = journaled;
         file.fd = *std::move(fd);
         file.checksum = checksum;
         file.state = File::State::kOnDisk;
@@ -222,6 +240,7 @@ void SpillTier::SpillBytes(std::shared_ptr<Session> session, const std::byte* da
       }
     }
     to_close.Reset();
+    if (!result.ok() && in_journal) JournalGone({id});  // its session went meanwhile
     done(std::move(result));
   });
 }
@@ -271,6 +290,7 @@ void SpillTier::RestoreBytes(std::shared_ptr<Session> session, uint64_t spill_id
     }
     const uint64_t elapsed = MonotonicNowNs() - start;
     UniqueFd to_close;
+    bool gone_from_journal = false;
     {
       absl::MutexLock lock(&mu_);
       totals_.set_reading_bytes(totals_.reading_bytes() - file->bytes);
@@ -301,15 +321,18 @@ void SpillTier::RestoreBytes(std::shared_ptr<Session> session, uint64_t spill_id
         reserved_bytes_ -= file->bytes;
         to_close = std::move(file->fd);
         files_.erase(file->id);
+        gone_from_journal = file->journaled;
       }
     }
     to_close.Reset();
+    if (gone_from_journal) JournalGone({file->id});
     done(status);
   });
 }
 
 absl::StatusOr<RemovedTotals> SpillTier::Drop(uint64_t session_id, absl::Span<const uint64_t> ids) {
   std::vector<UniqueFd> to_close;  // closed once mu_ is released
+  std::vector<uint64_t> journaled;
   RemovedTotals totals;
   {
     absl::MutexLock lock(&mu_);
@@ -339,10 +362,12 @@ absl::StatusOr<RemovedTotals> SpillTier::Drop(uint64_t session_id, absl::Span<co
                                                     file.bytes);
       reserved_bytes_ -= file.bytes;
       to_close.push_back(std::move(file.fd));
+      if (file.journaled) journaled.push_back(id);
       files_.erase(it);
     }
   }
   to_close.clear();
+  JournalGone(journaled);
   return totals;
 }
 
@@ -385,7 +410,8 @@ absl::Status SpillTier::Export(v1::DaemonState* state, std::vector<UniqueFd>* fd
   return absl::OkStatus();
 }
 
-absl::Status SpillTier::Adopt(const v1::DaemonState& state, std::vector<UniqueFd>* fds) {
+absl::Status SpillTier::Adopt(const v1::DaemonState& state, std::vector<UniqueFd>* fds,
+                              bool journaled) {
   absl::MutexLock lock(&mu_);
   if (!files_.empty()) return absl::FailedPreconditionError("the spill tier already has files");
   absl::flat_hash_map<uint64_t, std::shared_ptr<File>> adopted;
@@ -421,6 +447,7 @@ absl::Status SpillTier::Adopt(const v1::DaemonState& state, std::vector<UniqueFd
     file->bytes = in.bytes();
     file->checksum = in.checksum();
     file->state = File::State::kOnDisk;
+    file->journaled = journaled && journal_ != nullptr;
     adopted.emplace(in.id(), std::move(file));
     bytes += in.bytes();
     next_id = std::max(next_id, in.id() + 1);

@@ -6,6 +6,10 @@
 // Files are created unlinked (O_TMPFILE, else created and unlinked at once):
 // the daemon's open fd is the only name a spill file has, so a daemon killed
 // with SIGKILL leaves nothing on disk, and closing the fd frees the space.
+// With a StateJournal (a service manager keeps fds for a restart after a
+// crash), a spilled lease's file is given to it once written, before its id
+// is answered, and taken back when it leaves the tier: a restarted daemon
+// adopts the files its table and the service manager both still hold.
 #ifndef ACTSTASH_SERVER_SPILL_SPILL_TIER_H_
 #define ACTSTASH_SERVER_SPILL_SPILL_TIER_H_
 
@@ -29,6 +33,7 @@
 #include "server/base/removed_totals.h"
 #include "server/sessions/lease_manager.h"
 #include "server/sessions/session.h"
+#include "server/sessions/state_journal.h"
 
 namespace actstash::server {
 
@@ -52,6 +57,10 @@ class SpillTier {
   SpillTier(const SpillTier&) = delete;
   SpillTier& operator=(const SpillTier&) = delete;
 
+  // Where spilled leases' files are kept for a restart (not owned; outlives
+  // the tier). Set before anything is spilled or adopted.
+  void SetJournal(StateJournal* journal) { journal_ = journal; }
+
   // Writes all of `lease`'s memory to a new file of the session; `done` gets
   // its spill id. RESOURCE_EXHAUSTED (with the numbers) when --spill-size or
   // the disk is full: nothing stays on disk, the memory is untouched. The
@@ -60,12 +69,15 @@ class SpillTier {
   void Spill(std::shared_ptr<Session> session, std::shared_ptr<Lease> lease, SpillDone done) {
     std::byte* data = lease->data();
     const uint64_t bytes = lease->bytes();
-    SpillBytes(std::move(session), data, bytes, std::move(lease), std::move(done));
+    SpillBytes(std::move(session), data, bytes, std::move(lease), std::move(done),
+               /*journaled=*/true);
   }
   // Spill of any daemon memory of the session (an inline object): `data`
   // stays valid (`keepalive` holds it) and unchanged until `done` runs.
+  // `journaled`: the file is given to the journal (a lease's: its client
+  // keeps the id across a crash; an inline object's handle does not).
   void SpillBytes(std::shared_ptr<Session> session, const std::byte* data, uint64_t bytes,
-                  std::shared_ptr<const void> keepalive, SpillDone done);
+                  std::shared_ptr<const void> keepalive, SpillDone done, bool journaled = false);
   // Reads spill `spill_id` of the session into `lease` (of the same size),
   // verifies its checksum, then deletes the file. NOT_FOUND for another
   // session's or an unknown id, FAILED_PRECONDITION while it is still being
@@ -101,10 +113,12 @@ class SpillTier {
   // a fd index out of range, an id out of range or repeated, a file shorter
   // than its bytes, one of a session the state does not hold;
   // then nothing is adopted. Session numbers come from state.sessions' spill.
+  // `journaled`: the journal holds the files already (a restart after a
+  // crash adopts what it kept); they are given back to it when they go.
   absl::Status Export(v1::DaemonState* state, std::vector<UniqueFd>* fds) const
       ABSL_LOCKS_EXCLUDED(mu_);
-  absl::Status Adopt(const v1::DaemonState& state, std::vector<UniqueFd>* fds)
-      ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status Adopt(const v1::DaemonState& state, std::vector<UniqueFd>* fds,
+                     bool journaled = false) ABSL_LOCKS_EXCLUDED(mu_);
   // Whether file `id` is the session's and holds `bytes`.
   bool Holds(uint64_t session_id, uint64_t id, uint64_t bytes) const ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -120,10 +134,13 @@ class SpillTier {
   void Post(std::function<void(class SpillFileIo&)> job) ABSL_LOCKS_EXCLUDED(mu_);
   void RunWorker();
   void Forget(uint64_t spill_id) ABSL_LOCKS_EXCLUDED(mu_);
+  // Tells the journal that the journaled files `ids` left the tier.
+  void JournalGone(absl::Span<const uint64_t> ids) const;
 
   const SpillOptions options_;
   const UniqueFd dir_fd_;
-  const bool tmpfile_;  // O_TMPFILE works in dir_
+  const bool tmpfile_;               // O_TMPFILE works in dir_
+  StateJournal* journal_ = nullptr;  // set before use (SetJournal)
   std::string io_mode_;
   mutable absl::Mutex mu_;
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;

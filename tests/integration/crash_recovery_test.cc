@@ -10,8 +10,10 @@
 #include <signal.h>
 
 #include <chrono>
+#include <filesystem>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "tests/integration/test_util.h"
 
 namespace actstash::testing {
@@ -144,6 +146,54 @@ TEST(CrashRecoveryTest, ASessionThatDoesNotComeBackIsClosedAfterTheGrace) {
   absl::Status read = (*client)->Fetch(*ticket, back.data(), back.size());
   EXPECT_EQ(read.code(), absl::StatusCode::kUnavailable) << read;
   EXPECT_THAT(std::string(read.message()), HasSubstr("went away"));
+}
+
+// The spill files' names in the service manager's store.
+size_t KeptSpillFiles(DaemonProcess& daemon) {
+  size_t n = 0;
+  for (const auto& [name, fd] : daemon.fd_store()->Snapshot()) n += name.rfind("spill-", 0) == 0;
+  return n;
+}
+
+TEST(CrashRecoveryTest, SpilledLeasesSurviveKills) {
+  const std::string spill_dir = MakeTempDir();
+  std::unique_ptr<DaemonProcess> daemon = StartDaemonOrDie(Supervised({"--spill-dir", spill_dir}));
+  ASSERT_NE(daemon, nullptr);
+  ClientOptions options = Attached(*daemon);
+  options.quota_bytes = 16 << 20;  // 4 segments: most of what is stored spills
+  options.lease_batch = 1;
+  absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(options);
+  ASSERT_TRUE(client.ok()) << client.status();
+  StoredBuffers stored;
+  for (uint64_t seed = 1; seed <= 40; ++seed) {
+    StoreRandom(**client, seed, &stored);
+    ASSERT_FALSE(::testing::Test::HasFatalFailure()) << daemon->log();
+  }
+  const uint64_t spilled = (*client)->zero_copy_usage().spilled_leases();
+  ASSERT_GT(spilled, 4u);
+  EXPECT_EQ(KeptSpillFiles(*daemon), spilled);
+  for (int round = 1; round <= 2; ++round) {
+    SCOPED_TRACE(round);
+    Crash(*daemon);
+    EXPECT_TRUE(LogHas(*daemon, absl::StrCat("free segments reused, ", spilled, " spill files")))
+        << daemon->log();
+    EXPECT_EQ(SpillFds(daemon->pid(), spill_dir).size(), spilled) << "the files are open again";
+  }
+  // Everything comes back, the spilled buffers read back from the files the
+  // restarted daemon adopted (their checksums verified).
+  ExpectFetched(**client, stored);
+  const v1::ClientUsage usage = (*client)->zero_copy_usage();
+  EXPECT_GT(usage.restores(), 0u);
+  EXPECT_EQ((*client)->daemon_reattaches(), 2u);
+  // Read back, the files leave the store; what the client holds spilled now
+  // is what the store keeps.
+  EXPECT_EQ(KeptSpillFiles(*daemon), usage.spilled_leases());
+  for (const auto& [ticket, bytes] : stored) ASSERT_TRUE((*client)->Release(ticket).ok());
+  ASSERT_TRUE((*client)->Close().ok());
+  EXPECT_EQ(KeptSpillFiles(*daemon), 0u);
+  EXPECT_TRUE(SpillFds(daemon->pid(), spill_dir).empty());
+  ASSERT_TRUE(daemon->Stop(SIGTERM).ok());
+  std::filesystem::remove_all(spill_dir);
 }
 
 }  // namespace

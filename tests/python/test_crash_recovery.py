@@ -1,13 +1,15 @@
 """actstashd killed (SIGKILL) while trainers offload, and started again by a
 service manager that keeps its file descriptors (actstash_testing.supervisor:
 systemd's notify and fd-store protocols). The restarted daemon maps the same
-pool and takes the sessions and leases from its state table: every step
-completes bitwise, every offloaded tensor comes back, and the trainers count
-the restarts as reattachments. A state table that fails its checksum is not
+pool and takes the sessions, leases and spill files from its state table:
+every step completes bitwise (one trainer's quota makes its blocks spill to
+disk), every offloaded tensor comes back, and the trainers count the restarts
+as reattachments. A state table that fails its checksum is not
 trusted: clients get the "state lost" error. Sessions that do not come back
 within the grace period are closed and their leases freed."""
 import os
 import random
+import re
 import time
 
 import pytest
@@ -17,7 +19,8 @@ from conftest import (PACKAGE_ENV, assert_trained_bitwise, daemon_binary, pool_s
 from actstash_testing.supervisor import SupervisedDaemon
 from actstash_testing.trainers import Trainers
 
-TRAINERS = 2
+# zero-copy, and zero-copy under a quota that makes its blocks spill
+KINDS = [(), ("--quota", str(8 << 20))]
 KILLS = int(os.environ.get("ACTSTASH_CRASH_KILLS", "4"))
 
 
@@ -26,11 +29,13 @@ def supervised(pool="512MiB", segment="4MiB", extra=(), env=None):
 
 
 def test_trainers_survive_daemon_crashes(tmp_path):
-    daemon = supervised()
+    spill_dir = tmp_path / "spill"
+    spill_dir.mkdir()
+    daemon = supervised(extra=("--spill-dir", str(spill_dir)))
     trainers = None
     try:
-        trainers = Trainers(daemon.socket, TRAINERS, str(tmp_path),
-                            env=dict(os.environ, **PACKAGE_ENV))
+        trainers = Trainers(daemon.socket, len(KINDS), str(tmp_path),
+                            env=dict(os.environ, **PACKAGE_ENV), each=KINDS)
         rng = random.Random(7)
         for _ in range(KILLS):
             time.sleep(rng.uniform(0.2, 0.8))  # somewhere in a step
@@ -40,13 +45,19 @@ def test_trainers_survive_daemon_crashes(tmp_path):
         assert_trained_bitwise(results)
         # Each restart was seen as one: the connection was made again.
         assert all(r["reattaches"] == KILLS for r in results), results
+        assert results[1]["spilled"] > 0, results
         text = daemon.text()
         assert text.count("recovery: the state of the daemon that crashed is back") == KILLS
+        # Spilled blocks were on disk at some crash, and came back from there.
+        files = [int(n) for n in re.findall(r"free segments reused, (\d+) spill files", text)]
+        assert len(files) == KILLS and max(files) > 0, files
         assert f"restart {KILLS} of this state" in text
         assert "not trusted" not in text
         stats = wait_pool_empty(daemon.socket)
         assert stats["sessions"] == 1, stats  # the check's own
         assert stats["pool"]["used_bytes"] == 0, stats
+        assert stats["spill"]["files"] == 0 and stats["spill"]["on_disk_bytes"] == 0, stats
+        assert not [n for n in daemon.sup.stored() if n.startswith("spill-")], daemon.sup.stored()
     finally:
         if trainers is not None:
             trainers.kill()

@@ -15,7 +15,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <vector>
 
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
 #include "server/base/service_manager.h"
 #include "server/pool/host_pool.h"
 #include "server/sessions/lease_manager.h"
@@ -129,6 +132,70 @@ TEST(StateTableTest, ALeaseOfASessionThatWasClosingIsDropped) {
   RecoveredState again;  // and the table no longer holds it
   ASSERT_TRUE(Reopen(**back, &again).ok());
   EXPECT_TRUE(again.leases.empty());
+}
+
+v1::SpillFileState SpillOf(uint64_t id, uint64_t session, uint64_t bytes) {
+  v1::SpillFileState file;
+  file.set_id(id);
+  file.set_session_id(session);
+  file.set_bytes(bytes);
+  file.set_checksum(id * 0x9e3779b97f4a7c15ull);
+  return file;
+}
+
+TEST(StateTableTest, SpillFilesComeBackAndTheirIdsAreNotGivenAgain) {
+  constexpr TableGeometry kSpills{1 << 20, 8, 4, /*spill_slots=*/3};
+  absl::StatusOr<std::unique_ptr<StateTable>> table = StateTable::Create(kSpills);
+  ASSERT_TRUE(table.ok()) << table.status();
+  for (uint64_t id : {1, 2}) {
+    v1::SessionState session = SessionOf(id);
+    session.set_token(absl::StrCat(session.token(), id));
+    (*table)->SessionOpened(session);
+  }
+  (*table)->SpillFileKept(SpillOf(5, 1, 4 << 20), -1);
+  (*table)->SpillFileKept(SpillOf(6, 2, 8 << 20), -1);
+  (*table)->SpillFileKept(SpillOf(7, 1, 4 << 20), -1);
+  (*table)->SpillFileKept(SpillOf(8, 1, 4 << 20), -1);  // no slot left: not recorded
+  (*table)->SpillFileGone(6);
+  (*table)->SpillFileKept(SpillOf(9, 3, 4 << 20), -1);  // its session's slot is gone
+  RecoveredState state;
+  absl::StatusOr<std::unique_ptr<StateTable>> back = Reopen(**table, &state, kSpills);
+  ASSERT_TRUE(back.ok()) << back.status();
+  ASSERT_EQ(state.spill_files.size(), 2u);
+  absl::flat_hash_map<uint64_t, v1::SpillFileState> by_id;
+  for (const v1::SpillFileState& file : state.spill_files) by_id[file.id()] = file;
+  ASSERT_TRUE(by_id.contains(5) && by_id.contains(7));
+  EXPECT_EQ(by_id[7].session_id(), 1u);
+  EXPECT_EQ(by_id[7].bytes(), 4u << 20);
+  EXPECT_EQ(by_id[7].checksum(), SpillOf(7, 1, 0).checksum());
+  EXPECT_GT(state.next_spill_id, 9u) << "ids given before the crash are not given again";
+  // The recovered table goes on: the slots of 9 (dropped) and 5 (gone)
+  // take new files, and only what is recorded now comes back next time.
+  (*back)->SpillFileGone(5);
+  (*back)->SpillFileKept(SpillOf(20, 2, 4 << 20), -1);
+  (*back)->SpillFileKept(SpillOf(21, 2, 4 << 20), -1);
+  RecoveredState again;
+  ASSERT_TRUE(Reopen(**back, &again, kSpills).ok());
+  std::vector<uint64_t> ids;
+  for (const v1::SpillFileState& file : again.spill_files) ids.push_back(file.id());
+  EXPECT_THAT(ids, ::testing::UnorderedElementsAre(7, 20, 21));
+  // Another number of spill slots is another configuration.
+  TableGeometry other = kSpills;
+  other.spill_slots = 0;
+  RecoveredState ignored;
+  EXPECT_EQ(Reopen(**back, &ignored, other).status().code(), absl::StatusCode::kFailedPrecondition);
+  // A damaged slot is not trusted.
+  const std::string body = SpillOf(21, 2, 4 << 20).SerializeAsString();
+  std::string bytes(StateTableBytes(kSpills), '\0');
+  ASSERT_EQ(pread((*back)->fd(), bytes.data(), bytes.size(), 0),
+            static_cast<ssize_t>(bytes.size()));
+  const size_t at = bytes.find(body);
+  ASSERT_NE(at, std::string::npos);
+  const char flipped = static_cast<char>(bytes[at + 1] ^ 1);
+  ASSERT_EQ(pwrite((*back)->fd(), &flipped, 1, static_cast<off_t>(at + 1)), 1);
+  absl::Status damaged = Reopen(**back, &ignored, kSpills).status();
+  EXPECT_EQ(damaged.code(), absl::StatusCode::kDataLoss) << damaged;
+  EXPECT_THAT(damaged.message(), HasSubstr("spill file slot"));
 }
 
 TEST(StateTableTest, DamageIsDataLossAndOtherStatesArePreconditions) {
