@@ -69,10 +69,11 @@ absl::Status Daemon::AdoptRecovered(Recovery* recovery) {
 size_t Daemon::AdoptRecoveredSpills(
     Recovery* recovery, const absl::flat_hash_map<uint64_t, std::shared_ptr<Session>>& sessions) {
   const RecoveredState& state = recovery->state;
-  if (state.spill_files.empty() || journal_ == nullptr) return 0;
   // The store and the table hold them: from here on they leave both when
   // they leave the tier (or now, when they cannot be adopted).
-  journal_->SpillFilesRecovered(state.spill_files);
+  if (journal_ != nullptr) journal_->SpillFilesRecovered(state.spill_files);
+  // Even with no file back, new ids start above the floor: a client may
+  // hold the id of a file that was lost, which must stay NOT_FOUND.
   v1::DaemonState adopt;
   adopt.set_next_spill_id(state.next_spill_id);
   for (const auto& [id, session] : sessions) adopt.add_sessions()->set_id(id);
@@ -94,7 +95,9 @@ size_t Daemon::AdoptRecoveredSpills(
       adopt.clear_spill_files();
     }
   }
-  for (uint64_t id : lost) journal_->SpillFileGone(id);
+  for (uint64_t id : lost) {
+    if (journal_ != nullptr) journal_->SpillFileGone(id);
+  }
   return static_cast<size_t>(adopt.spill_files_size());
 }
 
