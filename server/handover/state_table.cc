@@ -157,8 +157,8 @@ absl::StatusOr<std::unique_ptr<StateTable>> StateTable::Create(const TableGeomet
   std::memset(*base + CleanOffset(), 0, geometry.segments);
   std::unique_ptr<StateTable> table(new StateTable(std::move(fd), *base, bytes, geometry));
   absl::MutexLock lock(&table->mu_);
-  for (uint32_t i = geometry.session_slots; i > 0; --i) table->free_session_slots_.push_back(i - 1);
-  for (uint32_t i = geometry.spill_slots; i > 0; --i) table->free_spill_slots_.push_back(i - 1);
+  table->sessions_.Reset(geometry.session_slots);
+  table->spills_.Reset(geometry.spill_slots);
   return table;
 }
 
@@ -227,20 +227,19 @@ absl::StatusOr<std::unique_ptr<StateTable>> StateTable::Recover(UniqueFd fd,
     state.kept.push_back((flags[i] & kKept) != 0);
   }
   absl::flat_hash_set<std::string> tokens;
-  absl::flat_hash_map<uint64_t, uint32_t> slot_of;
-  std::vector<uint32_t> free_slots;
+  SlotIndex sessions;  // the table's, once all is read
   for (uint32_t i = geometry.session_slots; i > 0; --i) {
     const uint32_t slot = i - 1;
     absl::StatusOr<std::string> body =
         ReadSlot(table->SessionSlot(slot), kSessionBodyBytes, "session", slot);
     if (!body.ok()) return body.status();
     if (body->empty()) {
-      free_slots.push_back(slot);
+      sessions.free.push_back(slot);
       continue;
     }
     v1::SessionState session;
     if (!session.ParseFromString(*body) || session.id() == 0 || session.id() > kMaxFloor ||
-        session.token().empty() || !slot_of.emplace(session.id(), slot).second ||
+        session.token().empty() || !sessions.slot_of.emplace(session.id(), slot).second ||
         !tokens.insert(session.token()).second) {
       return absl::DataLossError(absl::StrCat("the state table's session slot ", slot,
                                               " holds no session, or one that repeats"));
@@ -264,7 +263,7 @@ absl::StatusOr<std::unique_ptr<StateTable>> StateTable::Recover(UniqueFd fd,
                        " holds no lease, or one that overlaps another or leaves the pool"));
     }
     covered_to = i + lease.count();
-    if (!slot_of.contains(lease.session_id())) {
+    if (!sessions.slot_of.contains(lease.session_id())) {
       // Its session was closing when the daemon died (the session's slot
       // goes first): the lease goes too. Its segments are not clean.
       StoreWord(table->LeaseSlot(i), 0);
@@ -273,28 +272,26 @@ absl::StatusOr<std::unique_ptr<StateTable>> StateTable::Recover(UniqueFd fd,
     state.next_lease_id = std::max(state.next_lease_id, lease.id() + 1);
     state.leases.push_back(std::move(lease));
   }
-  absl::flat_hash_map<uint64_t, uint32_t> spill_slot_of;
-  std::vector<uint32_t> free_spill_slots;
+  SlotIndex spills;
   for (uint32_t i = geometry.spill_slots; i > 0; --i) {
     const uint32_t slot = i - 1;
     absl::StatusOr<std::string> body =
         ReadSlot(table->SpillSlot(slot), kSpillBodyBytes, "spill file", slot);
     if (!body.ok()) return body.status();
     if (body->empty()) {
-      free_spill_slots.push_back(slot);
+      spills.free.push_back(slot);
       continue;
     }
     v1::SpillFileState file;
     if (!file.ParseFromString(*body) || file.id() == 0 || file.id() > kMaxFloor ||
-        file.bytes() == 0 || !spill_slot_of.emplace(file.id(), slot).second) {
+        file.bytes() == 0 || !spills.slot_of.emplace(file.id(), slot).second) {
       return absl::DataLossError(absl::StrCat("the state table's spill file slot ", slot,
                                               " holds no file, or one that repeats"));
     }
     state.next_spill_id = std::max(state.next_spill_id, file.id() + 1);
-    if (!slot_of.contains(file.session_id())) {  // its session was closing, as for a lease
+    if (!sessions.slot_of.contains(file.session_id())) {  // its session was closing, as a lease's
       StoreWord(table->SpillSlot(slot), 0);
-      spill_slot_of.erase(file.id());
-      free_spill_slots.push_back(slot);
+      spills.Release(file.id());
       continue;
     }
     state.spill_files.push_back(std::move(file));
@@ -304,14 +301,36 @@ absl::StatusOr<std::unique_ptr<StateTable>> StateTable::Recover(UniqueFd fd,
   }
   {
     absl::MutexLock lock(&table->mu_);
-    table->session_slot_ = std::move(slot_of);
-    table->free_session_slots_ = std::move(free_slots);
-    table->spill_slot_ = std::move(spill_slot_of);
-    table->free_spill_slots_ = std::move(free_spill_slots);
+    table->sessions_ = std::move(sessions);
+    table->spills_ = std::move(spills);
   }
   __atomic_store_n(&HeaderOf(table->base_)->restarts, header.restarts + 1, __ATOMIC_RELEASE);
   *out = std::move(state);
   return table;
+}
+
+void StateTable::SlotIndex::Reset(uint32_t count) {
+  slot_of.clear();
+  free.clear();
+  for (uint32_t i = count; i > 0; --i) free.push_back(i - 1);
+}
+
+std::optional<uint32_t> StateTable::SlotIndex::Assign(uint64_t id) {
+  if (auto it = slot_of.find(id); it != slot_of.end()) return it->second;
+  if (free.empty()) return std::nullopt;
+  const uint32_t slot = free.back();
+  free.pop_back();
+  slot_of[id] = slot;
+  return slot;
+}
+
+std::optional<uint32_t> StateTable::SlotIndex::Release(uint64_t id) {
+  auto it = slot_of.find(id);
+  if (it == slot_of.end()) return std::nullopt;
+  const uint32_t slot = it->second;
+  free.push_back(slot);
+  slot_of.erase(it);
+  return slot;
 }
 
 std::byte* StateTable::SessionSlot(uint32_t index) const {
@@ -360,27 +379,20 @@ void StateTable::SessionOpened(const v1::SessionState& session) {
   }
   RaiseFloor(offsetof(TableHeader, session_id_floor), session.id());
   absl::MutexLock lock(&mu_);
-  uint32_t slot = 0;
-  if (auto it = session_slot_.find(session.id()); it != session_slot_.end()) {
-    slot = it->second;
-  } else if (!free_session_slots_.empty() && body.size() <= kSessionBodyBytes) {
-    slot = free_session_slots_.back();
-    free_session_slots_.pop_back();
-    session_slot_[session.id()] = slot;
-  } else {
+  const std::optional<uint32_t> slot =
+      body.size() <= kSessionBodyBytes ? sessions_.Assign(session.id()) : std::nullopt;
+  if (!slot.has_value()) {
     spdlog::error("state table: no slot for session {}; it will not survive a crash", session.id());
     return;
   }
-  WriteSlot(SessionSlot(slot), body);
+  WriteSlot(SessionSlot(*slot), body);
 }
 
 void StateTable::SessionClosed(uint64_t session_id) {
   absl::MutexLock lock(&mu_);
-  auto it = session_slot_.find(session_id);
-  if (it == session_slot_.end()) return;
-  StoreWord(SessionSlot(it->second), 0);
-  free_session_slots_.push_back(it->second);
-  session_slot_.erase(it);
+  if (const std::optional<uint32_t> slot = sessions_.Release(session_id)) {
+    StoreWord(SessionSlot(*slot), 0);
+  }
 }
 
 void StateTable::LeaseGranted(const v1::LeaseState& lease) {
@@ -429,14 +441,9 @@ void StateTable::SpillFileKept(const v1::SpillFileState& file, int /*fd*/) {
   const std::string body = kept.SerializeAsString();
   RaiseFloor(offsetof(TableHeader, spill_id_floor), file.id());
   absl::MutexLock lock(&mu_);
-  uint32_t slot = 0;
-  if (auto it = spill_slot_.find(file.id()); it != spill_slot_.end()) {
-    slot = it->second;
-  } else if (!free_spill_slots_.empty() && body.size() <= kSpillBodyBytes) {
-    slot = free_spill_slots_.back();
-    free_spill_slots_.pop_back();
-    spill_slot_[file.id()] = slot;
-  } else {
+  const std::optional<uint32_t> slot =
+      body.size() <= kSpillBodyBytes ? spills_.Assign(file.id()) : std::nullopt;
+  if (!slot.has_value()) {
     if (!spill_slots_full_logged_ && geometry_.spill_slots > 0) {
       spdlog::warn(
           "state table: all {} spill file slots are in use; spill file {} (and others until "
@@ -446,16 +453,14 @@ void StateTable::SpillFileKept(const v1::SpillFileState& file, int /*fd*/) {
     }
     return;
   }
-  WriteSlot(SpillSlot(slot), body);
+  WriteSlot(SpillSlot(*slot), body);
 }
 
 void StateTable::SpillFileGone(uint64_t spill_id) {
   absl::MutexLock lock(&mu_);
-  auto it = spill_slot_.find(spill_id);
-  if (it == spill_slot_.end()) return;
-  StoreWord(SpillSlot(it->second), 0);
-  free_spill_slots_.push_back(it->second);
-  spill_slot_.erase(it);
+  if (const std::optional<uint32_t> slot = spills_.Release(spill_id)) {
+    StoreWord(SpillSlot(*slot), 0);
+  }
 }
 
 }  // namespace actstash::server

@@ -37,6 +37,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -126,15 +127,27 @@ class StateTable final : public StateJournal {
   // Raises a floor word to `id` + a step when `id` reached it.
   void RaiseFloor(size_t word_offset, uint64_t id);
 
+  // Which slot of a region (sessions, spill files) holds which id, and which
+  // are free, handed out lowest first.
+  struct SlotIndex {
+    absl::flat_hash_map<uint64_t, uint32_t> slot_of;
+    std::vector<uint32_t> free;  // the lowest last
+    // All of `count` slots free.
+    void Reset(uint32_t count);
+    // `id`'s slot, assigned a free one when it has none; nullopt when none
+    // is free.
+    std::optional<uint32_t> Assign(uint64_t id);
+    // Frees `id`'s slot and returns it; nullopt when it has none.
+    std::optional<uint32_t> Release(uint64_t id);
+  };
+
   const UniqueFd fd_;
   std::byte* const base_;
   const size_t bytes_;
   const TableGeometry geometry_;
   absl::Mutex mu_;
-  absl::flat_hash_map<uint64_t, uint32_t> session_slot_ ABSL_GUARDED_BY(mu_);
-  std::vector<uint32_t> free_session_slots_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<uint64_t, uint32_t> spill_slot_ ABSL_GUARDED_BY(mu_);
-  std::vector<uint32_t> free_spill_slots_ ABSL_GUARDED_BY(mu_);
+  SlotIndex sessions_ ABSL_GUARDED_BY(mu_);
+  SlotIndex spills_ ABSL_GUARDED_BY(mu_);
   bool spill_slots_full_logged_ ABSL_GUARDED_BY(mu_) = false;
 };
 
