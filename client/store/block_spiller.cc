@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <optional>
 #include <thread>
 
 #include "absl/strings/match.h"
@@ -34,25 +33,25 @@ absl::StatusOr<std::vector<std::unique_ptr<BlockSpiller::Arena>>> BlockSpiller::
     arenas = leases_.Lease(1, segments, dedicated, turn);  // room for one, maybe
   }
   if (!exhausted(arenas) || !backend_.CanSpill() || leases_.mapper().on_device()) return arenas;
-  // Spills what it can; an empty vector when it did (the caller places again).
-  auto spill = [&]() -> absl::StatusOr<std::optional<std::vector<std::unique_ptr<Arena>>>> {
+  // Whether it spilled (the caller then places again, given no arena).
+  auto spill = [&]() -> absl::StatusOr<bool> {
     uint64_t return_bytes = 0;
     absl::StatusOr<bool> spilled =
         SpillColdest(std::max<uint32_t>(retention_.lease_batch(), segments), &return_bytes, turn);
-    if (!spilled.ok()) return spilled.status();
-    if (!*spilled) return std::nullopt;
     // Another session waits and this one holds more than its share: what
     // spilling emptied goes back to the pool rather than being reused.
-    if (return_bytes > 0) leases_.GiveBackEmpty([](const Arena&) { return false; }, return_bytes);
-    return std::vector<std::unique_ptr<Arena>>{};
+    if (spilled.ok() && *spilled && return_bytes > 0) {
+      leases_.GiveBackEmpty([](const Arena&) { return false; }, return_bytes);
+    }
+    return spilled;
   };
-  auto spilled = spill();
+  absl::StatusOr<bool> spilled = spill();
   if (!spilled.ok()) {
     return absl::ResourceExhaustedError(
         absl::StrCat(arenas.status().message(),
                      "; spilling to the daemon's disk failed too: ", spilled.status().message()));
   }
-  if (spilled->has_value()) return std::move(**spilled);
+  if (*spilled) return std::vector<std::unique_ptr<Arena>>{};
   // Nothing of ours can spill. Buffers still being written will be
   // spillable once their writer marks them: let the caller do that first.
   bool unwritten = false;
@@ -83,7 +82,7 @@ absl::StatusOr<std::vector<std::unique_ptr<BlockSpiller::Arena>>> BlockSpiller::
     if (arenas.ok()) return arenas;
     last = arenas.status();
     spilled = spill();
-    if (spilled.ok() && spilled->has_value()) return std::move(**spilled);
+    if (spilled.ok() && *spilled) return std::vector<std::unique_ptr<Arena>>{};
   }
   return absl::ResourceExhaustedError(absl::StrCat(
       last.message(),

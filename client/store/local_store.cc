@@ -19,13 +19,17 @@ absl::Status DeviceTierError(absl::string_view what) {
 }
 
 // Host leases stay mapped (the daemon renews its pages, this mapping keeps
-// the old ones); device segments are zeroed and granted again in place.
+// the old ones) unless the daemon frees them for a session that did not
+// attach again; device segments are zeroed and granted again in place.
 absl::Status Lost(const LeaseBackend& backend, bool device_tier) {
   return backend.GoneError(
       "Store", device_tier ? "this session and its leases are gone, and so are its buffers in "
                              "the daemon's device pool (the daemon reclaims that memory)"
-                           : "this session and its leases are gone; buffers stored before can "
-                             "still be fetched, new ones cannot be stored");
+               : backend.MemoryReclaimedWhenLost()
+                   ? "this session and its leases are gone; new buffers cannot be stored, and "
+                     "those stored before are the restarted daemon's to free"
+                   : "this session and its leases are gone; buffers stored before can "
+                     "still be fetched, new ones cannot be stored");
 }
 
 }  // namespace
@@ -68,27 +72,31 @@ absl::Status LocalStore::MarkWritten(uint64_t ticket) {
   return table_.MarkWritten(ticket);
 }
 
-absl::Status LocalStore::ReclaimedError(uint64_t ticket, absl::string_view what) const {
-  // The daemon restarted (or will) with its state and frees the leases of a
-  // session that does not attach again: this mapping's pages may be gone.
-  return leases_.backend().GoneError(
-      absl::StrCat(what, " ticket ", ticket),
-      "the ticket's leased memory is the restarted daemon's to free, since this session did not "
-      "attach again");
-}
-
-absl::StatusOr<Located> LocalStore::Locate(uint64_t ticket) {
-  LeaseBackend& backend = leases_.backend();
-  const bool on_device = leases_.mapper().on_device();
-  if (on_device && backend.Lost()) {
+absl::Status LocalStore::CheckNotReclaimed(uint64_t ticket, absl::string_view what) const {
+  const LeaseBackend& backend = leases_.backend();
+  if (!backend.Lost()) return absl::OkStatus();
+  if (leases_.mapper().on_device()) {
     // Unlike host leases (renewal gives the daemon fresh pages; the old ones
     // stay with this mapping), device segments are zeroed and granted again
     // in place: the bytes are gone, and the range may be another session's.
     return backend.GoneError(
-        absl::StrCat("Locate ticket ", ticket),
+        absl::StrCat(what, " ticket ", ticket),
         "the ticket was in the daemon's device pool, which has reclaimed that memory");
   }
-  if (backend.Lost() && backend.MemoryReclaimedWhenLost()) return ReclaimedError(ticket, "Locate");
+  if (backend.MemoryReclaimedWhenLost()) {
+    // The daemon restarted (or will) with its state and frees the leases of
+    // a session that does not attach again: this mapping's pages may be gone.
+    return backend.GoneError(
+        absl::StrCat(what, " ticket ", ticket),
+        "the ticket's leased memory is the restarted daemon's to free, since this session did "
+        "not attach again");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Located> LocalStore::Locate(uint64_t ticket) {
+  const bool on_device = leases_.mapper().on_device();
+  if (absl::Status s = CheckNotReclaimed(ticket, "Locate"); !s.ok()) return s;
   absl::StatusOr<Placement> placement = spiller_.PinForRead(ticket, /*locate=*/true);
   if (!placement.ok()) return placement.status();
   absl::MutexLock lock(&table_.mu());
@@ -180,10 +188,7 @@ absl::StatusOr<LocalStore::Spot> LocalStore::PlaceDedicated(size_t nbytes) {
 
 absl::Status LocalStore::Fetch(uint64_t ticket, void* dst, size_t capacity) {
   if (leases_.mapper().on_device()) return DeviceTierError("Fetch");
-  if (LeaseBackend& backend = leases_.backend();
-      backend.Lost() && backend.MemoryReclaimedWhenLost()) {
-    return ReclaimedError(ticket, "Fetch");
-  }
+  if (absl::Status s = CheckNotReclaimed(ticket, "Fetch"); !s.ok()) return s;
   {
     absl::MutexLock lock(&table_.mu());
     absl::StatusOr<Placement*> placement = table_.Find(ticket);

@@ -135,9 +135,11 @@ class LocalStore {
     uint64_t offset = 0;
   };
 
-  // The error of a read from a lease whose memory a restarted daemon may have
-  // freed (the backend is lost and MemoryReclaimedWhenLost).
-  absl::Status ReclaimedError(uint64_t ticket, absl::string_view what) const;
+  // OK unless the backend is lost and the ticket's memory is the daemon's
+  // to reuse: a device pool's (zeroed and granted again in place), or a
+  // host lease of a daemon that frees the leases of sessions that do not
+  // attach again (MemoryReclaimedWhenLost). `what` names the call.
+  absl::Status CheckNotReclaimed(uint64_t ticket, absl::string_view what) const;
 
   // A buffer of at most a segment, in a shared lease: where there is room,
   // else (one thread at a time) in leases leased, or emptied by spilling.

@@ -187,17 +187,15 @@ absl::Status DaemonJournal::KeepForRestart(const std::vector<bool>& reused_segme
   // systemd 254+ says how many fds it keeps ($FDSTORE, FileDescriptorStoreMax):
   // one dropped silently would leave a stale memfd under its name.
   const uint64_t needed = uint64_t{pool_->segment_count()} + 2;
-  if (const char* room = std::getenv("FDSTORE"); room != nullptr) {
-    uint64_t max = 0;
-    if (absl::SimpleAtoi(room, &max) && max < needed) {
+  uint64_t max = 0;
+  if (const char* room = std::getenv("FDSTORE"); room != nullptr && absl::SimpleAtoi(room, &max)) {
+    if (max < needed) {
       return absl::ResourceExhaustedError(
           absl::StrCat("the service manager keeps at most ", max, " fds (FileDescriptorStoreMax); ",
                        needed, " are needed (a segment each, the table, the attach listener)"));
     }
-    if (absl::SimpleAtoi(room, &max)) {
-      absl::MutexLock lock(&mu_);
-      spill_room_ = max - needed;
-    }
+    absl::MutexLock lock(&mu_);
+    spill_room_ = max - needed;
   }
   for (const std::string& name : dropped_names) {
     if (absl::Status s = notifier_.RemoveFds(name); !s.ok()) return s;

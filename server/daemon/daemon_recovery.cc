@@ -89,7 +89,7 @@ size_t Daemon::AdoptRecoveredSpills(
     in->set_fd(static_cast<int32_t>(i));
   }
   if (spill_ != nullptr) {
-    if (absl::Status s = spill_->Adopt(adopt, &recovery->spill_fds, /*journaled=*/true); !s.ok()) {
+    if (absl::Status s = spill_->Adopt(adopt, &recovery->spill_fds); !s.ok()) {
       spdlog::error("recovery: the spill files are not recovered: {}", s.ToString());
       for (const v1::SpillFileState& file : adopt.spill_files()) lost.push_back(file.id());
       adopt.clear_spill_files();

@@ -195,26 +195,28 @@ uint64_t LeaseManager::granted_total() const {
   return granted_total_;
 }
 
-void LeaseManager::Record(const Lease& lease) {
-  if (journal_ == nullptr) return;
+namespace {
+
+// A lease as the take-over and the state table record it.
+v1::LeaseState StateOf(const Lease& lease) {
   v1::LeaseState state;
   state.set_id(lease.id());
   state.set_session_id(lease.session_id());
   state.set_first_segment(lease.first_segment());
   state.set_count(lease.segments());
-  journal_->LeaseGranted(state);
+  return state;
+}
+
+}  // namespace
+
+void LeaseManager::Record(const Lease& lease) {
+  if (journal_ != nullptr) journal_->LeaseGranted(StateOf(lease));
 }
 
 std::vector<v1::LeaseState> LeaseManager::Export() const {
   absl::MutexLock lock(&mu_);
   std::vector<v1::LeaseState> out;
-  for (const auto& [id, lease] : leases_) {
-    v1::LeaseState& state = out.emplace_back();
-    state.set_id(id);
-    state.set_session_id(lease->session_id());
-    state.set_first_segment(lease->first_segment());
-    state.set_count(lease->segments());
-  }
+  for (const auto& [id, lease] : leases_) out.push_back(StateOf(*lease));
   return out;
 }
 

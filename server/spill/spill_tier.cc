@@ -40,11 +40,11 @@ struct SpillTier::File {
   UniqueFd fd;  // empty until created
   uint64_t checksum = 0;
   State state = State::kWriting;
-  bool dropped = false;    // dropped while an operation was in flight
-  bool journaled = false;  // the journal holds it (JournalGone when it goes)
+  bool dropped = false;  // dropped while an operation was in flight
 };
 
 void SpillTier::JournalGone(absl::Span<const uint64_t> ids) const {
+  if (journal_ == nullptr) return;
   for (uint64_t id : ids) journal_->SpillFileGone(id);
 }
 
@@ -226,7 +226,6 @@ void SpillTier::SpillBytes(std::shared_ptr<Session> session, const std::byte* da
         files_.erase(it);
         result = status;
       } else {
-        file.journaled = journaled;
         file.fd = *std::move(fd);
         file.checksum = checksum;
         file.state = File::State::kOnDisk;
@@ -290,7 +289,7 @@ void SpillTier::RestoreBytes(std::shared_ptr<Session> session, uint64_t spill_id
     }
     const uint64_t elapsed = MonotonicNowNs() - start;
     UniqueFd to_close;
-    bool gone_from_journal = false;
+    bool left = false;  // the tier let the file go
     {
       absl::MutexLock lock(&mu_);
       totals_.set_reading_bytes(totals_.reading_bytes() - file->bytes);
@@ -321,18 +320,18 @@ void SpillTier::RestoreBytes(std::shared_ptr<Session> session, uint64_t spill_id
         reserved_bytes_ -= file->bytes;
         to_close = std::move(file->fd);
         files_.erase(file->id);
-        gone_from_journal = file->journaled;
+        left = true;
       }
     }
     to_close.Reset();
-    if (gone_from_journal) JournalGone({file->id});
+    if (left) JournalGone({file->id});
     done(status);
   });
 }
 
 absl::StatusOr<RemovedTotals> SpillTier::Drop(uint64_t session_id, absl::Span<const uint64_t> ids) {
   std::vector<UniqueFd> to_close;  // closed once mu_ is released
-  std::vector<uint64_t> journaled;
+  std::vector<uint64_t> left;      // the files the tier let go
   RemovedTotals totals;
   {
     absl::MutexLock lock(&mu_);
@@ -362,12 +361,12 @@ absl::StatusOr<RemovedTotals> SpillTier::Drop(uint64_t session_id, absl::Span<co
                                                     file.bytes);
       reserved_bytes_ -= file.bytes;
       to_close.push_back(std::move(file.fd));
-      if (file.journaled) journaled.push_back(id);
+      left.push_back(id);
       files_.erase(it);
     }
   }
   to_close.clear();
-  JournalGone(journaled);
+  JournalGone(left);
   return totals;
 }
 
@@ -410,8 +409,7 @@ absl::Status SpillTier::Export(v1::DaemonState* state, std::vector<UniqueFd>* fd
   return absl::OkStatus();
 }
 
-absl::Status SpillTier::Adopt(const v1::DaemonState& state, std::vector<UniqueFd>* fds,
-                              bool journaled) {
+absl::Status SpillTier::Adopt(const v1::DaemonState& state, std::vector<UniqueFd>* fds) {
   absl::MutexLock lock(&mu_);
   if (!files_.empty()) return absl::FailedPreconditionError("the spill tier already has files");
   absl::flat_hash_map<uint64_t, std::shared_ptr<File>> adopted;
@@ -447,7 +445,6 @@ absl::Status SpillTier::Adopt(const v1::DaemonState& state, std::vector<UniqueFd
     file->bytes = in.bytes();
     file->checksum = in.checksum();
     file->state = File::State::kOnDisk;
-    file->journaled = journaled && journal_ != nullptr;
     adopted.emplace(in.id(), std::move(file));
     bytes += in.bytes();
     next_id = std::max(next_id, in.id() + 1);

@@ -58,7 +58,8 @@ class SpillTier {
   SpillTier& operator=(const SpillTier&) = delete;
 
   // Where spilled leases' files are kept for a restart (not owned; outlives
-  // the tier). Set before anything is spilled or adopted.
+  // the tier). Set before anything is spilled or adopted. Every file that
+  // leaves the tier is reported to it (SpillFileGone).
   void SetJournal(StateJournal* journal) { journal_ = journal; }
 
   // Writes all of `lease`'s memory to a new file of the session; `done` gets
@@ -113,12 +114,10 @@ class SpillTier {
   // a fd index out of range, an id out of range or repeated, a file shorter
   // than its bytes, one of a session the state does not hold;
   // then nothing is adopted. Session numbers come from state.sessions' spill.
-  // `journaled`: the journal holds the files already (a restart after a
-  // crash adopts what it kept); they are given back to it when they go.
   absl::Status Export(v1::DaemonState* state, std::vector<UniqueFd>* fds) const
       ABSL_LOCKS_EXCLUDED(mu_);
-  absl::Status Adopt(const v1::DaemonState& state, std::vector<UniqueFd>* fds,
-                     bool journaled = false) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status Adopt(const v1::DaemonState& state, std::vector<UniqueFd>* fds)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Whether file `id` is the session's and holds `bytes`.
   bool Holds(uint64_t session_id, uint64_t id, uint64_t bytes) const ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -134,7 +133,9 @@ class SpillTier {
   void Post(std::function<void(class SpillFileIo&)> job) ABSL_LOCKS_EXCLUDED(mu_);
   void RunWorker();
   void Forget(uint64_t spill_id) ABSL_LOCKS_EXCLUDED(mu_);
-  // Tells the journal that the journaled files `ids` left the tier.
+  // Tells the journal (if any) that the files `ids` left the tier; it
+  // forgets those it holds (kept when written, or adopted by a restart)
+  // and ignores the others.
   void JournalGone(absl::Span<const uint64_t> ids) const;
 
   const SpillOptions options_;
