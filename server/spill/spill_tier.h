@@ -132,7 +132,6 @@ class SpillTier {
   absl::StatusOr<UniqueFd> CreateFile(uint64_t bytes);
   void Post(std::function<void(class SpillFileIo&)> job) ABSL_LOCKS_EXCLUDED(mu_);
   void RunWorker();
-  void Forget(uint64_t spill_id) ABSL_LOCKS_EXCLUDED(mu_);
   // Tells the journal (if any) that the files `ids` left the tier; it
   // forgets those it holds (kept when written, or adopted by a restart)
   // and ignores the others.
