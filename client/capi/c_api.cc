@@ -204,7 +204,7 @@ int actstash_client_copy_share_json(actstash_client* c, double probe_store_bps,
 int actstash_client_reserve(actstash_client* c, uint64_t nbytes, uint64_t* ticket,
                             uintptr_t* data) {
   if (c == nullptr || ticket == nullptr || data == nullptr) return NullHandle();
-  absl::StatusOr<actstash::Reservation> reserved = c->client->Reserve(nbytes);
+  absl::StatusOr<actstash::Reservation> reserved = c->client->ReserveState(nbytes);
   if (!reserved.ok()) return Fail(reserved.status());
   *ticket = reserved->ticket.id;
   *data = reinterpret_cast<uintptr_t>(reserved->data);
@@ -213,7 +213,7 @@ int actstash_client_reserve(actstash_client* c, uint64_t nbytes, uint64_t* ticke
 
 int actstash_client_release(actstash_client* c, uint64_t ticket, uint64_t nbytes) {
   if (c == nullptr) return NullHandle();
-  if (absl::Status s = c->client->Release(actstash::Ticket{ticket, nbytes}); !s.ok()) {
+  if (absl::Status s = c->client->ReleaseState(actstash::Ticket{ticket, nbytes}); !s.ok()) {
     return Fail(s);
   }
   return 0;

@@ -310,6 +310,18 @@ absl::StatusOr<Reservation> Client::Reserve(size_t nbytes) {
   return Reservation{Ticket{placed->ticket, nbytes}, placed->data, placed->pinned};
 }
 
+absl::StatusOr<Reservation> Client::ReserveState(size_t nbytes) {
+  absl::StatusOr<Reservation> reserved = Reserve(nbytes);
+  if (reserved.ok()) impl_->state_bytes.fetch_add(nbytes, std::memory_order_relaxed);
+  return reserved;
+}
+
+absl::Status Client::ReleaseState(const Ticket& ticket) {
+  absl::Status released = Release(ticket);
+  if (released.ok()) impl_->state_bytes.fetch_sub(ticket.nbytes, std::memory_order_relaxed);
+  return released;
+}
+
 absl::StatusOr<Reservation> Client::ReserveOnDevice(size_t nbytes, uint32_t device) {
   if (absl::Status s = impl_->CheckOpen(); !s.ok()) return s;
   size_t index = 0;

@@ -44,6 +44,7 @@ struct Client::Impl final {
   uint64_t segment_bytes = 0;
   bool spill_enabled = false;  // the daemon has a spill tier (OpenSession)
   std::atomic<bool> closed{false};
+  std::atomic<uint64_t> state_bytes{0};  // ReserveState'd and not released
   // Zero-copy data plane (Attach); all null when not attached. Declared in
   // the order they depend on each other, so that they go in reverse: the
   // store unregisters (registrar) and returns (leases) what it unmaps, and
@@ -82,6 +83,7 @@ struct Client::Impl final {
   v1::ClientUsage TotalUsage() {
     v1::ClientUsage total = local->usage();
     device_tiers->AddUsage(&total);
+    total.set_state_bytes(state_bytes.load(std::memory_order_relaxed));
     return total;
   }
   absl::Status ReportUsage() { return ReportUsage(TotalUsage()); }

@@ -14,12 +14,13 @@ UsageReporter::UsageReporter(std::chrono::milliseconds interval, Read read, Send
 void UsageReporter::Tick() {
   const v1::ClientUsage usage = read_();
   if (usage.stores() == last_stores_ && usage.fetches() == last_fetches_ &&
-      usage.objects() == last_objects_) {
+      usage.objects() == last_objects_ && usage.state_bytes() == last_state_bytes_) {
     return;
   }
   last_stores_ = usage.stores();
   last_fetches_ = usage.fetches();
   last_objects_ = usage.objects();
+  last_state_bytes_ = usage.state_bytes();
   send_(usage);
 }
 

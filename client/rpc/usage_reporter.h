@@ -44,6 +44,7 @@ class UsageReporter {
   uint64_t last_stores_ = 0;
   uint64_t last_fetches_ = 0;
   uint64_t last_objects_ = 0;
+  uint64_t last_state_bytes_ = 0;
   PeriodicWorker worker_;  // last: destroyed (stopped, joined) before the rest
 };
 

@@ -142,10 +142,11 @@ class StashCollector final : public prometheus::Collectable {
       out.push_back(std::move(family));
     }
     // Zero-copy traffic is placed by the clients; they report it (ReportUsage).
-    double local_stored = 0, local_fetched = 0;
+    double local_stored = 0, local_fetched = 0, state_bytes = 0;
     for (const v1::SessionStats& s : stats.all_sessions()) {
       local_stored += static_cast<double>(s.client().bytes_stored());
       local_fetched += static_cast<double>(s.client().bytes_fetched());
+      state_bytes += static_cast<double>(s.client().state_bytes());
     }
     MetricFamily local = Family("actstash_zero_copy_bytes",
                                 "Bytes stored/fetched by open sessions through the zero-copy "
@@ -154,6 +155,12 @@ class StashCollector final : public prometheus::Collectable {
     AddValue(&local, local_stored, {{"direction", "stored"}});
     AddValue(&local, local_fetched, {{"direction", "fetched"}});
     out.push_back(std::move(local));
+    MetricFamily state = Family("actstash_optimizer_state_bytes",
+                                "Long-lived state (optimizer moments, master weights) that open "
+                                "sessions keep in leased pool memory, as their clients report it",
+                                MetricType::Gauge);
+    AddValue(&state, state_bytes);
+    out.push_back(std::move(state));
     if (stats.has_spill()) AddSpill(stats, &out);
     return out;
   }

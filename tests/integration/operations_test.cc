@@ -92,6 +92,22 @@ TEST(OperationsTest, MetricsAreScrapedAndMove) {
   EXPECT_EQ(after["actstash_rpc_errors_total{code=\"NOT_FOUND\",method=\"actstash.v1.Stash/Get\"}"],
             1);
   EXPECT_GT(after["actstash_pool_bytes{state=\"used\"}"], 0);
+  EXPECT_EQ(after["actstash_optimizer_state_bytes"], 0);
+
+  // Long-lived state (an optimizer's) is counted apart from activations, by
+  // the client and, once reported, by the daemon; releasing it uncounts it.
+  absl::StatusOr<Reservation> state = client->ReserveState(5 << 20);
+  ASSERT_TRUE(state.ok()) << state.status();
+  absl::StatusOr<Reservation> activation = client->Reserve(2 << 20);
+  ASSERT_TRUE(activation.ok()) << activation.status();
+  EXPECT_EQ(client->zero_copy_usage().state_bytes(), 5u << 20);
+  ASSERT_TRUE(client->Stats().ok());  // reports the client's usage
+  EXPECT_EQ(Scrape(port)["actstash_optimizer_state_bytes"], 5.0 * (1 << 20));
+  ASSERT_TRUE(client->ReleaseState(state->ticket).ok());
+  EXPECT_EQ(client->ReleaseState(state->ticket).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(client->zero_copy_usage().state_bytes(), 0u) << "a failed release uncounts nothing";
+  ASSERT_TRUE(client->Stats().ok());
+  EXPECT_EQ(Scrape(port)["actstash_optimizer_state_bytes"], 0);
 }
 
 // The CLI's stdout (and stderr) for `args`; its exit code must be `exit_code`.

@@ -244,6 +244,12 @@ class Client {
   // fails (UNAVAILABLE) instead of pointing at another session's memory;
   // finish the copies into and out of them before Close.
   absl::StatusOr<Reservation> ReserveOnDevice(size_t nbytes, uint32_t device);
+  // Long-lived state in leased memory (an optimizer's moments and master
+  // weights): Reserve'd, never marked written, so never spilled, and
+  // counted apart from activations (ClientUsage.state_bytes, which the
+  // daemon's /metrics sums). ReleaseState gives one back (Release's errors).
+  absl::StatusOr<Reservation> ReserveState(size_t nbytes);
+  absl::Status ReleaseState(const Ticket& ticket);
   // The daemon's device pools, as announced when the session opened.
   const std::vector<DevicePoolInfo>& device_pools() const;
   // Where a zero-copy ticket's bytes lie, for the caller to copy them out;

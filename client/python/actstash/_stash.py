@@ -430,9 +430,9 @@ class Stash:
             # or restarted; attach connections made again after a restart.
             out["daemon_pauses"] = info["daemon_pauses"]
             out["daemon_reattaches"] = info["daemon_reattaches"]
-            # Optimizer state this session keeps in the pool (actstash.optim).
-            from actstash import optim
-            out["optimizer_state_bytes"] = optim.state_bytes(self._client)
+            # Optimizer state this session keeps in the pool (actstash.optim:
+            # reserve()d buffers, which the client counts and reports).
+            out["optimizer_state_bytes"] = usage["state_bytes"]
             out["spilled_now_bytes"] = usage["spilled_bytes"]  # on the daemon's disk now
             out["spills"] = usage["spills"]
             out["restores"] = usage["restores"]

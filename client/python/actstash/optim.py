@@ -6,7 +6,8 @@
 
 Adam's two moments (and amsgrad's maximum) of every parameter live in leased
 memory of the node's pool, under the session's quota and the node's budget,
-not in the trainer's heap: stats()["optimizer_state_bytes"] counts them. It is
+not in the trainer's heap: stats()["optimizer_state_bytes"] counts them (and the
+daemon's /metrics, actstash_optimizer_state_bytes, sums them over sessions). It is
 a torch.optim.AdamW: param groups, schedulers, state_dict() and
 load_state_dict() in torch's format (a run resumes with or without actstash).
 
@@ -22,7 +23,6 @@ GPU path, with fp32 master weights for bf16 models, is not built yet).
 process, as Megatron's optimizer offload fraction does.
 """
 import ctypes
-import threading
 
 import torch
 
@@ -38,13 +38,11 @@ class _PoolBuffer:
         self.nbytes = nbytes
         self.ticket, self.address = client.reserve(nbytes)
         self.client = client
-        _count(client, nbytes)
 
     def __del__(self):
         client, self.client = getattr(self, "client", None), None
         if client is None:
             return
-        _count(client, -self.nbytes)
         try:
             client.release(self.ticket, self.nbytes)
         except Exception:  # the session is gone: so is the buffer
@@ -54,21 +52,6 @@ class _PoolBuffer:
         array = (ctypes.c_byte * self.nbytes).from_address(self.address)
         array._owner = self  # keeps the buffer while any view of it lives
         return torch.frombuffer(array, dtype=like.dtype, count=like.numel()).view(like.shape)
-
-
-_lock = threading.Lock()
-_bytes = {}  # id(native client) -> optimizer state bytes in its pool
-
-
-def _count(client, delta):
-    with _lock:
-        _bytes[id(client)] = _bytes.get(id(client), 0) + delta
-
-
-def state_bytes(client):
-    """Bytes of optimizer state the client's session holds in the pool now."""
-    with _lock:
-        return _bytes.get(id(client), 0)
 
 
 # What torch's AdamW keeps per parameter beside its step.
