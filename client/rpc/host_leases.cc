@@ -74,26 +74,28 @@ absl::Status HostLeases::Return(absl::Span<const uint64_t> lease_ids) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::vector<uint64_t>> HostLeases::Spill(absl::Span<const uint64_t> lease_ids,
-                                                        uint64_t* return_bytes) {
+absl::StatusOr<std::vector<SpillFile>> HostLeases::Spill(absl::Span<const uint64_t> lease_ids,
+                                                         uint64_t* return_bytes) {
   v1::SpillRequest request;
   for (uint64_t id : lease_ids) request.add_lease_ids(id);
   v1::SpillReply reply;
   if (absl::Status s = rpc_.Call(&v1::Stash::Stub::Spill, request, &reply, "Spill"); !s.ok()) {
     return s;
   }
-  std::vector<uint64_t> ids;
-  for (const v1::SpilledLease& spilled : reply.spilled()) ids.push_back(spilled.spill_id());
+  std::vector<SpillFile> files;
+  for (const v1::SpilledLease& spilled : reply.spilled()) {
+    files.push_back(SpillFile{spilled.spill_id(), spilled.checksum()});
+  }
   *return_bytes = reply.return_bytes();
-  return ids;
+  return files;
 }
 
-absl::Status HostLeases::Restore(uint64_t spill_id, uint64_t lease_id) {
+absl::Status HostLeases::Restore(uint64_t spill_id, uint64_t lease_id, bool* resent) {
   v1::RestoreRequest request;
   request.set_spill_id(spill_id);
   request.set_lease_id(lease_id);
   v1::RestoreReply reply;
-  return rpc_.Call(&v1::Stash::Stub::Restore, request, &reply, "Restore");
+  return rpc_.Call(&v1::Stash::Stub::Restore, request, &reply, "Restore", resent);
 }
 
 absl::Status HostLeases::DropSpilled(absl::Span<const uint64_t> spill_ids) {

@@ -37,9 +37,9 @@ class HostLeases final : public LeaseBackend {
     return rpc_.GoneError(what, consequence);
   }
   bool CanSpill() const override { return can_spill_; }
-  absl::StatusOr<std::vector<uint64_t>> Spill(absl::Span<const uint64_t> lease_ids,
-                                              uint64_t* return_bytes) override;
-  absl::Status Restore(uint64_t spill_id, uint64_t lease_id) override;
+  absl::StatusOr<std::vector<SpillFile>> Spill(absl::Span<const uint64_t> lease_ids,
+                                               uint64_t* return_bytes) override;
+  absl::Status Restore(uint64_t spill_id, uint64_t lease_id, bool* resent) override;
   absl::Status DropSpilled(absl::Span<const uint64_t> spill_ids) override;
 
  private:

@@ -68,9 +68,11 @@ class SessionRpc {
   template <typename Request, typename Reply>
   absl::Status Call(grpc::Status (v1::Stash::Stub::*method)(grpc::ClientContext*, const Request&,
                                                             Reply*),
-                    const Request& request, Reply* reply, const char* what) const {
+                    const Request& request, Reply* reply, const char* what,
+                    bool* resent = nullptr) const {
     return Retrying(
-        what, [&](grpc::ClientContext* ctx) { return ((*stub_).*method)(ctx, request, reply); });
+        what, [&](grpc::ClientContext* ctx) { return ((*stub_).*method)(ctx, request, reply); },
+        resent);
   }
   // Runs `attempt(ctx)` (one whole call of the stub, a Put or Get stream
   // included, on a Prepare'd context bounded by the call's deadline) and
@@ -88,14 +90,16 @@ class SessionRpc {
   // until one gets through (a daemon that is gone does not cost every call
   // its limit). A call the
   // daemon refused is never repeated: an unreachable or draining daemon has
-  // not run it.
+  // not run it, but one that crashed may have run it and lost its answer:
+  // `resent` (if set) says whether the call was sent more than once, for a
+  // caller whose call is not idempotent (a Restore deletes its spill).
   //
   // A Put is resent too: a stopping daemon cancels the calls it has not
   // started, and waits for those it runs to send their status first, so a
   // CANCELLED Put was not stored (were its status lost after it was, the
   // copy stored first would hold quota until its session ends).
   template <typename Attempt>
-  absl::Status Retrying(const char* what, Attempt attempt) const {
+  absl::Status Retrying(const char* what, Attempt attempt, bool* resent = nullptr) const {
     const auto deadline = std::chrono::system_clock::now() + rpc_timeout();
     auto until = deadline;
     grpc::Status pause;
@@ -118,6 +122,7 @@ class SessionRpc {
         return Fail(pause, what);
       }
       if (!Paused(status)) return Fail(status, what);
+      if (resent != nullptr) *resent = true;
       if (!again) {
         paused_calls_.fetch_add(1, std::memory_order_relaxed);
         pause = status;

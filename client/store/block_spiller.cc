@@ -6,6 +6,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/checksum.h"
 #include "common/clock.h"
 
 namespace actstash::client_internal {
@@ -118,7 +119,7 @@ absl::StatusOr<bool> BlockSpiller::SpillColdest(uint32_t max_blocks, uint64_t* r
   if (chosen.empty()) return false;
   const uint64_t start = MonotonicNowNs();
   uint64_t asked_back = 0;
-  absl::StatusOr<std::vector<uint64_t>> ids = backend_.Spill(lease_ids, &asked_back);
+  absl::StatusOr<std::vector<SpillFile>> ids = backend_.Spill(lease_ids, &asked_back);
   if (return_bytes != nullptr) *return_bytes = asked_back;
   if (ids.ok() && ids->size() != chosen.size()) {
     ids = absl::InternalError(absl::StrCat("the daemon answered ", ids->size(), " spill ids for ",
@@ -136,7 +137,8 @@ absl::StatusOr<bool> BlockSpiller::SpillColdest(uint32_t max_blocks, uint64_t* r
         continue;
       }
       table_.Move(block, BlockEvent::kSpillDone);
-      block->spill_id = (*ids)[i];
+      block->spill_id = (*ids)[i].id;
+      block->spill_checksum = (*ids)[i].checksum;
       table_.Evict(block);
       if (block->allocator.empty()) {  // released while it was being written
         drop.push_back(block->spill_id);
@@ -287,10 +289,15 @@ absl::Status BlockSpiller::RestoreBlock(Block* block, bool may_spill) {
     target = ArenaToRestoreInto(block, may_spill, turn);
   }
   if (!target.ok()) return give_up(target.status());
-  absl::Status status = backend_.Restore(block->spill_id, (*target)->lease_id);
+  bool resent = false;
+  absl::Status status = backend_.Restore(block->spill_id, (*target)->lease_id, &resent);
+  if (absl::IsNotFound(status) && resent && ReadBackBeforeRestart(*block, **target)) {
+    status = absl::OkStatus();
+  }
   absl::MutexLock lock(&table_.mu());
   if (status.ok()) {
     block->spill_id = 0;
+    block->spill_checksum = 0;
     table_.Move(block, BlockEvent::kRestoreDone);
     return absl::OkStatus();
   }
@@ -309,6 +316,15 @@ absl::Status BlockSpiller::RestoreBlock(Block* block, bool may_spill) {
   const absl::Status error = block->error;
   if (block->allocator.empty()) table_.DeleteBlock(block);
   return error;
+}
+
+bool BlockSpiller::ReadBackBeforeRestart(const Block& block, const Arena& arena) {
+  // The daemon deletes a spill once it has read it back, then answers; one
+  // that crashed between the two restarts without the spill while its
+  // bytes are in the lease (the lease's memory outlives it). Their XXH3
+  // tells that apart from a spill lost with the daemon.
+  return block.spill_checksum != 0 && arena.bytes == block.bytes &&
+         Xxh3(arena.base, arena.bytes) == block.spill_checksum;
 }
 
 void BlockSpiller::RestoreAhead(uint64_t seq) {

@@ -89,6 +89,11 @@ class BlockSpiller {
   absl::StatusOr<Arena*> ArenaToRestoreInto(Block* block, bool may_spill,
                                             const ArenaLeases::Turn& turn)
       ABSL_LOCKS_EXCLUDED(table_.mu());
+  // Whether `arena`, into which a Restore of `block`'s spill was sent more
+  // than once and answered NOT_FOUND, holds the spill's bytes: the daemon
+  // read it back before it restarted. Reads the arena's bytes (the block is
+  // kRestoring: nothing writes them).
+  static bool ReadBackBeforeRestart(const Block& block, const Arena& arena);
   // Queues read-backs of the spilled blocks stored just before `seq` (no
   // spilling for a read ahead: it uses memory that is free).
   void RestoreAhead(uint64_t seq) ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_.mu());

@@ -65,6 +65,7 @@ class BlockTable {
     BlockState state = BlockState::kResident;  // changed only by Move
     Arena* arena = nullptr;                    // null while spilled (or lost)
     uint64_t spill_id = 0;                     // while on the daemon's disk
+    uint64_t spill_checksum = 0;               // its bytes' XXH3 then (0: unknown)
     uint64_t last_seq = 0;                     // the newest buffer placed in it
     uint32_t unwritten = 0;                    // Reserve'd buffers not marked written
     uint32_t pins = 0;                         // located buffers and copies in progress

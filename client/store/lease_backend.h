@@ -16,6 +16,13 @@
 
 namespace actstash::client_internal {
 
+// A lease's bytes on the daemon's disk: the spill's id and the XXH3 64 of
+// the bytes written (0 when the daemon did not say).
+struct SpillFile {
+  uint64_t id = 0;
+  uint64_t checksum = 0;
+};
+
 // Called with no LocalStore lock held, by one thread at a time for Lease.
 class LeaseBackend {
  public:
@@ -34,18 +41,20 @@ class LeaseBackend {
   // names the daemon's address and how to start it again.
   virtual absl::Status GoneError(absl::string_view what, absl::string_view consequence) const;
   // Spill tier (the daemon's disk). Without one (the default) nothing
-  // spills. Spill writes whole leases and answers one spill id per lease,
-  // all or nothing; the leases stay this client's. Restore reads a spill
-  // back into a lease of the same size and deletes it; DropSpilled deletes
-  // spills no longer needed. Any thread, concurrently.
+  // spills. Spill writes whole leases and answers one spill per lease, all
+  // or nothing; the leases stay this client's. Restore reads a spill back
+  // into a lease of the same size and deletes it; `resent` says whether
+  // the call went to the daemon more than once (it restarted meanwhile), so
+  // that a NOT_FOUND may follow a read-back done before it went down.
+  // DropSpilled deletes spills no longer needed. Any thread, concurrently.
   virtual bool CanSpill() const { return false; }
   // `return_bytes`: how much memory the daemon asks back (another session
   // waits for the pool and this one holds more than its share).
-  virtual absl::StatusOr<std::vector<uint64_t>> Spill(absl::Span<const uint64_t> lease_ids,
-                                                      uint64_t* return_bytes) {
+  virtual absl::StatusOr<std::vector<SpillFile>> Spill(absl::Span<const uint64_t> lease_ids,
+                                                       uint64_t* return_bytes) {
     return absl::UnimplementedError("no spill tier");
   }
-  virtual absl::Status Restore(uint64_t spill_id, uint64_t lease_id) {
+  virtual absl::Status Restore(uint64_t spill_id, uint64_t lease_id, bool* resent) {
     return absl::UnimplementedError("no spill tier");
   }
   virtual absl::Status DropSpilled(absl::Span<const uint64_t> spill_ids) {

@@ -28,21 +28,23 @@ void SpillObjects(StashCore& core, const std::shared_ptr<Session>& session, uint
     const std::byte* data = object->data();
     const uint64_t nbytes = object->meta().nbytes;
     StoredObject* raw = object.get();
-    tier->SpillBytes(
-        session, data, nbytes, std::move(object),
-        [tier, raw, nbytes, progress, session_id = session->id()](absl::StatusOr<uint64_t> id) {
-          // The tier's job holds the object until this returns.
-          const uint64_t drop = raw->FinishSpill(id, tier);
-          if (drop != 0) (void)tier->Drop(session_id, absl::MakeConstSpan(&drop, 1));
-          uint64_t spilled = 0;
-          {
-            absl::MutexLock lock(&progress->mu);
-            if (id.ok() && drop == 0) progress->spilled += nbytes;
-            if (--progress->pending > 0) return;
-            spilled = progress->spilled;
-          }
-          progress->done(spilled);
-        });
+    tier->SpillBytes(session, data, nbytes, std::move(object),
+                     [tier, raw, nbytes, progress,
+                      session_id = session->id()](absl::StatusOr<SpillTier::Written> file) {
+                       // The tier's job holds the object until this returns.
+                       const absl::StatusOr<uint64_t> id =
+                           file.ok() ? absl::StatusOr<uint64_t>(file->id) : file.status();
+                       const uint64_t drop = raw->FinishSpill(id, tier);
+                       if (drop != 0) (void)tier->Drop(session_id, absl::MakeConstSpan(&drop, 1));
+                       uint64_t spilled = 0;
+                       {
+                         absl::MutexLock lock(&progress->mu);
+                         if (id.ok() && drop == 0) progress->spilled += nbytes;
+                         if (--progress->pending > 0) return;
+                         spilled = progress->spilled;
+                       }
+                       progress->done(spilled);
+                     });
   }
 }
 

@@ -42,39 +42,42 @@ struct SpillCall {
   absl::Mutex mu;
   size_t pending ABSL_GUARDED_BY(mu) = 0;
   absl::Status status ABSL_GUARDED_BY(mu);
-  std::vector<uint64_t> spill_ids ABSL_GUARDED_BY(mu);
+  std::vector<SpillTier::Written> written ABSL_GUARDED_BY(mu);  // id 0: not (yet) written
   std::vector<uint64_t> lease_ids;
   std::vector<uint64_t> bytes;
 
-  void Done(size_t index, absl::StatusOr<uint64_t> id) {
+  void Done(size_t index, absl::StatusOr<SpillTier::Written> file) {
     bool last = false;
     {
       absl::MutexLock lock(&mu);
-      if (id.ok()) {
-        spill_ids[index] = *id;
+      if (file.ok()) {
+        written[index] = *file;
       } else if (status.ok()) {
-        status = id.status();
+        status = file.status();
       }
       last = --pending == 0;
     }
     if (!last) return;
     absl::Status result;
-    std::vector<uint64_t> written;
+    std::vector<SpillTier::Written> files;
     {
       absl::MutexLock lock(&mu);
       result = status;
-      for (uint64_t spilled : spill_ids) {
-        if (spilled != 0) written.push_back(spilled);
-      }
+      files = written;
     }
     if (!result.ok()) {
-      (void)core->spill->Drop(session_id, written);  // all or nothing
+      std::vector<uint64_t> drop;
+      for (const SpillTier::Written& file : files) {
+        if (file.id != 0) drop.push_back(file.id);
+      }
+      (void)core->spill->Drop(session_id, drop);  // all or nothing
     } else {
-      for (size_t i = 0; i < written.size(); ++i) {
+      for (size_t i = 0; i < files.size(); ++i) {
         v1::SpilledLease* spilled = reply->add_spilled();
         spilled->set_lease_id(lease_ids[i]);
-        spilled->set_spill_id(written[i]);
+        spilled->set_spill_id(files[i].id);
         spilled->set_bytes(bytes[i]);
+        spilled->set_checksum(files[i].checksum);
       }
       reply->set_return_bytes(BytesAboveFairShare(*core, session_id, session->leased_bytes()));
     }
@@ -121,7 +124,7 @@ grpc::ServerUnaryReactor* StashService::Spill(grpc::CallbackServerContext* ctx,
   {
     absl::MutexLock lock(&call->mu);
     call->pending = leases.size();
-    call->spill_ids.assign(leases.size(), 0);
+    call->written.assign(leases.size(), SpillTier::Written{});
   }
   for (const auto& lease : leases) {
     call->lease_ids.push_back(lease->id());
@@ -129,8 +132,9 @@ grpc::ServerUnaryReactor* StashService::Spill(grpc::CallbackServerContext* ctx,
   }
   grpc::ServerUnaryReactor* reactor = call->reactor;
   for (size_t i = 0; i < leases.size(); ++i) {
-    core_->spill->Spill(*session, leases[i],
-                        [call, i](absl::StatusOr<uint64_t> id) { call->Done(i, std::move(id)); });
+    core_->spill->Spill(*session, leases[i], [call, i](absl::StatusOr<SpillTier::Written> file) {
+      call->Done(i, std::move(file));
+    });
   }
   return reactor;
 }

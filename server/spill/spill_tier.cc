@@ -208,7 +208,7 @@ void SpillTier::SpillBytes(std::shared_ptr<Session> session, const std::byte* da
     }
     const uint64_t elapsed = MonotonicNowNs() - start;
     UniqueFd to_close;
-    absl::StatusOr<uint64_t> result = id;
+    absl::StatusOr<Written> result = Written{id, checksum};
     {
       absl::MutexLock lock(&mu_);
       totals_.set_writing_bytes(totals_.writing_bytes() - bytes);

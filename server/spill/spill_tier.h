@@ -62,11 +62,17 @@ class SpillTier {
   // leaves the tier is reported to it (SpillFileGone).
   void SetJournal(StateJournal* journal) { journal_ = journal; }
 
+  // A file written: its spill id and the XXH3 of the bytes it holds.
+  struct Written {
+    uint64_t id = 0;
+    uint64_t checksum = 0;
+  };
   // Writes all of `lease`'s memory to a new file of the session; `done` gets
-  // its spill id. RESOURCE_EXHAUSTED (with the numbers) when --spill-size or
-  // the disk is full: nothing stays on disk, the memory is untouched. The
-  // caller must not let the lease's memory change until `done` runs.
-  using SpillDone = std::function<void(absl::StatusOr<uint64_t>)>;
+  // its spill id and checksum. RESOURCE_EXHAUSTED (with the numbers) when
+  // --spill-size or the disk is full: nothing stays on disk, the memory is
+  // untouched. The caller must not let the lease's memory change until
+  // `done` runs.
+  using SpillDone = std::function<void(absl::StatusOr<Written>)>;
   void Spill(std::shared_ptr<Session> session, std::shared_ptr<Lease> lease, SpillDone done) {
     std::byte* data = lease->data();
     const uint64_t bytes = lease->bytes();

@@ -12,10 +12,12 @@
 #include <random>
 #include <set>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
 #include "client/store/local_store.h"
+#include "common/checksum.h"
 #include "common/unique_fd.h"
 
 namespace actstash::client_internal {
@@ -60,12 +62,12 @@ class SpillingBackend : public LeaseBackend {
   }
   bool Lost() const override { return false; }
   bool CanSpill() const override { return true; }
-  absl::StatusOr<std::vector<uint64_t>> Spill(absl::Span<const uint64_t> ids,
-                                              uint64_t* return_bytes) override {
+  absl::StatusOr<std::vector<SpillFile>> Spill(absl::Span<const uint64_t> ids,
+                                               uint64_t* return_bytes) override {
     absl::MutexLock lock(&mu_);
     *return_bytes = 0;
     if (fail_spills_) return absl::ResourceExhaustedError("fake disk full");
-    std::vector<uint64_t> out;
+    std::vector<SpillFile> out;
     for (uint64_t id : ids) {
       std::vector<std::byte> bytes;
       for (const UniqueFd& fd : fds_.at(id)) {
@@ -73,31 +75,44 @@ class SpillingBackend : public LeaseBackend {
         bytes.resize(at + kSegment);
         EXPECT_EQ(pread(fd.get(), bytes.data() + at, kSegment, 0), static_cast<ssize_t>(kSegment));
       }
-      disk_[next_spill_] = std::move(bytes);
-      out.push_back(next_spill_++);
+      out.push_back(SpillFile{next_spill_, Xxh3(bytes.data(), bytes.size())});
+      disk_[next_spill_++] = std::move(bytes);
       ++spills_;
     }
     return out;
   }
-  absl::Status Restore(uint64_t spill_id, uint64_t lease_id) override {
+  absl::Status Restore(uint64_t spill_id, uint64_t lease_id, bool* resent) override {
     ++restore_calls_;
     std::this_thread::sleep_for(restore_delay_);  // an RPC in flight: nothing locked
     absl::MutexLock lock(&mu_);
     auto it = disk_.find(spill_id);
     if (it == disk_.end()) return absl::NotFoundError("no such spill");
+    if (crash_ != Crash::kNone) {
+      // The daemon goes down during the call; the call is sent again to its
+      // successor, which no longer has the spill.
+      const Crash crash = std::exchange(crash_, Crash::kNone);
+      if (crash == Crash::kAfterReadBack) RestoreLocked(it->second, lease_id);
+      disk_.erase(it);
+      *resent = true;
+      return absl::NotFoundError("no spilled segment in this session");
+    }
     if (corrupt_.count(spill_id) > 0) {
       disk_.erase(it);
       return absl::DataLossError("fake checksum mismatch");
     }
-    const std::vector<UniqueFd>& fds = fds_.at(lease_id);
-    EXPECT_EQ(it->second.size(), fds.size() * kSegment);
-    for (size_t i = 0; i < fds.size(); ++i) {
-      EXPECT_EQ(pwrite(fds[i].get(), it->second.data() + i * kSegment, kSegment, 0),
-                static_cast<ssize_t>(kSegment));
-    }
+    RestoreLocked(it->second, lease_id);
     disk_.erase(it);
     ++restores_;
     return absl::OkStatus();
+  }
+  void RestoreLocked(const std::vector<std::byte>& bytes, uint64_t lease_id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const std::vector<UniqueFd>& fds = fds_.at(lease_id);
+    EXPECT_EQ(bytes.size(), fds.size() * kSegment);
+    for (size_t i = 0; i < fds.size(); ++i) {
+      EXPECT_EQ(pwrite(fds[i].get(), bytes.data() + i * kSegment, kSegment, 0),
+                static_cast<ssize_t>(kSegment));
+    }
   }
   absl::Status DropSpilled(absl::Span<const uint64_t> ids) override {
     absl::MutexLock lock(&mu_);
@@ -117,6 +132,10 @@ class SpillingBackend : public LeaseBackend {
   std::map<uint64_t, std::vector<UniqueFd>> fds_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, std::vector<std::byte>> disk_ ABSL_GUARDED_BY(mu_);
   std::set<uint64_t> corrupt_ ABSL_GUARDED_BY(mu_);
+  // The next Restore meets a daemon crash: after it read the spill back
+  // and deleted it (the answer lost), or with the spill lost.
+  enum class Crash { kNone, kAfterReadBack, kSpillLost };
+  Crash crash_ ABSL_GUARDED_BY(mu_) = Crash::kNone;
   bool fail_spills_ ABSL_GUARDED_BY(mu_) = false;
   int spills_ ABSL_GUARDED_BY(mu_) = 0;
   int restores_ ABSL_GUARDED_BY(mu_) = 0;
@@ -352,6 +371,42 @@ TEST(LocalStoreSpillTest, ABlockReadAheadAndSpilledAgainUnreadIsReadAheadAgain) 
   EXPECT_LE(usage.restores_ahead(), usage.restores());
   absl::MutexLock lock(&backend.mu_);
   EXPECT_TRUE(backend.disk_.empty());
+}
+
+TEST(LocalStoreSpillTest, ARestoreWhoseAnswerWasLostInACrashFindsItsBytesInTheLease) {
+  // The daemon reads a spill back into the lease, deletes the spill, and
+  // crashes before it answers; its successor answers the resent Restore
+  // NOT_FOUND. The lease holds the bytes (its memory outlived the daemon):
+  // the read goes on. Where the spill was lost instead, the lease's bytes
+  // are not the spill's, and the read fails with NOT_FOUND.
+  for (const auto crash :
+       {SpillingBackend::Crash::kAfterReadBack, SpillingBackend::Crash::kSpillLost}) {
+    SCOPED_TRACE(crash == SpillingBackend::Crash::kAfterReadBack ? "read back" : "lost");
+    SpillingBackend backend(2);
+    LocalStore store(&backend, kSegment, 1, nullptr, false, /*restore_ahead=*/0);
+    std::vector<Held> held = StoreMany(store, 6, 768 << 10, 70);
+    ASSERT_EQ(held.size(), 6u);
+    ASSERT_GE(store.usage().spilled_leases(), 1u);
+    {
+      absl::MutexLock lock(&backend.mu_);
+      backend.crash_ = crash;
+    }
+    std::vector<std::byte> back(held[0].data.size());
+    const absl::Status status = store.Fetch(held[0].ticket, back.data(), back.size());
+    {
+      absl::MutexLock lock(&backend.mu_);
+      ASSERT_EQ(backend.crash_, SpillingBackend::Crash::kNone) << "no Restore was sent";
+    }
+    if (crash == SpillingBackend::Crash::kAfterReadBack) {
+      ASSERT_TRUE(status.ok()) << status;
+      EXPECT_EQ(0, std::memcmp(back.data(), held[0].data.data(), back.size()));
+      for (size_t i = 1; i < held.size(); ++i) ExpectBack(store, held[i]);
+    } else {
+      EXPECT_EQ(status.code(), absl::StatusCode::kNotFound) << status;
+      EXPECT_NE(std::string(status.message()).find("cannot be read back"), std::string::npos);
+    }
+    for (const Held& h : held) EXPECT_TRUE(store.Release(h.ticket).ok());
+  }
 }
 
 TEST(LocalStoreSpillTest, AReadWaitsForAReadAheadThatHoldsTheLastOfTheQuota) {
