@@ -15,6 +15,12 @@ each variant's GB/s is set beside the second. Medians of --repeats
 steps after a warm-up step; ratios against torch's foreach AdamW and
 DeepSpeed's, measured in the same run.
 
+With --dtype bf16 the parameters and gradients are bf16 and every variant
+keeps fp32 master weights: torch's AdamW runs on fp32 copies stepped with the
+gradients cast to fp32, then rounded into the parameters (what a mixed-
+precision trainer does by hand, and what OffloadAdamW does with its masters in
+the pool); DeepSpeedCPUAdam is not measured there.
+
 Last, the trainer's own memory: RssAnon (/proc/self/statm: resident minus
 shared) of a child process holding the parameters and gradients after one
 step of torch's AdamW, and of one with OffloadAdamW (its states are the
@@ -22,6 +28,7 @@ daemon's shared pool memory, not the trainer's anonymous memory); both with
 glibc's mmap threshold at 128 KiB, so that freed temporaries are not counted.
 
     python3 bench/optimizer_bench.py [--params 100M] [--tensor 4M] [--threads N]
+                                     [--dtype fp32|bf16]
 """
 import argparse
 import os
@@ -43,20 +50,42 @@ import actstash  # noqa: E402
 from actstash.optim import OffloadAdamW  # noqa: E402
 
 
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
 def parse_count(text):
     scale = {"K": 10**3, "M": 10**6, "G": 10**9, "B": 10**9}
     return int(float(text[:-1]) * scale[text[-1].upper()]) if text[-1].upper() in scale \
         else int(text)
 
 
-def make_params(total, per_tensor, seed):
+def make_params(total, per_tensor, seed, dtype=torch.float32):
     torch.manual_seed(seed)
     sizes = [per_tensor] * (total // per_tensor) + ([total % per_tensor] if total % per_tensor
                                                     else [])
-    params = [torch.nn.Parameter(torch.randn(n) * 0.02) for n in sizes]
+    params = [torch.nn.Parameter((torch.randn(n) * 0.02).to(dtype)) for n in sizes]
     for p in params:
-        p.grad = torch.randn(p.numel()) * 1e-3
+        p.grad = (torch.randn(p.numel()) * 1e-3).to(dtype)
     return params
+
+
+class MasterWeights:
+    """torch's AdamW on fp32 copies of low-precision parameters: the gradients cast to
+    fp32 before the step, the masters rounded into the parameters after it."""
+
+    def __init__(self, params, **kwargs):
+        self.params = params
+        self.masters = [p.detach().float() for p in params]
+        self.opt = torch.optim.AdamW(self.masters, **kwargs)
+
+    @torch.no_grad()
+    def step(self):
+        for p, m in zip(self.params, self.masters):
+            m.grad = p.grad.float()
+        self.opt.step()
+        for p, m in zip(self.params, self.masters):
+            m.grad = None
+            p.copy_(m)
 
 
 def median_seconds(fn, repeats):
@@ -99,24 +128,27 @@ def deepspeed_adam():
         return None, f"{type(error).__name__}: {str(error).splitlines()[0][:160]}"
 
 
-def rss_child(socket, total, per_tensor, offload):
+def rss_child(socket, total, per_tensor, offload, dtype):
     """In a child: one AdamW step, then prints RssAnon in bytes."""
     from actstash_testing.memory import rss_anon
-    params = make_params(total, per_tensor, 0)
+    params = make_params(total, per_tensor, 0, dtype)
     if offload:
-        stash = actstash.connect(socket, quota=10 * total + (256 << 20))
+        stash = actstash.connect(socket, quota=14 * total + (256 << 20))
         opt = OffloadAdamW(params, stash)
-    else:
+    elif dtype == torch.float32:
         opt = torch.optim.AdamW(params, foreach=False)
+    else:
+        opt = MasterWeights(params, foreach=False)
     opt.step()
     print(rss_anon())
 
 
-def rss_of(socket, total, per_tensor, offload):
+def rss_of(socket, total, per_tensor, offload, dtype_name):
     from actstash_testing.memory import MMAP_THRESHOLD_ENV
     # Freed temporaries go back to the system: RssAnon is what the trainer holds.
     child = subprocess.run([sys.executable, __file__, "--rss-child", socket, str(total),
-                            str(per_tensor), str(int(offload))], capture_output=True, text=True,
+                            str(per_tensor), str(int(offload)), dtype_name],
+                           capture_output=True, text=True,
                            env=dict(os.environ, **MMAP_THRESHOLD_ENV))
     if child.returncode != 0:
         raise SystemExit("the RssAnon child failed: " + child.stderr[-2000:])
@@ -125,20 +157,25 @@ def rss_of(socket, total, per_tensor, offload):
 
 def main():
     if sys.argv[1:2] == ["--rss-child"]:
-        socket, total, per_tensor, offload = sys.argv[2:6]
-        return rss_child(socket, int(total), int(per_tensor), offload == "1")
+        socket, total, per_tensor, offload, dtype_name = sys.argv[2:7]
+        return rss_child(socket, int(total), int(per_tensor), offload == "1",
+                         DTYPES[dtype_name])
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--params", default="100M")
     parser.add_argument("--tensor", default="4M", help="elements per parameter tensor")
     parser.add_argument("--threads", type=int, default=os.cpu_count())
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default="fp32",
+                        help="the parameters' and gradients' dtype (bf16: fp32 master weights)")
     parser.add_argument("--no-rss", action="store_true",
                         help="skip the RssAnon children (they hold the parameters again)")
     args = parser.parse_args()
     total, per_tensor = parse_count(args.params), parse_count(args.tensor)
     torch.set_num_threads(args.threads)
     hyper = dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2)
-    state_bytes = 8 * total
+    dtype = DTYPES[args.dtype]
+    masters = dtype != torch.float32
+    state_bytes = (12 if masters else 8) * total
     # Buffers are placed in whole segments: room for what packing leaves unused.
     room = int(1.1 * state_bytes) + (256 << 20)
     # Room for the bench's own states and, beside the leases it retains, the RssAnon
@@ -150,13 +187,14 @@ def main():
     stash = actstash.connect(daemon.socket, quota=room)
     rows = []
     try:
+        torch_adamw = MasterWeights if masters else torch.optim.AdamW
         variants = [
-            ("torch foreach=False", lambda ps: torch.optim.AdamW(ps, foreach=False, **hyper)),
-            ("torch foreach=True", lambda ps: torch.optim.AdamW(ps, foreach=True, **hyper))]
+            ("torch foreach=False", lambda ps: torch_adamw(ps, foreach=False, **hyper)),
+            ("torch foreach=True", lambda ps: torch_adamw(ps, foreach=True, **hyper))]
         try:
             torch.optim.AdamW(make_params(8, 8, 0), fused=True).step()
             variants.append(
-                ("torch fused", lambda ps: torch.optim.AdamW(ps, fused=True, **hyper)))
+                ("torch fused", lambda ps: torch_adamw(ps, fused=True, **hyper)))
         except Exception as error:  # torch < 2.4 has no CPU fused AdamW
             print(f"torch fused: not in torch {torch.__version__} ({str(error)[:80]})")
         variants += [("actstash exact (pool)",
@@ -164,14 +202,14 @@ def main():
                      ("actstash fast (pool)",
                       lambda ps: OffloadAdamW(ps, stash, mode="fast", threads=args.threads,
                                               **hyper))]
-        ds_class, ds_why = deepspeed_adam()
+        ds_class, ds_why = (None, "not with master weights here") if masters else deepspeed_adam()
         if ds_class is not None:
             variants.append(("DeepSpeedCPUAdam", lambda ps: ds_class(ps, adamw_mode=True,
                                                                      **hyper)))
         else:
             print(f"DeepSpeedCPUAdam: not measured ({ds_why})")
         for name, make in variants:
-            params = make_params(total, per_tensor, 0)
+            params = make_params(total, per_tensor, 0, dtype)
             opt = make(params)
             seconds = time_steps(opt, args.repeats)
             rows.append((name, seconds))
@@ -179,21 +217,25 @@ def main():
         gbps = memcpy_gbps(4 * total, args.repeats)
         inplace = inplace_add_gbps(4 * total, args.repeats)
         if not args.no_rss:
-            rss_plain = rss_of(daemon.socket, total, per_tensor, offload=False)
-            rss_offload = rss_of(daemon.socket, total, per_tensor, offload=True)
+            rss_plain = rss_of(daemon.socket, total, per_tensor, False, args.dtype)
+            rss_offload = rss_of(daemon.socket, total, per_tensor, True, args.dtype)
     finally:
         stash.close()
         daemon.stop()
     by_name = dict(rows)
     base = by_name["torch foreach=True"]
     ds = by_name.get("DeepSpeedCPUAdam")
-    print(f"AdamW step over {total:,} fp32 parameters in tensors of {per_tensor:,}, "
-          f"{args.threads} threads, torch {torch.__version__}; medians of {args.repeats}")
+    print(f"AdamW step over {total:,} {args.dtype} parameters in tensors of {per_tensor:,}"
+          f"{' (fp32 master weights)' if masters else ''}, {args.threads} threads, "
+          f"torch {torch.__version__}; medians of {args.repeats}")
     print(f"memcpy of {4 * total / 2**20:.0f} MiB: {gbps:.1f} GB/s (read + written); "
           f"in-place a += b: {inplace:.1f} GB/s")
     print(f"{'variant':24}{'ms/step':>10}{'Mparams/s':>11}{'GB/s':>8}{'/a+=b':>9}"
           f"{'vs foreach':>12}{'vs DeepSpeed':>14}")
     for name, seconds in rows:
+        # fp32: read p, g, m, v (16 bytes), write p, m, v (12); with masters: read the
+        # master, g (2), m, v, write the master, m, v and p (2): 28 too, the cast
+        # gradient's temporary not counted.
         moved = 28 * total / seconds / 1e9
         vs_ds = f"{ds / seconds:>14.2f}" if ds else f"{'-':>14}"
         print(f"{name:24}{1e3 * seconds:>10.1f}{total / seconds / 1e6:>11.1f}{moved:>8.1f}"
@@ -202,7 +244,8 @@ def main():
         return
     print(f"trainer RssAnon after one step: torch AdamW {rss_plain / 2**20:,.0f} MiB, "
           f"OffloadAdamW {rss_offload / 2**20:,.0f} MiB (states {state_bytes / 2**20:,.0f} MiB "
-          f"in the pool): {(rss_plain - rss_offload) / 2**20:,.0f} MiB less")
+          f"in the pool{', masters included' if masters else ''}): "
+          f"{(rss_plain - rss_offload) / 2**20:,.0f} MiB less")
 
 
 if __name__ == "__main__":

@@ -2,8 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <thread>
 #include <vector>
+
+#include "kernels/bf16.cuh"
 
 namespace actstash::kernels {
 namespace {
@@ -45,6 +48,37 @@ void Update(float* __restrict p, const float* __restrict g, float* __restrict m,
   }
 }
 
+inline float FloatOfBits(uint32_t bits) {
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+inline uint32_t BitsOfFloat(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, sizeof bits);
+  return bits;
+}
+
+// Update with a bf16 gradient and the bf16 parameter written beside its
+// master `p`: the same operations in the same order.
+ACTSTASH_ADAMW_CLONES
+void UpdateBf16(float* __restrict p, const uint16_t* __restrict g, float* __restrict m,
+                float* __restrict v, uint16_t* __restrict out, size_t n, Scalars s) {
+  for (size_t i = 0; i < n; ++i) {
+    const float grad = FloatOfBits(Bf16BitsToFp32Bits(g[i]));
+    const float param = p[i] * s.decay;
+    const float avg = m[i] + (grad - m[i]) * s.one_minus_b1;
+    const float sq = v[i] * s.b2 + s.one_minus_b2 * grad * grad;
+    const float denom = std::sqrt(sq) * s.inv_bc2_sqrt + s.eps;
+    const float updated = param - s.step_size * (avg / denom);
+    m[i] = avg;
+    v[i] = sq;
+    p[i] = updated;
+    out[i] = Fp32BitsToBf16Bits(BitsOfFloat(updated));
+  }
+}
+
 // Elements per thread below which another thread costs more than it saves.
 constexpr size_t kMinPerThread = size_t{1} << 16;
 
@@ -79,7 +113,12 @@ void AdamWStepCpu(const AdamWTensor* tensors, size_t count, const AdamWHyper& hy
       const size_t hi = std::min(end, at + x.n);
       if (lo >= hi) continue;
       const size_t o = lo - at;
-      Update(x.param + o, x.grad + o, x.exp_avg + o, x.exp_avg_sq + o, hi - lo, s);
+      if (x.grad_bf16 != nullptr) {
+        UpdateBf16(x.param + o, x.grad_bf16 + o, x.exp_avg + o, x.exp_avg_sq + o, x.param_bf16 + o,
+                   hi - lo, s);
+      } else {
+        Update(x.param + o, x.grad + o, x.exp_avg + o, x.exp_avg_sq + o, hi - lo, s);
+      }
     }
   };
   std::vector<std::thread> pool;

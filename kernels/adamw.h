@@ -38,11 +38,18 @@ struct AdamWHyper {
 
 // One tensor's arrays: n elements each (grad read-only).
 struct AdamWTensor {
-  float* param = nullptr;
+  float* param = nullptr;  // an fp32 parameter, or a bf16 one's fp32 master weight
   const float* grad = nullptr;
   float* exp_avg = nullptr;
   float* exp_avg_sq = nullptr;
   size_t n = 0;
+  // A bf16 parameter (both set, `grad` then unused): its gradient, read as
+  // fp32 (exact), and the parameter itself, written with `param` rounded to
+  // nearest even (kernels/bf16.cuh) once it is updated. The same bits as
+  // the fp32 step on the cast gradient followed by a cast of the master: one
+  // pass over memory, no fp32 gradient.
+  const uint16_t* grad_bf16 = nullptr;
+  uint16_t* param_bf16 = nullptr;
 };
 
 // Updates every tensor in place, splitting their elements over up to

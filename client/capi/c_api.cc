@@ -10,6 +10,7 @@
 #include <string>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "actstash/client.h"
 #include "actstash/copy_engine.h"
 #include "actstash/saved_tensors.h"
@@ -219,24 +220,56 @@ int actstash_client_release(actstash_client* c, uint64_t ticket, uint64_t nbytes
   return 0;
 }
 
-int actstash_adamw_step(uint64_t count, const uintptr_t* params, const uintptr_t* grads,
-                        const uintptr_t* exp_avgs, const uintptr_t* exp_avg_sqs,
-                        const uint64_t* sizes, double lr, double beta1, double beta2, double eps,
-                        double weight_decay, uint64_t step, int threads) {
-  if (count > 0 && (params == nullptr || grads == nullptr || exp_avgs == nullptr ||
-                    exp_avg_sqs == nullptr || sizes == nullptr)) {
-    return Fail(absl::InvalidArgumentError("adamw_step: a null array"));
+namespace {
+
+// Both AdamW entry points; `params_bf16` null for the fp32 one.
+int AdamWStep(const char* what, uint64_t count, const uintptr_t* params, const uintptr_t* grads,
+              const uintptr_t* exp_avgs, const uintptr_t* exp_avg_sqs, const uintptr_t* params_bf16,
+              bool bf16, const uint64_t* sizes, double lr, double beta1, double beta2, double eps,
+              double weight_decay, uint64_t step, int threads) {
+  if (count > 0 &&
+      (params == nullptr || grads == nullptr || exp_avgs == nullptr || exp_avg_sqs == nullptr ||
+       sizes == nullptr || (bf16 && params_bf16 == nullptr))) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat(what, ": a null array")));
   }
-  if (step == 0) return Fail(absl::InvalidArgumentError("adamw_step: steps count from 1"));
+  if (step == 0)
+    return Fail(absl::InvalidArgumentError(absl::StrCat(what, ": steps count from 1")));
   std::vector<actstash::kernels::AdamWTensor> tensors(count);
   for (uint64_t i = 0; i < count; ++i) {
-    tensors[i] = {reinterpret_cast<float*>(params[i]), reinterpret_cast<const float*>(grads[i]),
-                  reinterpret_cast<float*>(exp_avgs[i]), reinterpret_cast<float*>(exp_avg_sqs[i]),
-                  static_cast<size_t>(sizes[i])};
+    actstash::kernels::AdamWTensor& t = tensors[i];
+    t.param = reinterpret_cast<float*>(params[i]);
+    t.exp_avg = reinterpret_cast<float*>(exp_avgs[i]);
+    t.exp_avg_sq = reinterpret_cast<float*>(exp_avg_sqs[i]);
+    t.n = static_cast<size_t>(sizes[i]);
+    if (bf16) {
+      t.grad_bf16 = reinterpret_cast<const uint16_t*>(grads[i]);
+      t.param_bf16 = reinterpret_cast<uint16_t*>(params_bf16[i]);
+    } else {
+      t.grad = reinterpret_cast<const float*>(grads[i]);
+    }
   }
   actstash::kernels::AdamWHyper hyper{lr, beta1, beta2, eps, weight_decay, step};
   actstash::kernels::AdamWStepCpu(tensors.data(), tensors.size(), hyper, threads);
   return 0;
+}
+
+}  // namespace
+
+int actstash_adamw_step(uint64_t count, const uintptr_t* params, const uintptr_t* grads,
+                        const uintptr_t* exp_avgs, const uintptr_t* exp_avg_sqs,
+                        const uint64_t* sizes, double lr, double beta1, double beta2, double eps,
+                        double weight_decay, uint64_t step, int threads) {
+  return AdamWStep("adamw_step", count, params, grads, exp_avgs, exp_avg_sqs, nullptr, false, sizes,
+                   lr, beta1, beta2, eps, weight_decay, step, threads);
+}
+
+int actstash_adamw_step_bf16(uint64_t count, const uintptr_t* masters, const uintptr_t* grads_bf16,
+                             const uintptr_t* exp_avgs, const uintptr_t* exp_avg_sqs,
+                             const uintptr_t* params_bf16, const uint64_t* sizes, double lr,
+                             double beta1, double beta2, double eps, double weight_decay,
+                             uint64_t step, int threads) {
+  return AdamWStep("adamw_step_bf16", count, masters, grads_bf16, exp_avgs, exp_avg_sqs,
+                   params_bf16, true, sizes, lr, beta1, beta2, eps, weight_decay, step, threads);
 }
 
 int actstash_engine_create(actstash_client* client, const char* options_json,

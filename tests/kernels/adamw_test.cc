@@ -11,6 +11,8 @@
 #include <random>
 #include <vector>
 
+#include "kernels/bf16.h"
+
 namespace actstash::kernels {
 namespace {
 
@@ -95,6 +97,58 @@ TEST(AdamWTest, TheSameBitsWhateverTheThreadsAndOperationByOperation) {
     ASSERT_EQ(std::memcmp(one[t].p.data(), ref[t].p.data(), sizes[t] * 4), 0) << t;
     ASSERT_EQ(std::memcmp(one[t].m.data(), ref[t].m.data(), sizes[t] * 4), 0) << t;
   }
+}
+
+TEST(AdamWTest, Bf16ParametersAreTheFp32StepOnTheCastGradientThenACast) {
+  // Masters stepped with bf16 gradients, the bf16 parameters written beside
+  // them, against the fp32 step on the gradients cast to fp32 followed by a
+  // cast of the masters: the same bits, whatever the threads.
+  const std::vector<size_t> sizes = {3, 70001, 65536, 129};
+  std::vector<State> fp32;
+  std::vector<std::vector<uint16_t>> grads, params;
+  for (size_t t = 0; t < sizes.size(); ++t) {
+    State s = Random(sizes[t], static_cast<uint32_t>(100 + t));
+    std::vector<uint16_t> g(sizes[t]);
+    Fp32ToBf16Cpu(s.g.data(), g.data(), g.size());
+    Bf16ToFp32Cpu(g.data(), s.g.data(), g.size());  // the exact fp32 of the bf16 gradient
+    grads.push_back(std::move(g));
+    params.emplace_back(sizes[t], uint16_t{0});
+    fp32.push_back(std::move(s));
+  }
+  std::vector<State> mixed = fp32;
+  for (int threads : {1, 3}) {
+    SCOPED_TRACE(threads);
+    AdamWHyper hyper;
+    hyper.lr = 1e-2;
+    hyper.weight_decay = 0.1;
+    for (uint64_t step = 1; step <= 4; ++step) {
+      hyper.step = step;
+      std::vector<State*> plain;
+      for (State& s : fp32) plain.push_back(&s);
+      Step(plain, hyper, threads);
+      std::vector<AdamWTensor> tensors;
+      for (size_t t = 0; t < sizes.size(); ++t) {
+        AdamWTensor x{mixed[t].p.data(), nullptr, mixed[t].m.data(), mixed[t].v.data(), sizes[t]};
+        x.grad_bf16 = grads[t].data();
+        x.param_bf16 = params[t].data();
+        tensors.push_back(x);
+      }
+      AdamWStepCpu(tensors.data(), tensors.size(), hyper, threads);
+      for (size_t t = 0; t < sizes.size(); ++t) {
+        ASSERT_EQ(std::memcmp(fp32[t].p.data(), mixed[t].p.data(), sizes[t] * 4), 0) << t;
+        ASSERT_EQ(std::memcmp(fp32[t].m.data(), mixed[t].m.data(), sizes[t] * 4), 0) << t;
+        ASSERT_EQ(std::memcmp(fp32[t].v.data(), mixed[t].v.data(), sizes[t] * 4), 0) << t;
+        std::vector<uint16_t> cast(sizes[t]);
+        Fp32ToBf16Cpu(fp32[t].p.data(), cast.data(), cast.size());
+        ASSERT_EQ(cast, params[t]) << t;
+      }
+    }
+  }
+  // The parameters moved away from their first values' rounding.
+  std::vector<uint16_t> first(sizes[1]);
+  State again = Random(sizes[1], 101);
+  Fp32ToBf16Cpu(again.p.data(), first.data(), first.size());
+  EXPECT_NE(first, params[1]);
 }
 
 TEST(AdamWTest, CloseToAdamWInDouble) {

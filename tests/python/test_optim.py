@@ -2,9 +2,11 @@
 same seed: Adam's states live in the daemon's pool (the session's leased
 memory: the daemon's pool usage and stats() say so), and the parameters after
 20 steps with gradient accumulation, clip_grad_norm_ and bf16 autocast are
-bitwise equal in the default mode; state_dict() resumes bitwise with or
-without actstash; bad parameters and a quota too small are refused at
-construction with nothing kept; mode="fast" (the C++ step) stays within its
+bitwise equal in the default mode; bf16 and fp16 models get fp32 master
+weights in the pool, bitwise equal to torch's AdamW on fp32 copies stepped
+with the cast gradients; state_dict() resumes bitwise with or without
+actstash; bad parameters and a quota too small are refused at construction
+with nothing kept; mode="fast" (the C++ step) stays within its
 stated tolerance."""
 import copy
 import gc
@@ -132,8 +134,8 @@ def test_bad_parameters_and_a_small_quota_are_refused_with_nothing_kept(fresh_da
     try:
         with pytest.raises(ValueError, match="not contiguous"):
             OffloadAdamW([torch.nn.Parameter(torch.zeros(8, 8).t())], stash)
-        with pytest.raises(ValueError, match="not fp32"):
-            OffloadAdamW([torch.nn.Parameter(torch.zeros(8, dtype=torch.bfloat16))], stash)
+        with pytest.raises(ValueError, match="not fp32, bf16 or fp16"):
+            OffloadAdamW([torch.nn.Parameter(torch.zeros(8, dtype=torch.float64))], stash)
         with pytest.raises(ValueError, match="several devices"):
             OffloadAdamW([torch.nn.Parameter(torch.zeros(8)),
                           torch.nn.Parameter(torch.zeros(8, device="meta"))], stash)
@@ -210,5 +212,140 @@ def test_fast_mode_stays_within_its_tolerance(fresh_daemon):
         assert abs(expected - actual) <= 1e-3 * abs(expected), (expected, actual)
         with pytest.raises(ValueError, match="amsgrad"):
             OffloadAdamW(ours.parameters(), stash, amsgrad=True, mode="fast")
+    finally:
+        stash.close()
+
+
+class _MasterReference:
+    """What mixed-precision training with fp32 master weights does, with torch's own
+    optimizer: torch.optim.AdamW(foreach=False) on fp32 copies of the parameters,
+    stepped with the gradients cast to fp32, the result rounded into the parameters."""
+
+    def __init__(self, model, **kwargs):
+        self.params = list(model.parameters())
+        self.masters = [p.detach().float().clone() for p in self.params]
+        self.opt = torch.optim.AdamW(self.masters, foreach=False, **kwargs)
+
+    def step(self):
+        for p, m in zip(self.params, self.masters):
+            m.grad = None if p.grad is None else p.grad.float()
+        self.opt.step()
+        with torch.no_grad():
+            for p, m in zip(self.params, self.masters):
+                p.copy_(m)
+
+    def zero_grad(self, set_to_none=True):
+        for p in self.params:
+            p.grad = None
+
+
+def _low_precision_model(dtype, seed=0):
+    model = _model(seed).to(dtype)
+    try:
+        loss_fn(model, torch.zeros(1, 33, dtype=torch.long)).backward()
+    except RuntimeError as error:  # torch 1.13 has few fp16 CPU kernels
+        pytest.skip(f"this torch cannot train a {dtype} model on the CPU: {error}")
+    model.zero_grad(set_to_none=True)
+    return model
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_low_precision_parameters_get_fp32_master_weights_in_the_pool(fresh_daemon, dtype):
+    torch.set_num_threads(1)
+    plain = _low_precision_model(dtype)
+    ours = copy.deepcopy(plain)
+    reference = _MasterReference(plain, lr=3e-3, weight_decay=0.1)
+    stash = actstash.connect(fresh_daemon.socket)
+    try:
+        before = stash.client.stats()["pool"]["used_bytes"]
+        opt = OffloadAdamW(ours.parameters(), stash, lr=3e-3, weight_decay=0.1)
+        expected = _state_bytes(ours, moments=3)  # the master and two moments, fp32
+        assert opt.offloaded_bytes == expected
+        assert stash.stats()["optimizer_state_bytes"] >= expected
+        assert stash.client.stats()["pool"]["used_bytes"] - before >= expected
+        _train(plain, reference, STEPS)
+        _train(ours, opt, STEPS)
+        for a, b, master in zip(plain.parameters(), ours.parameters(), reference.masters):
+            assert b.dtype == dtype
+            assert torch.equal(a, b)
+            state = opt.state[b]
+            assert torch.equal(state["master_weight"], master)
+            ra = reference.opt.state[master]
+            for key in ("exp_avg", "exp_avg_sq"):
+                assert state[key].dtype == torch.float32
+                assert torch.equal(state[key], ra[key])
+            assert float(state["step"]) == STEPS
+            for key in ("master_weight", "exp_avg", "exp_avg_sq"):
+                assert "actstash-segment" in _mapping_of(state[key].data_ptr())
+        # The masters moved: 20 steps changed what rounding alone would keep.
+        assert any(not torch.equal(m, m.to(dtype).float()) for m in reference.masters)
+        # torch's AdamW on the bf16 parameters themselves is another computation.
+        lone = _low_precision_model(dtype)
+        lone_opt = torch.optim.AdamW(lone.parameters(), lr=3e-3, weight_decay=0.1,
+                                     foreach=False)
+        _train(lone, lone_opt, STEPS)
+        assert any(not torch.equal(a, b) for a, b in zip(lone.parameters(), ours.parameters()))
+    finally:
+        stash.close()
+
+
+def test_master_weights_resume_bitwise_and_fraction_keeps_some_in_the_process(fresh_daemon):
+    torch.set_num_threads(1)
+    stash = actstash.connect(fresh_daemon.socket)
+    try:
+        straight = _low_precision_model(torch.bfloat16, seed=4)
+        first = copy.deepcopy(straight)
+        reference = _MasterReference(straight, lr=1e-3)
+        _train(straight, reference, STEPS)
+
+        opt = OffloadAdamW(first.parameters(), stash, lr=1e-3)
+        _train(first, opt, STEPS // 2)
+        saved = copy.deepcopy(opt.state_dict())
+        for state in saved["state"].values():  # saved as they are: fp32, not the params' dtype
+            assert state["master_weight"].dtype == state["exp_avg"].dtype == torch.float32
+        weights = copy.deepcopy(first.state_dict())
+        resumed = _low_precision_model(torch.bfloat16, seed=4)
+        resumed.load_state_dict(weights)
+        opt2 = OffloadAdamW(resumed.parameters(), stash, lr=1e-3, fraction=0.5)
+        total = _state_bytes(resumed, moments=3)
+        assert 0 < opt2.offloaded_bytes <= total / 2
+        pooled = {id(p) for p in opt2._pooled}
+        in_process = [p for p in resumed.parameters() if id(p) not in pooled]
+        assert in_process
+        for p in in_process:
+            assert "actstash-segment" not in _mapping_of(opt2.state[p]["master_weight"].data_ptr())
+        opt2.load_state_dict(copy.deepcopy(saved))
+        _train(resumed, opt2, STEPS // 2, start=STEPS // 2)
+        for a, b in zip(straight.parameters(), resumed.parameters()):
+            assert torch.equal(a, b)
+        for p, master in zip(resumed.parameters(), reference.masters):
+            assert torch.equal(opt2.state[p]["master_weight"], master)
+    finally:
+        stash.close()
+
+
+def test_fast_mode_steps_the_master_weights(fresh_daemon):
+    """With the same bf16 gradients, the C++ step keeps the fp32 master within the fp32
+    tolerance of torch's step on an fp32 copy, and the parameter is the master rounded."""
+    torch.set_num_threads(2)
+    stash = actstash.connect(fresh_daemon.socket)
+    try:
+        torch.manual_seed(0)
+        start = torch.randn(100_000).to(torch.bfloat16)
+        grads = [(torch.randn(100_000) * 0.1).to(torch.bfloat16) for _ in range(STEPS)]
+        a = torch.nn.Parameter(start.clone())
+        b = torch.nn.Parameter(start.clone())
+        reference = _MasterReference(torch.nn.ParameterList([a]), lr=3e-3, weight_decay=0.1)
+        opt = OffloadAdamW([b], stash, lr=3e-3, weight_decay=0.1, mode="fast")
+        master = opt.state[b]["master_weight"]
+        assert "actstash-segment" in _mapping_of(master.data_ptr())
+        for g in grads:
+            a.grad, b.grad = g.clone(), g.clone()
+            reference.step()
+            opt.step()
+        gap = (reference.masters[0] - master).abs().max().item()
+        assert gap <= 2e-5 * 3e-3 * STEPS, gap
+        assert not torch.equal(master, start.float())  # it moved
+        assert torch.equal(b, master.to(torch.bfloat16))
     finally:
         stash.close()

@@ -33,7 +33,7 @@ extern "C" {
  * actstash_describe_json exports the constants, defaults and counter names;
  * actstash_parse_size.
  * 5: actstash_client_copy_share_json. */
-#define ACTSTASH_C_API_VERSION 6
+#define ACTSTASH_C_API_VERSION 7
 
 #if defined(__GNUC__)
 #define ACTSTASH_API __attribute__((visibility("default")))
@@ -108,6 +108,17 @@ ACTSTASH_API int actstash_adamw_step(uint64_t count, const uintptr_t* params,
                                      const uintptr_t* exp_avg_sqs, const uint64_t* sizes, double lr,
                                      double beta1, double beta2, double eps, double weight_decay,
                                      uint64_t step, int threads);
+/* The same step for bf16 parameters with fp32 master weights: tensor i's
+ * fp32 master at masters[i] and moments are updated with the bf16 gradient
+ * at grads_bf16[i] (read as fp32, exactly), and the bf16 parameter at
+ * params_bf16[i] gets the new master rounded to nearest even: the bits of
+ * actstash_adamw_step on the cast gradient followed by a cast. */
+ACTSTASH_API int actstash_adamw_step_bf16(uint64_t count, const uintptr_t* masters,
+                                          const uintptr_t* grads_bf16, const uintptr_t* exp_avgs,
+                                          const uintptr_t* exp_avg_sqs,
+                                          const uintptr_t* params_bf16, const uint64_t* sizes,
+                                          double lr, double beta1, double beta2, double eps,
+                                          double weight_decay, uint64_t step, int threads);
 
 /* Flags of actstash_engine_pack. */
 #define ACTSTASH_ELEMENT_SIZE_MASK 0xF /* bits 0-3: element size in bytes */

@@ -50,7 +50,7 @@ def _declare(lib, name, restype, *argtypes):
     return fn
 
 
-_C_API_VERSION = 6  # settings as JSON, describe_json, copy_share, reserve, adamw_step; JSON below
+_C_API_VERSION = 7  # settings JSON, describe_json, copy_share, reserve, adamw_step*; JSON below
 if _declare(_c, "c_api_version", _int)() != _C_API_VERSION:
     raise ImportError(f"actstash: {_PATH} has C API version {_c.actstash_c_api_version()}, "
                       f"this package needs {_C_API_VERSION} (mixed installs?)")
@@ -75,6 +75,8 @@ _uptrp = ctypes.POINTER(ctypes.c_size_t)
 # The GIL is released while it runs (CDLL).
 adamw_step = _declare(_c, "adamw_step", _int, _u64, _uptrp, _uptrp, _uptrp, _uptrp, _u64p, _d,
                       _d, _d, _d, _d, _u64, _int)
+adamw_step_bf16 = _declare(_c, "adamw_step_bf16", _int, _u64, _uptrp, _uptrp, _uptrp, _uptrp,
+                           _uptrp, _u64p, _d, _d, _d, _d, _d, _u64, _int)
 
 
 class EngineCallbacks(ctypes.Structure):

@@ -15,10 +15,18 @@ mode="exact" (the default) runs torch's own AdamW (foreach=False) on those
 states: parameters bitwise equal to torch.optim.AdamW(foreach=False).
 mode="fast" runs actstash's multi-threaded C++ step (kernels/adamw.h): every
 operation rounded on its own, so results may differ from torch's by a few ulps
-per step; amsgrad and maximize are not offered there.
+per step; amsgrad and maximize are not offered there. For bf16 parameters it
+reads the bf16 gradients and writes the parameters in the same pass as the
+masters.
 
-Parameters must be fp32, dense, contiguous and on the CPU (a CPU trainer; the
-GPU path, with fp32 master weights for bf16 models, is not built yet).
+Parameters must be dense, contiguous and on the CPU (a CPU trainer; the GPU
+path is not built yet), fp32, bf16 or fp16. A bf16 or fp16 parameter gets an
+fp32 master weight in the pool beside its fp32 moments (state key
+"master_weight"): the step runs on the master with the gradient cast to fp32,
+then rounds the master into the parameter, the mixed-precision recipe of
+Megatron and DeepSpeed. In the default mode that is bitwise what
+torch.optim.AdamW(foreach=False) does to fp32 copies of the parameters given
+the cast gradients, followed by param.copy_(master).
 `fraction` < 1 keeps the states of the last parameters (by bytes) in the
 process, as Megatron's optimizer offload fraction does.
 """
@@ -56,6 +64,9 @@ class _PoolBuffer:
 
 # What torch's AdamW keeps per parameter beside its step.
 _MOMENTS = ("exp_avg", "exp_avg_sq")
+# A bf16/fp16 parameter's fp32 copy, which the step updates.
+_MASTER = "master_weight"
+_LOW_PRECISION = (torch.bfloat16, torch.float16)
 
 
 def _scalar_dtype():
@@ -93,33 +104,51 @@ class OffloadAdamW(torch.optim.AdamW):
             raise _lib.StashError("OffloadAdamW: the states go to leased pool memory, which needs "
                                   "an attached client (a local daemon on a Unix socket): "
                                   + str(client.attach_error))
-        keys = _MOMENTS + (("max_exp_avg_sq",) if amsgrad else ())
-        total = sum(p.numel() * p.element_size() for p in params)
-        budget = fraction * total
+        moments = _MOMENTS + (("max_exp_avg_sq",) if amsgrad else ())
+
+        def keys_of(p):
+            return moments + ((_MASTER,) if p.dtype in _LOW_PRECISION else ())
+
+        # States are fp32: 4 bytes per element and key, whatever the parameter's dtype.
+        need = {p: 4 * p.numel() * len(keys_of(p)) for p in params}
+        budget = fraction * sum(need.values())
         self._pooled = []
+        self._masters = {}  # bf16/fp16 parameter -> its fp32 master weight
+        self._scratch = None  # their gradients cast to fp32 (_fp32_grad)
         taken = 0
         buffers = []
         try:
             for p in params:
-                nbytes = p.numel() * p.element_size()
-                if taken + nbytes > budget + 0.5:
-                    continue
-                taken += nbytes
+                pooled = taken + need[p] <= budget + 0.5
+                if not pooled and p.dtype not in _LOW_PRECISION:
+                    continue  # torch creates its states at the first step
                 state = {"step": torch.tensor(0.0, dtype=_scalar_dtype())}
-                for key in keys:
-                    buffer = _PoolBuffer(client, max(nbytes, 1))
-                    buffers.append(buffer)
-                    state[key] = buffer.tensor(p).zero_()
+                like = torch.empty(p.shape, dtype=torch.float32, device="meta")
+                for key in keys_of(p):
+                    if pooled:
+                        buffer = _PoolBuffer(client, max(4 * p.numel(), 1))
+                        buffers.append(buffer)
+                        state[key] = buffer.tensor(like)
+                    else:
+                        state[key] = torch.empty(p.shape, dtype=torch.float32)
+                    if key == _MASTER:
+                        state[key].copy_(p.detach())
+                        self._masters[p] = state[key]
+                    else:
+                        state[key].zero_()
                 self.state[p] = state
-                self._pooled.append(p)
+                if pooled:
+                    taken += need[p]
+                    self._pooled.append(p)
         except _lib.StashFull as full:
             self.state.clear()
             self._pooled = []
+            self._masters = {}
             del buffers  # every reservation goes back with its views
             raise _lib.StashFull(
-                f"OffloadAdamW: the states need {len(keys) * budget:,.0f} bytes of pool memory "
-                f"({len(keys)} per byte of {budget:,.0f} bytes of parameters); the session "
-                f"cannot hold them ({full}); nothing was kept") from None
+                f"OffloadAdamW: the states need {budget:,.0f} bytes of pool memory (fp32 "
+                f"moments, and master weights for bf16/fp16 parameters); the session cannot "
+                f"hold them ({full}); nothing was kept") from None
 
     @property
     def offloaded_bytes(self):
@@ -128,32 +157,82 @@ class OffloadAdamW(torch.optim.AdamW):
                    for key, t in self.state[p].items() if key != "step")
 
     def load_state_dict(self, state_dict):
-        """torch's load_state_dict, then the loaded moments go into this optimizer's pool
-        buffers (a state saved by torch.optim.AdamW loads too)."""
-        pool = {p: {k: v for k, v in self.state[p].items() if k != "step"} for p in self._pooled}
+        """torch's load_state_dict, then the loaded states go into this optimizer's fp32
+        buffers (the pool's, and the masters kept in the process) as they were saved, not
+        cast to the parameter's dtype as torch casts them. A state saved by
+        torch.optim.AdamW loads too; a bf16/fp16 parameter saved without a master weight
+        gets one from the parameter."""
+        ours = {p: {k: v for k, v in self.state[p].items() if k != "step"}
+                for p in set(self._pooled) | set(self._masters)}
+        saved = {}  # parameter -> the state it was saved with, uncast
+        for saved_group, group in zip(state_dict["param_groups"], self.param_groups):
+            for index, p in zip(saved_group["params"], group["params"]):
+                if index in state_dict["state"]:
+                    saved[p] = state_dict["state"][index]
         super().load_state_dict(state_dict)
-        for p, views in pool.items():
+        for p, views in ours.items():
             state = self.state[p]
             if "step" in state:  # torch 2.x may keep the caller's tensor: not stepped in place
                 state["step"] = state["step"].clone()
+            else:
+                state["step"] = torch.tensor(0.0, dtype=_scalar_dtype())
+            source = saved.get(p, {})
             for key, view in views.items():
-                if key in state:
-                    view.copy_(state[key])
+                if key in source:
+                    view.copy_(source[key])
+                elif key == _MASTER:
+                    view.copy_(p.detach())
                 else:
                     view.zero_()
                 state[key] = view
 
     @torch.no_grad()
     def step(self, closure=None):
-        if self._mode == "exact":
-            return super().step(closure)
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        if self._mode == "exact":
+            self._step_exact()
+        else:
+            self._step_fast()
+        return loss
+
+    def _step_exact(self):
+        """torch's own step: on the fp32 parameters at once, then on each master alone
+        (the group holding only it, its gradient cast to fp32 for that while)."""
+        if not self._masters:
+            return super().step()
+        kept = [group["params"] for group in self.param_groups]
+        try:
+            for group, params in zip(self.param_groups, kept):
+                group["params"] = [p for p in params if p not in self._masters]
+            super().step()
+            for group in self.param_groups:
+                group["params"] = []
+            for group, params in zip(self.param_groups, kept):
+                for p in params:
+                    master = self._masters.get(p)
+                    if master is None or p.grad is None:
+                        continue
+                    group["params"] = [master]
+                    self.state[master] = self.state[p]  # the same dict: stepped in place
+                    master.grad = self._fp32_grad(p)
+                    try:
+                        super().step()
+                    finally:
+                        master.grad = None
+                        del self.state[master]
+                        group["params"] = []
+                    p.copy_(master)
+        finally:
+            for group, params in zip(self.param_groups, kept):
+                group["params"] = params
+
+    def _step_fast(self):
         for group in self.param_groups:
             beta1, beta2 = group["betas"]
-            buckets = {}
+            buckets = {}  # (step, bf16) -> [(param, fp32 target, gradient, state)]
             for p in group["params"]:
                 if p.grad is None:
                     continue
@@ -165,24 +244,62 @@ class OffloadAdamW(torch.optim.AdamW):
                     for key in _MOMENTS:
                         state[key] = torch.zeros_like(p, memory_format=torch.preserve_format)
                 state["step"] += 1
+                master = self._masters.get(p)
                 grad = p.grad if p.grad.is_contiguous() else p.grad.contiguous()
-                buckets.setdefault(int(state["step"].item()), []).append((p, grad, state))
-            for step, items in buckets.items():
-                n = len(items)
-                arrays = [(ctypes.c_size_t * n)() for _ in range(4)]
-                sizes = (ctypes.c_uint64 * n)()
-                for i, (p, grad, state) in enumerate(items):
-                    arrays[0][i] = p.data_ptr()
-                    arrays[1][i] = grad.data_ptr()
-                    arrays[2][i] = state["exp_avg"].data_ptr()
-                    arrays[3][i] = state["exp_avg_sq"].data_ptr()
-                    sizes[i] = p.numel()
-                code = _lib.adamw_step(n, *arrays, sizes, float(group["lr"]), float(beta1),
-                                       float(beta2), float(group["eps"]),
-                                       float(group["weight_decay"]), step, int(self._threads))
-                if code:
-                    _lib.raise_for(code)
-        return loss
+                bf16 = master is not None and p.dtype == torch.bfloat16
+                buckets.setdefault((int(state["step"].item()), bf16), []).append(
+                    (p, p if master is None else master, grad, state))
+            for (step, bf16), items in buckets.items():
+                self._fast_bucket(group, step, bf16, items, beta1, beta2)
+
+    def _fast_bucket(self, group, step, bf16, items, beta1, beta2):
+        """One C++ step over tensors at the same step count. bf16 parameters: the kernel
+        reads their gradients and writes them beside their masters. fp16 ones: the
+        gradient is cast into a scratch buffer, the master rounded into the parameter
+        after."""
+        hyper = (float(group["lr"]), float(beta1), float(beta2), float(group["eps"]),
+                 float(group["weight_decay"]), step, int(self._threads))
+        if bf16 or all(target is p for p, target, _, _ in items):
+            n = len(items)
+            arrays = [(ctypes.c_size_t * n)() for _ in range(5)]
+            sizes = (ctypes.c_uint64 * n)()
+            for i, (p, target, grad, state) in enumerate(items):
+                arrays[0][i] = target.data_ptr()
+                arrays[1][i] = grad.data_ptr()
+                arrays[2][i] = state["exp_avg"].data_ptr()
+                arrays[3][i] = state["exp_avg_sq"].data_ptr()
+                arrays[4][i] = p.data_ptr()
+                sizes[i] = target.numel()
+            if bf16:
+                code = _lib.adamw_step_bf16(n, *arrays, sizes, *hyper)
+            else:
+                code = _lib.adamw_step(n, *arrays[:4], sizes, *hyper)
+            if code:
+                _lib.raise_for(code)
+            return
+        for p, target, grad, state in items:  # one at a time: one scratch gradient
+            if target is not p:
+                grad = self._fp32_grad(p)
+            code = _lib.adamw_step(1, *[(ctypes.c_size_t * 1)(t.data_ptr()) for t in (
+                target, grad, state["exp_avg"], state["exp_avg_sq"])],
+                (ctypes.c_uint64 * 1)(target.numel()), *hyper)
+            if code:
+                _lib.raise_for(code)
+            if target is not p:
+                p.copy_(target)
+
+    def _fp32_grad(self, p):
+        """A bf16/fp16 parameter's gradient cast to fp32, in a scratch buffer the size of
+        the largest master (kept: a fresh buffer each step would fault its pages in
+        again); valid until the next call."""
+        if p.grad.is_sparse:
+            raise RuntimeError("OffloadAdamW does not support sparse gradients")
+        if self._scratch is None or self._scratch.numel() < p.numel():
+            self._scratch = torch.empty(max(m.numel() for m in self._masters.values()),
+                                        dtype=torch.float32)
+        out = self._scratch[:p.numel()].view(p.shape)
+        out.copy_(p.grad)
+        return out
 
     def close(self):
         """Moves the states into the process and gives the pool memory back; the
@@ -210,8 +327,7 @@ def _check(params):
         if p.device.type != "cpu":
             raise ValueError(where + " is not on the CPU: the GPU path (states in the pool, "
                              "gradients copied to it) is not built yet")
-        if p.dtype != torch.float32:
-            raise ValueError(where + " is not fp32: fp32 master weights for bf16/fp16 models "
-                             "are not built yet")
+        if p.dtype not in (torch.float32,) + _LOW_PRECISION:
+            raise ValueError(where + " is not fp32, bf16 or fp16")
         if not p.is_contiguous():
             raise ValueError(where + " is not contiguous")
