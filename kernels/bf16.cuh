@@ -20,10 +20,14 @@
 
 namespace actstash::kernels {
 
+// Without branches (an all-ones mask picks the NaN's value), so that loops
+// of it vectorize (the AdamW step's bf16 parameters, kernels/adamw.cc).
 ACTSTASH_HD inline uint16_t Fp32BitsToBf16Bits(uint32_t f) {
-  if ((f & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<uint16_t>((f >> 16) | 0x0040u);
   const uint32_t rounding_bias = 0x7FFFu + ((f >> 16) & 1u);
-  return static_cast<uint16_t>((f + rounding_bias) >> 16);  // no wrap: |f| <= Inf here
+  const uint32_t rounded = (f + rounding_bias) >> 16;  // wraps for some NaNs only: not taken
+  const uint32_t quiet_nan = (f >> 16) | 0x0040u;
+  const uint32_t is_nan = 0u - static_cast<uint32_t>((f & 0x7FFFFFFFu) > 0x7F800000u);
+  return static_cast<uint16_t>((quiet_nan & is_nan) | (rounded & ~is_nan));
 }
 
 ACTSTASH_HD inline uint32_t Bf16BitsToFp32Bits(uint16_t b) {

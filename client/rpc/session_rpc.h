@@ -91,8 +91,9 @@ class SessionRpc {
   // its limit). A call the
   // daemon refused is never repeated: an unreachable or draining daemon has
   // not run it, but one that crashed may have run it and lost its answer:
-  // `resent` (if set) says whether the call was sent more than once, for a
-  // caller whose call is not idempotent (a Restore deletes its spill).
+  // `resent` (if set) says whether the call was tried again after a pause
+  // (whether or not the first try reached a daemon), for a caller whose call
+  // is not idempotent (a Restore deletes its spill).
   //
   // A Put is resent too: a stopping daemon cancels the calls it has not
   // started, and waits for those it runs to send their status first, so a

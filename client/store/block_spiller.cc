@@ -293,6 +293,10 @@ absl::Status BlockSpiller::RestoreBlock(Block* block, bool may_spill) {
   absl::Status status = backend_.Restore(block->spill_id, (*target)->lease_id, &resent);
   if (absl::IsNotFound(status) && resent && ReadBackBeforeRestart(*block, **target)) {
     status = absl::OkStatus();
+    // Best effort: were the NOT_FOUND the lease's (the spill still on disk),
+    // the spill goes now rather than with the session.
+    const uint64_t spill_id = block->spill_id;
+    (void)backend_.DropSpilled(absl::MakeConstSpan(&spill_id, 1));
   }
   absl::MutexLock lock(&table_.mu());
   if (status.ok()) {

@@ -324,15 +324,17 @@ def test_master_weights_resume_bitwise_and_fraction_keeps_some_in_the_process(fr
         stash.close()
 
 
-def test_fast_mode_steps_the_master_weights(fresh_daemon):
-    """With the same bf16 gradients, the C++ step keeps the fp32 master within the fp32
-    tolerance of torch's step on an fp32 copy, and the parameter is the master rounded."""
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_fast_mode_steps_the_master_weights(fresh_daemon, dtype):
+    """With the same bf16 (fp16) gradients, the C++ step keeps the fp32 master within
+    the fp32 tolerance of torch's step on an fp32 copy, and the parameter is the master
+    rounded (bf16: in the kernel; fp16: through the scratch gradient and a copy)."""
     torch.set_num_threads(2)
     stash = actstash.connect(fresh_daemon.socket)
     try:
         torch.manual_seed(0)
-        start = torch.randn(100_000).to(torch.bfloat16)
-        grads = [(torch.randn(100_000) * 0.1).to(torch.bfloat16) for _ in range(STEPS)]
+        start = torch.randn(100_000).to(dtype)
+        grads = [(torch.randn(100_000) * 0.1).to(dtype) for _ in range(STEPS)]
         a = torch.nn.Parameter(start.clone())
         b = torch.nn.Parameter(start.clone())
         reference = _MasterReference(torch.nn.ParameterList([a]), lr=3e-3, weight_decay=0.1)
@@ -346,6 +348,59 @@ def test_fast_mode_steps_the_master_weights(fresh_daemon):
         gap = (reference.masters[0] - master).abs().max().item()
         assert gap <= 2e-5 * 3e-3 * STEPS, gap
         assert not torch.equal(master, start.float())  # it moved
-        assert torch.equal(b, master.to(torch.bfloat16))
+        assert torch.equal(b, master.to(dtype))
+    finally:
+        stash.close()
+
+
+def test_master_weights_survive_close_errors_hooks_and_new_weights(fresh_daemon):
+    """close() moves the masters into the process and the step goes on updating the
+    ones state_dict() saves; a sparse gradient is refused before anything is stepped;
+    torch 2.x step hooks run once per step; weights loaded into the model after the
+    optimizer was made seed the masters; add_param_group is refused."""
+    torch.set_num_threads(1)
+    stash = actstash.connect(fresh_daemon.socket)
+    try:
+        plain = _low_precision_model(torch.bfloat16, seed=6)
+        ours = copy.deepcopy(plain)
+        opt = OffloadAdamW(ours.parameters(), stash, lr=1e-3)
+        # New weights after the optimizer exists (as model.load_state_dict does).
+        other = _low_precision_model(torch.bfloat16, seed=7)
+        plain.load_state_dict(other.state_dict())
+        ours.load_state_dict(other.state_dict())
+        reference = _MasterReference(plain, lr=1e-3)
+        calls = []
+        if hasattr(opt, "register_step_pre_hook"):  # torch 2.x
+            opt.register_step_pre_hook(lambda *args: calls.append("pre"))
+            opt.register_step_post_hook(lambda *args: calls.append("post"))
+        _train(plain, reference, 3)
+        _train(ours, opt, 3)
+        if hasattr(opt, "register_step_pre_hook"):
+            assert calls == ["pre", "post"] * 3
+        for a, b in zip(plain.parameters(), ours.parameters()):
+            assert torch.equal(a, b)
+
+        opt.close()
+        gc.collect()
+        assert stash.stats()["optimizer_state_bytes"] == 0
+        _train(plain, reference, 3, start=3)
+        _train(ours, opt, 3, start=3)
+        saved = opt.state_dict()["state"]
+        pairs = zip(plain.parameters(), ours.parameters(), reference.masters)
+        for i, (a, b, master) in enumerate(pairs):
+            assert torch.equal(a, b)
+            assert torch.equal(saved[i]["master_weight"], master)
+
+        before = [p.detach().clone() for p in ours.parameters()]
+        first = next(ours.parameters())
+        for p in ours.parameters():
+            p.grad = torch.zeros_like(p)
+        first.grad = first.grad.to_sparse()
+        with pytest.raises(RuntimeError, match="sparse"):
+            opt.step()
+        assert all(torch.equal(a, b) for a, b in zip(before, ours.parameters()))
+        opt.state_dict()  # no alias left behind
+        with pytest.raises(ValueError, match="add_param_group"):
+            opt.add_param_group({"params": [torch.nn.Parameter(torch.zeros(4))]})
     finally:
         stash.close()

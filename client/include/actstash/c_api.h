@@ -32,7 +32,9 @@ extern "C" {
  * 4: connect and engine_create take their settings as one JSON object;
  * actstash_describe_json exports the constants, defaults and counter names;
  * actstash_parse_size.
- * 5: actstash_client_copy_share_json. */
+ * 5: actstash_client_copy_share_json.
+ * 6: actstash_client_reserve/release, actstash_adamw_step.
+ * 7: actstash_adamw_step_bf16. */
 #define ACTSTASH_C_API_VERSION 7
 
 #if defined(__GNUC__)

@@ -115,6 +115,11 @@ class OffloadAdamW(torch.optim.AdamW):
         self._pooled = []
         self._masters = {}  # bf16/fp16 parameter -> its fp32 master weight
         self._scratch = None  # their gradients cast to fp32 (_fp32_grad)
+        # Each one's version counter when its master was last written into it: a
+        # parameter changed since (model.load_state_dict, a manual edit) to other
+        # values than its master's seeds its master again before the next step,
+        # rather than being overwritten by it.
+        self._versions = {}
         taken = 0
         buffers = []
         try:
@@ -134,6 +139,7 @@ class OffloadAdamW(torch.optim.AdamW):
                     if key == _MASTER:
                         state[key].copy_(p.detach())
                         self._masters[p] = state[key]
+                        self._versions[p] = p._version
                     else:
                         state[key].zero_()
                 self.state[p] = state
@@ -169,6 +175,13 @@ class OffloadAdamW(torch.optim.AdamW):
             for index, p in zip(saved_group["params"], group["params"]):
                 if index in state_dict["state"]:
                     saved[p] = state_dict["state"][index]
+        for p, views in ours.items():  # every reason to refuse, before anything is loaded
+            for key, view in views.items():
+                value = saved.get(p, {}).get(key)
+                if torch.is_tensor(value) and value.shape != view.shape:
+                    raise ValueError(f"OffloadAdamW.load_state_dict: {key} of a parameter "
+                                     f"of shape {tuple(view.shape)} was saved with shape "
+                                     f"{tuple(value.shape)}")
         super().load_state_dict(state_dict)
         for p, views in ours.items():
             state = self.state[p]
@@ -186,28 +199,57 @@ class OffloadAdamW(torch.optim.AdamW):
                     view.zero_()
                 state[key] = view
 
+    def add_param_group(self, param_group):
+        if hasattr(self, "_masters"):  # torch's __init__ adds the first groups
+            raise ValueError("OffloadAdamW: add_param_group after construction is not "
+                             "supported (the new parameters' states would not be in the "
+                             "pool); build the optimizer with every group")
+        super().add_param_group(param_group)
+
     @torch.no_grad()
     def step(self, closure=None):
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        # Every reason to refuse, before anything is stepped.
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None and p.grad.is_sparse:
+                    raise RuntimeError("OffloadAdamW does not support sparse gradients")
+        for p, master in self._masters.items():
+            if p._version != self._versions[p]:
+                # Changed since its master was written into it: unless it still holds
+                # the master rounded (the same checkpoint loaded again), the master
+                # follows the parameter.
+                if not torch.equal(p, master.to(p.dtype)):
+                    master.copy_(p)
+                self._versions[p] = p._version
         if self._mode == "exact":
             self._step_exact()
         else:
             self._step_fast()
         return loss
 
+    def _torch_step(self):
+        """torch's AdamW.step without the hooks torch wraps around it (2.x runs the step
+        hooks in that wrapper once any AdamW was made: they belong to opt.step(), which
+        runs them once, not to each call here)."""
+        step = torch.optim.AdamW.step
+        if getattr(step, "hooked", False) and hasattr(step, "__wrapped__"):
+            step = step.__wrapped__
+        return step(self)
+
     def _step_exact(self):
         """torch's own step: on the fp32 parameters at once, then on each master alone
         (the group holding only it, its gradient cast to fp32 for that while)."""
         if not self._masters:
-            return super().step()
+            return self._torch_step()
         kept = [group["params"] for group in self.param_groups]
         try:
             for group, params in zip(self.param_groups, kept):
                 group["params"] = [p for p in params if p not in self._masters]
-            super().step()
+            self._torch_step()
             for group in self.param_groups:
                 group["params"] = []
             for group, params in zip(self.param_groups, kept):
@@ -216,15 +258,16 @@ class OffloadAdamW(torch.optim.AdamW):
                     if master is None or p.grad is None:
                         continue
                     group["params"] = [master]
-                    self.state[master] = self.state[p]  # the same dict: stepped in place
-                    master.grad = self._fp32_grad(p)
                     try:
-                        super().step()
+                        self.state[master] = self.state[p]  # the same dict: stepped in place
+                        master.grad = self._fp32_grad(p)
+                        self._torch_step()
                     finally:
                         master.grad = None
-                        del self.state[master]
+                        self.state.pop(master, None)
                         group["params"] = []
                     p.copy_(master)
+                    self._versions[p] = p._version
         finally:
             for group, params in zip(self.param_groups, kept):
                 group["params"] = params
@@ -259,6 +302,10 @@ class OffloadAdamW(torch.optim.AdamW):
         after."""
         hyper = (float(group["lr"]), float(beta1), float(beta2), float(group["eps"]),
                  float(group["weight_decay"]), step, int(self._threads))
+        for p, target, _, state in items:  # the kernel reads and writes fp32 arrays
+            if target.dtype != torch.float32 or state["exp_avg"].dtype != torch.float32:
+                raise RuntimeError(f"OffloadAdamW: a {p.dtype} parameter without an fp32 "
+                                   "master in the fast step")
         if bf16 or all(target is p for p, target, _, _ in items):
             n = len(items)
             arrays = [(ctypes.c_size_t * n)() for _ in range(5)]
@@ -276,6 +323,9 @@ class OffloadAdamW(torch.optim.AdamW):
                 code = _lib.adamw_step(n, *arrays[:4], sizes, *hyper)
             if code:
                 _lib.raise_for(code)
+            for p, target, _, _ in items:
+                if target is not p:  # written by the kernel: no version bump
+                    self._versions[p] = p._version
             return
         for p, target, grad, state in items:  # one at a time: one scratch gradient
             if target is not p:
@@ -287,6 +337,7 @@ class OffloadAdamW(torch.optim.AdamW):
                 _lib.raise_for(code)
             if target is not p:
                 p.copy_(target)
+                self._versions[p] = p._version
 
     def _fp32_grad(self, p):
         """A bf16/fp16 parameter's gradient cast to fp32, in a scratch buffer the size of
@@ -309,6 +360,8 @@ class OffloadAdamW(torch.optim.AdamW):
             for key in list(state):
                 if key != "step":
                     state[key] = state[key].clone()
+            if p in self._masters:
+                self._masters[p] = state[_MASTER]  # the step updates the one state_dict saves
         self._pooled = []
 
 
