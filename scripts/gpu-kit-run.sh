@@ -195,6 +195,7 @@ phase gtest_copy_engine 90 gpu gtest gtest_copy_engine tests/client/cuda_copy_en
 phase gtest_kernels 60 gpu gtest gtest_kernels tests/kernels/kernels_gpu_test
 phase gtest_device_pool 90 gpu gtest gtest_device_pool tests/integration/device_pool_gpu_test
 phase gtest_torch_cpu 120 torch torch_gtest gtest_torch_cpu tests/torch/torch_offload_test
+phase gtest_torch_optim 60 torch torch_gtest gtest_torch_optim tests/torch/torch_optim_test
 phase gtest_torch_cuda 120 gpu torch_gtest gtest_torch_cuda tests/torch/torch_cuda_test
 phase register_probe 60 gpu "$build/bench/register_probe" --gib 1 --reps 3
 phase pytest_cuda 240 torch pytest_run tests/python/test_cuda.py tests/python/test_device_modes.py -rs

@@ -11,6 +11,7 @@ absl::StatusOr<SessionCounts> CountSession(Client& client) {
   counts.zero_copy_objects = stats->self().client().objects();
   counts.inline_objects = stats->self().objects();
   counts.used_bytes = stats->self().used_bytes();
+  counts.state_bytes = client.zero_copy_usage().state_bytes();
   return counts;
 }
 

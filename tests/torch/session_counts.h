@@ -17,6 +17,7 @@ struct SessionCounts {
   uint64_t zero_copy_objects = 0;  // stored through leased memory (self.client.objects)
   uint64_t inline_objects = 0;     // stored through Put (self.objects)
   uint64_t used_bytes = 0;         // self.used_bytes
+  uint64_t state_bytes = 0;        // the client's own count (ClientUsage.state_bytes)
 };
 
 // client.Stats(), reduced to what the tests compare.
