@@ -186,6 +186,7 @@ absl::StatusOr<HandoverPackage> Daemon::PrepareHandover(const v1::TakeOverHello&
   state.set_next_session_id(sessions_.next_id());
   state.set_next_lease_id(leases_.next_id());
   state.set_next_object_handle(catalog_.next_handle());
+  state.set_lost_object_handles_below(catalog_.lost_below());
   state.set_leases_granted_total(leases_.granted_total());
   state.set_sessions_reclaimed(core_.sessions_reclaimed.load(std::memory_order_relaxed));
   state.set_handovers(handovers_);
@@ -282,6 +283,7 @@ absl::Status Daemon::AdoptState(TakenOver* taken) {
   }
   leases_.Restore(state.next_lease_id(), state.leases_granted_total());
   sessions_.AdvanceNextId(state.next_session_id());
+  catalog_.AdvanceNextHandle(state.lost_object_handles_below(), /*lost=*/true);
   catalog_.AdvanceNextHandle(state.next_object_handle());
   core_.sessions_reclaimed.store(state.sessions_reclaimed(), std::memory_order_relaxed);
   handovers_ = state.handovers() + 1;

@@ -161,6 +161,11 @@ uint64_t Catalog::next_handle() const {
   return next_handle_;
 }
 
+uint64_t Catalog::lost_below() const {
+  absl::MutexLock lock(&mu_);
+  return lost_below_;
+}
+
 void Catalog::AdvanceNextHandle(uint64_t handle, bool lost) {
   absl::MutexLock lock(&mu_);
   next_handle_ = std::max(next_handle_, handle);

@@ -155,6 +155,8 @@ class Catalog {
   // crashed, whose objects did not survive: looking one up says so.
   uint64_t next_handle() const;
   void AdvanceNextHandle(uint64_t handle, bool lost = false);
+  // The handle below which every one was lost that way (0: none).
+  uint64_t lost_below() const;
   // Take-over: every object's state appended to `state` (UNAVAILABLE while
   // one is in transit, as StoredObject::ExportState); and an object of a
   // predecessor under its own handle, before anything is served

@@ -4,7 +4,8 @@
 // on leasing; a state table damaged while the daemon was down is not
 // trusted and the client is told its state was lost; a clean stop retires
 // the table; a recovered session that never attaches again is closed after
-// the grace period.
+// the grace period; an inline object lost in a crash is said lost (DATA_LOSS)
+// by the restarted daemon and by a successor that took over from it.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -14,6 +15,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "tests/integration/takeover_util.h"
 #include "tests/integration/test_util.h"
 
 namespace actstash::testing {
@@ -46,10 +48,6 @@ void Crash(DaemonProcess& daemon) {
   ASSERT_TRUE(daemon.Stop(SIGKILL).ok());
   ASSERT_TRUE(daemon.Restart().ok()) << daemon.log();
   ASSERT_TRUE(daemon.fd_store()->WaitReady(ready, std::chrono::seconds(30))) << daemon.log();
-}
-
-bool LogHas(const DaemonProcess& daemon, const std::string& text) {
-  return daemon.log().find(text) != std::string::npos;
 }
 
 TEST(CrashRecoveryTest, StoredBytesSessionAndLeasesSurviveKills) {
@@ -194,6 +192,42 @@ TEST(CrashRecoveryTest, SpilledLeasesSurviveKills) {
   EXPECT_TRUE(SpillFds(daemon->pid(), spill_dir).empty());
   ASSERT_TRUE(daemon->Stop(SIGTERM).ok());
   std::filesystem::remove_all(spill_dir);
+}
+
+TEST(CrashRecoveryTest, InlineObjectsLostInACrashAreSaidLostAfterATakeOverToo) {
+  DaemonProcessOptions options = Supervised();
+  options.pool_size = kPool;  // as the successor TakeOver starts
+  options.segment_size = kSegment;
+  std::unique_ptr<DaemonProcess> daemon = StartDaemonOrDie(options);
+  ASSERT_NE(daemon, nullptr);
+  ClientOptions client_options = Attached(*daemon);
+  client_options.attach = AttachMode::kOff;  // stores are inline objects (Put)
+  absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(client_options);
+  ASSERT_TRUE(client.ok()) << client.status();
+  ASSERT_FALSE((*client)->attached());
+  const std::vector<std::byte> bytes = RandomBytes(64 << 10, 9);
+  absl::StatusOr<Ticket> ticket = (*client)->Store(bytes.data(), bytes.size());
+  ASSERT_TRUE(ticket.ok()) << ticket.status();
+  std::vector<std::byte> back(bytes.size());
+  auto fetch = [&] { return (*client)->Fetch(*ticket, back.data(), back.size()); };
+  ASSERT_TRUE(fetch().ok());
+  Crash(*daemon);
+  absl::Status lost = fetch();
+  EXPECT_EQ(lost.code(), absl::StatusCode::kDataLoss) << lost;
+  EXPECT_THAT(std::string(lost.message()), HasSubstr("restarted after a crash"));
+  daemon = TakeOver(std::move(daemon));
+  ASSERT_NE(daemon, nullptr);
+  lost = fetch();
+  EXPECT_EQ(lost.code(), absl::StatusCode::kDataLoss) << lost << "\n" << daemon->log();
+  EXPECT_THAT(std::string(lost.message()), HasSubstr("restarted after a crash"));
+  // New objects of the session are stored and read as before.
+  absl::StatusOr<Ticket> again = (*client)->Store(bytes.data(), bytes.size());
+  ASSERT_TRUE(again.ok()) << again.status();
+  ASSERT_TRUE((*client)->Fetch(*again, back.data(), back.size()).ok());
+  EXPECT_EQ(back, bytes);
+  client->reset();
+  daemon.reset();
+  Retired().clear();  // the first daemon's folder holds the sockets
 }
 
 }  // namespace
