@@ -182,9 +182,12 @@ class Daemon {
   // Serializes StopServing/StartServing (main thread, take-over thread).
   absl::Mutex serving_mu_;
   absl::Mutex recovery_mu_;
-  // Recovered sessions that have not attached again yet, and until when they may.
-  absl::flat_hash_set<uint64_t> awaiting_reattach_ ABSL_GUARDED_BY(recovery_mu_);
+  // Recovered sessions that have not come back yet, and until when they
+  // may. true: it held leases or spill files (it was attached), so it comes
+  // back by attaching again; false: by any call (an inline client's).
+  absl::flat_hash_map<uint64_t, bool> awaiting_reattach_ ABSL_GUARDED_BY(recovery_mu_);
   int64_t reattach_deadline_ms_ ABSL_GUARDED_BY(recovery_mu_) = 0;
+  int64_t recovered_at_ms_ ABSL_GUARDED_BY(recovery_mu_) = 0;  // SteadyNowMs
   absl::Mutex reaper_mu_;
   bool reaper_stop_ ABSL_GUARDED_BY(reaper_mu_) = false;
   std::thread reaper_;

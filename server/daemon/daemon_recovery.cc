@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "server/daemon/daemon.h"
 #include "spdlog/spdlog.h"
@@ -26,6 +27,10 @@ absl::Status Daemon::AdoptRecovered(Recovery* recovery) {
     by_id[s.id()] = *session;
   }
   size_t leases = 0;
+  // Sessions with memory of their own (leases, spill files): attached before.
+  absl::flat_hash_set<uint64_t> attached_before;
+  for (const v1::SpillFileState& file : state.spill_files)
+    attached_before.insert(file.session_id());
   for (const v1::LeaseState& lease : state.leases) {
     absl::StatusOr<SegmentRun> run = pool_->AdoptRun(lease.first_segment(), lease.count());
     if (!run.ok()) {  // not expected: the table's runs do not overlap
@@ -43,6 +48,7 @@ absl::Status Daemon::AdoptRecovered(Recovery* recovery) {
       leases_.Recycle(*std::move(run));
       continue;
     }
+    attached_before.insert(lease.session_id());
     ++leases;
   }
   const size_t spill_files = AdoptRecoveredSpills(recovery, by_id);
@@ -53,9 +59,10 @@ absl::Status Daemon::AdoptRecovered(Recovery* recovery) {
   catalog_.AdvanceNextHandle(state.next_object_handle, /*lost=*/true);
   {
     absl::MutexLock lock(&recovery_mu_);
-    for (const auto& [id, session] : by_id) awaiting_reattach_.insert(id);
+    for (const auto& [id, session] : by_id) awaiting_reattach_[id] = attached_before.contains(id);
+    recovered_at_ms_ = SteadyNowMs();
     reattach_deadline_ms_ =
-        SteadyNowMs() + static_cast<int64_t>(config_.reattach_grace_seconds * 1000);
+        recovered_at_ms_ + static_cast<int64_t>(config_.reattach_grace_seconds * 1000);
   }
   spdlog::info(
       "recovery: the state of the daemon that crashed is back (restart {} of this state): {} "
@@ -107,15 +114,22 @@ void Daemon::ReapUnreattached() {
     absl::MutexLock lock(&recovery_mu_);
     if (awaiting_reattach_.empty()) return;
     const bool past = SteadyNowMs() >= reattach_deadline_ms_;
-    absl::flat_hash_map<uint64_t, bool> attached;  // open sessions
+    struct Open {
+      bool attached;
+      bool called;  // an authenticated call since the recovery
+    };
+    absl::flat_hash_map<uint64_t, Open> open_sessions;
     for (const std::shared_ptr<Session>& session : sessions_.List()) {
-      attached[session->id()] = session->attached();
+      open_sessions[session->id()] = {session->attached(),
+                                      session->last_active_ms() > recovered_at_ms_};
     }
     for (auto it = awaiting_reattach_.begin(); it != awaiting_reattach_.end();) {
-      auto open = attached.find(*it);
-      const bool back = open != attached.end() && open->second;
-      if (open == attached.end() || back || past) {
-        if (!back && open != attached.end()) expired.push_back(*it);
+      const auto& [id, needs_attach] = *it;
+      auto open = open_sessions.find(id);
+      const bool back = open != open_sessions.end() &&
+                        (open->second.attached || (!needs_attach && open->second.called));
+      if (open == open_sessions.end() || back || past) {
+        if (!back && open != open_sessions.end()) expired.push_back(id);
         awaiting_reattach_.erase(it++);
       } else {
         ++it;

@@ -5,7 +5,8 @@
 // trusted and the client is told its state was lost; a clean stop retires
 // the table; a recovered session that never attaches again is closed after
 // the grace period; an inline object lost in a crash is said lost (DATA_LOSS)
-// by the restarted daemon and by a successor that took over from it.
+// by the restarted daemon and by a successor that took over from it; an
+// unattached session that calls again within the grace is kept.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -144,6 +145,33 @@ TEST(CrashRecoveryTest, ASessionThatDoesNotComeBackIsClosedAfterTheGrace) {
   absl::Status read = (*client)->Fetch(*ticket, back.data(), back.size());
   EXPECT_EQ(read.code(), absl::StatusCode::kUnavailable) << read;
   EXPECT_THAT(std::string(read.message()), HasSubstr("went away"));
+}
+
+TEST(CrashRecoveryTest, AnInlineSessionThatCallsWithinTheGraceIsKept) {
+  // An unattached client (inline stores: over TCP, or with attaching off)
+  // never attaches again; its calls after the restart bring it back. An
+  // attached one that gave up is closed as before (the test above).
+  std::unique_ptr<DaemonProcess> daemon =
+      StartDaemonOrDie(Supervised({"--reattach-grace-seconds", "1"}));
+  ASSERT_NE(daemon, nullptr);
+  ClientOptions options = Attached(*daemon);
+  options.attach = AttachMode::kOff;
+  absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(options);
+  ASSERT_TRUE(client.ok()) << client.status();
+  const uint64_t session = (*client)->session_id();
+  const std::vector<std::byte> bytes = RandomBytes(256 << 10, 10);
+  ASSERT_TRUE((*client)->Store(bytes.data(), bytes.size()).ok());
+  Crash(*daemon);
+  absl::StatusOr<Ticket> after = (*client)->Store(bytes.data(), bytes.size());
+  ASSERT_TRUE(after.ok()) << after.status() << daemon->log();
+  std::this_thread::sleep_for(std::chrono::milliseconds(2500));  // the grace and a reaper pass
+  std::vector<std::byte> back(bytes.size());
+  ASSERT_TRUE((*client)->Fetch(*after, back.data(), back.size()).ok()) << daemon->log();
+  EXPECT_EQ(back, bytes);
+  absl::StatusOr<v1::StatsReply> stats = (*client)->Stats();
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_EQ(stats->self().session_id(), session);
+  EXPECT_FALSE(LogHas(*daemon, "did not attach again")) << daemon->log();
 }
 
 // The spill files' names in the service manager's store.
