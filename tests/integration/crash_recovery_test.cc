@@ -152,7 +152,7 @@ TEST(CrashRecoveryTest, AnInlineSessionThatCallsWithinTheGraceIsKept) {
   // never attaches again; its calls after the restart bring it back. An
   // attached one that gave up is closed as before (the test above).
   std::unique_ptr<DaemonProcess> daemon =
-      StartDaemonOrDie(Supervised({"--reattach-grace-seconds", "1"}));
+      StartDaemonOrDie(Supervised({"--reattach-grace-seconds", "3"}));
   ASSERT_NE(daemon, nullptr);
   ClientOptions options = Attached(*daemon);
   options.attach = AttachMode::kOff;
@@ -164,7 +164,9 @@ TEST(CrashRecoveryTest, AnInlineSessionThatCallsWithinTheGraceIsKept) {
   Crash(*daemon);
   absl::StatusOr<Ticket> after = (*client)->Store(bytes.data(), bytes.size());
   ASSERT_TRUE(after.ok()) << after.status() << daemon->log();
-  std::this_thread::sleep_for(std::chrono::milliseconds(2500));  // the grace and a reaper pass
+  // The grace counts from before the restarted daemon serves (3 s leave a
+  // slow, instrumented start time to serve the call), then a reaper pass.
+  std::this_thread::sleep_for(std::chrono::milliseconds(4000));
   std::vector<std::byte> back(bytes.size());
   ASSERT_TRUE((*client)->Fetch(*after, back.data(), back.size()).ok()) << daemon->log();
   EXPECT_EQ(back, bytes);
