@@ -232,8 +232,9 @@ int AdamWStep(const char* what, uint64_t count, const uintptr_t* params, const u
        sizes == nullptr || (bf16 && params_bf16 == nullptr))) {
     return Fail(absl::InvalidArgumentError(absl::StrCat(what, ": a null array")));
   }
-  if (step == 0)
+  if (step == 0) {
     return Fail(absl::InvalidArgumentError(absl::StrCat(what, ": steps count from 1")));
+  }
   std::vector<actstash::kernels::AdamWTensor> tensors(count);
   for (uint64_t i = 0; i < count; ++i) {
     actstash::kernels::AdamWTensor& t = tensors[i];

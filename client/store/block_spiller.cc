@@ -62,15 +62,12 @@ absl::StatusOr<std::vector<std::unique_ptr<BlockSpiller::Arena>>> BlockSpiller::
       unwritten |= arena->block->unwritten > 0;
     }
   }
-  // Otherwise, when other sessions hold the pool, they give memory back as
-  // they spill or finish their backward: wait for it. A block of ours being
-  // read back ahead (or spilled) can spill once that ends.
+  // Otherwise wait while that may help (MayWaitFor).
   const auto deadline =
       std::chrono::steady_clock::now() + (unwritten ? std::chrono::milliseconds(0) : pool_wait_);
   auto pause = std::chrono::milliseconds(5);
   absl::Status last = arenas.status();
-  while ((absl::StrContains(last.message(), "pool exhausted") || AnotherBlockMoving(nullptr)) &&
-         std::chrono::steady_clock::now() + pause < deadline) {
+  while (MayWaitFor(last, nullptr) && std::chrono::steady_clock::now() + pause < deadline) {
     const uint64_t start = MonotonicNowNs();
     std::this_thread::sleep_for(pause);
     pause = std::min(pause * 2, std::chrono::milliseconds(100));
@@ -182,6 +179,15 @@ absl::Status BlockSpiller::EnsureResident(Block* block) {
   }
 }
 
+bool BlockSpiller::MayWaitFor(const absl::Status& refused, const Block* block) {
+  // Other sessions hold the pool: they give memory back as they spill or
+  // finish their backward. Or this session's quota is full while one of its
+  // blocks is being read back ahead (or spilled): once resident and unread,
+  // it can spill for this one (a quota error is otherwise final: the quota
+  // is ours alone).
+  return absl::StrContains(refused.message(), "pool exhausted") || AnotherBlockMoving(block);
+}
+
 bool BlockSpiller::AnotherBlockMoving(const Block* block) {
   absl::MutexLock lock(&table_.mu());
   for (const std::unique_ptr<Arena>& arena : table_.arenas()) {
@@ -236,13 +242,7 @@ absl::StatusOr<BlockSpiller::Arena*> BlockSpiller::ArenaToRestoreInto(
       });
       spilled = SpillColdest(1, nullptr, turn);
       if (spilled.ok() && !*spilled && std::chrono::steady_clock::now() + pause < deadline &&
-          (absl::StrContains(granted.status().message(), "pool exhausted") ||
-           AnotherBlockMoving(block))) {
-        // Other sessions hold the pool: they give memory back as they spill
-        // or finish their backward. Or this session's quota is full while
-        // one of its blocks is being read back ahead (or spilled): once
-        // resident and unread, it can spill for this one, which is needed
-        // now (a quota error is otherwise final: the quota is ours alone).
+          MayWaitFor(granted.status(), block)) {
         std::this_thread::sleep_for(pause);
         pause = std::min(pause * 2, std::chrono::milliseconds(100));
         continue;

@@ -73,6 +73,10 @@ class BlockSpiller {
   // Waits until `block` is resident, reading it back itself when it is
   // spilled; the block's error when it is lost. Drops the lock meanwhile.
   absl::Status EnsureResident(Block* block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_.mu());
+  // Whether a lease refused with `refused` (RESOURCE_EXHAUSTED, nothing
+  // spillable) may be granted after a wait, for `block` (null: a new one):
+  // the one rule of LeaseOrSpill's and ArenaToRestoreInto's waits.
+  bool MayWaitFor(const absl::Status& refused, const Block* block) ABSL_LOCKS_EXCLUDED(table_.mu());
   // Whether an arena other than `block`'s holds a block being read back or
   // spilled (its lease is in use, but only until the RPC ends).
   bool AnotherBlockMoving(const Block* block) ABSL_LOCKS_EXCLUDED(table_.mu());

@@ -81,6 +81,13 @@ absl::Status CheckOptions(const ::torch::optim::AdamWOptions& o) {
 
 }  // namespace
 
+::torch::optim::AdamWParamState* AdamWStateOf(::torch::optim::Optimizer& optimizer,
+                                              const at::Tensor& param) {
+  using Key = std::decay_t<decltype(optimizer.state().begin()->first)>;
+  auto it = optimizer.state().find(StateKeyOf<Key>(param));
+  return it == optimizer.state().end() ? nullptr : static_cast<AdamWParamState*>(it->second.get());
+}
+
 absl::StatusOr<std::unique_ptr<OffloadAdamW>> OffloadAdamW::Create(
     std::shared_ptr<Client> client, std::vector<at::Tensor> params,
     ::torch::optim::AdamWOptions options) {
@@ -130,13 +137,14 @@ void OffloadAdamW::load(::torch::serialize::InputArchive& archive) {
   AdamW::load(archive);
   using Key = std::decay_t<decltype(state().begin()->first)>;
   for (PoolStates& pool : pooled_) {
-    auto it = state().find(StateKeyOf<Key>(pool.param));
-    if (it == state().end()) {  // not stepped when saved: fresh states, in the pool
+    AdamWParamState* found = AdamWStateOf(*this, pool.param);
+    if (found == nullptr) {  // not stepped when saved: fresh states, in the pool
       auto fresh = std::make_unique<AdamWParamState>();
       fresh->step(0);
-      it = state().emplace(StateKeyOf<Key>(pool.param), std::move(fresh)).first;
+      found = fresh.get();
+      state()[StateKeyOf<Key>(pool.param)] = std::move(fresh);
     }
-    auto& loaded = static_cast<AdamWParamState&>(*it->second);
+    AdamWParamState& loaded = *found;
     auto into = [](at::Tensor& view, const at::Tensor& from) {
       if (!view.defined()) return;
       if (from.defined()) {

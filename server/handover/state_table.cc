@@ -433,12 +433,7 @@ void StateTable::ObjectHandleIssued(uint64_t handle) {
 }
 
 void StateTable::SpillFileKept(const v1::SpillFileState& file, int /*fd*/) {
-  v1::SpillFileState kept;
-  kept.set_id(file.id());
-  kept.set_session_id(file.session_id());
-  kept.set_bytes(file.bytes());
-  kept.set_checksum(file.checksum());
-  const std::string body = kept.SerializeAsString();
+  const std::string body = file.SerializeAsString();  // fd unset (StateJournal)
   RaiseFloor(offsetof(TableHeader, spill_id_floor), file.id());
   absl::MutexLock lock(&mu_);
   const std::optional<uint32_t> slot =

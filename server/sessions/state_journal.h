@@ -32,8 +32,9 @@ class StateJournal {
   // An inline object handle was issued: handles after a restart stay above.
   virtual void ObjectHandleIssued(uint64_t handle) = 0;
   // A spilled lease's file was written, before its id is answered: `file`
-  // holds its id, session, size and checksum, `fd` is the unlinked file (its
-  // only name; the journal keeps what it needs before returning). Gone: a
+  // holds its id, session, size and checksum (no fd index), `fd` is the
+  // unlinked file (its only name; the journal keeps what it needs before
+  // returning). Gone: a
   // file left the spill tier (read back, dropped, its session closed); one
   // the journal does not hold is ignored.
   virtual void SpillFileKept(const v1::SpillFileState& file, int fd) = 0;

@@ -19,8 +19,8 @@
 #include <memory>
 #include <mutex>
 #include <sstream>
+#include <stdexcept>
 #include <string>
-#include <type_traits>
 #include <vector>
 
 #include "actstash/client.h"
@@ -122,23 +122,11 @@ class TorchOptimTest : public ::testing::Test {
 };
 DaemonProcess* TorchOptimTest::daemon_ = nullptr;
 
-// A parameter's state in libtorch's table, whose key is the parameter's
-// TensorImpl: printed (libtorch 1.13) or the pointer (2.x).
-template <typename Key>
-Key KeyOf(const at::Tensor& p) {
-  if constexpr (std::is_same_v<Key, std::string>) {
-    std::ostringstream key;
-    key << p.unsafeGetTensorImpl();
-    return key.str();
-  } else {
-    return p.unsafeGetTensorImpl();
-  }
-}
-
 const ::torch::optim::AdamWParamState& StateOf(::torch::optim::Optimizer& opt,
                                                const at::Tensor& p) {
-  using Key = std::decay_t<decltype(opt.state().begin()->first)>;
-  return static_cast<const ::torch::optim::AdamWParamState&>(*opt.state().at(KeyOf<Key>(p)));
+  const ::torch::optim::AdamWParamState* state = AdamWStateOf(opt, p);
+  if (state == nullptr) throw std::out_of_range("the optimizer holds no state for a parameter");
+  return *state;
 }
 
 TEST_F(TorchOptimTest, BitwiseEqualToAdamWWithTheMomentsInThePool) {

@@ -279,8 +279,6 @@ class OffloadAdamW(torch.optim.AdamW):
             for p in group["params"]:
                 if p.grad is None:
                     continue
-                if p.grad.is_sparse:
-                    raise RuntimeError("OffloadAdamW does not support sparse gradients")
                 state = self.state[p]
                 if not state:
                     state["step"] = torch.tensor(0.0, dtype=_scalar_dtype())
@@ -323,9 +321,8 @@ class OffloadAdamW(torch.optim.AdamW):
                 code = _lib.adamw_step(n, *arrays[:4], sizes, *hyper)
             if code:
                 _lib.raise_for(code)
-            for p, target, _, _ in items:
-                if target is not p:  # written by the kernel: no version bump
-                    self._versions[p] = p._version
+            # The kernel writes bf16 parameters without a version bump: the
+            # versions step() recorded stay right.
             return
         for p, target, grad, state in items:  # one at a time: one scratch gradient
             if target is not p:
@@ -342,9 +339,7 @@ class OffloadAdamW(torch.optim.AdamW):
     def _fp32_grad(self, p):
         """A bf16/fp16 parameter's gradient cast to fp32, in a scratch buffer the size of
         the largest master (kept: a fresh buffer each step would fault its pages in
-        again); valid until the next call."""
-        if p.grad.is_sparse:
-            raise RuntimeError("OffloadAdamW does not support sparse gradients")
+        again); valid until the next call. step() refused sparse gradients."""
         if self._scratch is None or self._scratch.numel() < p.numel():
             self._scratch = torch.empty(max(m.numel() for m in self._masters.values()),
                                         dtype=torch.float32)

@@ -38,6 +38,12 @@
 
 namespace actstash::torch {
 
+// The AdamW state `optimizer` keeps for `param` (an OffloadAdamW's or
+// libtorch's own AdamW's), null when it has none. libtorch keys its state
+// table by the parameter's TensorImpl, spelled differently across versions.
+::torch::optim::AdamWParamState* AdamWStateOf(::torch::optim::Optimizer& optimizer,
+                                              const at::Tensor& param);
+
 class OffloadAdamW final : public ::torch::optim::AdamW {
  public:
   // Every parameter is checked before anything is reserved: INVALID_ARGUMENT
