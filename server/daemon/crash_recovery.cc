@@ -181,6 +181,21 @@ void DaemonJournal::SegmentsRenewed(uint32_t first, uint32_t count) {
   }
 }
 
+void DaemonJournal::LeasedSegmentsRenewed(uint32_t first, uint32_t count) {
+  for (uint32_t i = first; i - first < count; ++i) {
+    // Not kept unless the service manager holds the new memfd: a restart
+    // would otherwise map the replaced one, which the lease's client never
+    // sees (the lease is then said lost instead).
+    if (absl::Status s = StoreSegment(i); !s.ok()) {
+      spdlog::warn("keeping leased segment {}'s renewed memfd for a restart failed: {}", i,
+                   s.ToString());
+      table_->SegmentsNotKept(i, 1);
+      continue;
+    }
+    table_->LeasedSegmentsRenewed(i, 1);
+  }
+}
+
 absl::Status DaemonJournal::KeepForRestart(const std::vector<bool>& reused_segments,
                                            bool table_reused,
                                            const std::vector<std::string>& dropped_names) {

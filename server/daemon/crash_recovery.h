@@ -89,6 +89,7 @@ class DaemonJournal final : public StateJournal {
     table_->LeaseReleased(lease_id, first_segment);
   }
   void SegmentsRenewed(uint32_t first, uint32_t count) override;
+  void LeasedSegmentsRenewed(uint32_t first, uint32_t count) override;
   void ObjectHandleIssued(uint64_t handle) override { table_->ObjectHandleIssued(handle); }
   // The fd goes to the service manager's store first, then the table
   // records the file (neither when the store has no room left for it).

@@ -421,6 +421,13 @@ void StateTable::SegmentsRenewed(uint32_t first, uint32_t count) {
   }
 }
 
+void StateTable::LeasedSegmentsRenewed(uint32_t first, uint32_t count) {
+  uint8_t* flags = CleanFlags();
+  for (uint32_t i = first; i < geometry_.segments && i - first < count; ++i) {
+    __atomic_store_n(&flags[i], kKept, __ATOMIC_RELEASE);
+  }
+}
+
 void StateTable::SegmentsNotKept(uint32_t first, uint32_t count) {
   uint8_t* flags = CleanFlags();
   for (uint32_t i = first; i < geometry_.segments && i - first < count; ++i) {

@@ -109,6 +109,8 @@ class StateTable final : public StateJournal {
   // Marks the segments clean and kept (their memfds are the fresh ones the
   // service manager keeps: the caller stored them first).
   void SegmentsRenewed(uint32_t first, uint32_t count) override;
+  // Marks the segments kept, not clean (the caller stored their memfds).
+  void LeasedSegmentsRenewed(uint32_t first, uint32_t count) override;
   // The service manager may not hold the segments' current memfds (a store
   // failed): a lease on them cannot be recovered.
   void SegmentsNotKept(uint32_t first, uint32_t count);

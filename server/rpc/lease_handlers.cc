@@ -110,10 +110,7 @@ struct LeaseCall : std::enable_shared_from_this<LeaseCall> {
     core->work->Post([self, ids, send, leases = *std::move(granted)]() mutable {
       for (const auto& lease : leases) {
         if (!lease->needs_scrub()) continue;
-        SegmentRun view;
-        view.first_segment = lease->first_segment();
-        view.count = lease->segments();
-        if (absl::Status renewed = self->core->segments.RenewSegments(view); !renewed.ok()) {
+        if (absl::Status renewed = self->core->leases.Scrub(*lease); !renewed.ok()) {
           return self->Finish(renewed, ids);
         }
       }

@@ -24,6 +24,15 @@ Lease::~Lease() {
   manager_->Recycle(std::move(run_));
 }
 
+absl::Status LeaseManager::Scrub(const Lease& lease) {
+  SegmentRun view;
+  view.first_segment = lease.first_segment();
+  view.count = lease.segments();
+  if (absl::Status renewed = pool_.RenewSegments(view); !renewed.ok()) return renewed;
+  if (journal_ != nullptr) journal_->LeasedSegmentsRenewed(view.first_segment, view.count);
+  return absl::OkStatus();
+}
+
 void LeaseManager::Recycle(SegmentRun run) {
   if (!renew_.load()) return;  // shutting down: `run` frees the memory as it is
   const uint64_t bytes = run.memory.size();

@@ -95,6 +95,10 @@ class LeaseManager {
                                                             uint32_t count,
                                                             uint32_t segments_per_lease,
                                                             int numa_node = -1);
+  // Gives a granted lease that needs_scrub fresh memory (RenewSegments of
+  // its run) before its fds leave the daemon, and records the new memfds
+  // in the journal. The pool's error when the renewal fails.
+  absl::Status Scrub(const Lease& lease);
   // Takes leases back, all or none: NOT_FOUND for one that is not the
   // session's, INVALID_ARGUMENT for a repeat.
   absl::StatusOr<RemovedTotals> Return(uint64_t session_id, absl::Span<const uint64_t> ids);

@@ -29,6 +29,11 @@ class StateJournal {
   // Segments [first, first + count) have fresh memfds (a returned lease's
   // renewal), before they can be leased again.
   virtual void SegmentsRenewed(uint32_t first, uint32_t count) = 0;
+  // A granted lease's segments [first, first + count) got fresh memfds
+  // before its fds left the daemon (a scrub: they held inline objects): a
+  // restart must map these, not the ones they replaced. Still leased, so
+  // not free to reuse.
+  virtual void LeasedSegmentsRenewed(uint32_t first, uint32_t count) = 0;
   // An inline object handle was issued: handles after a restart stay above.
   virtual void ObjectHandleIssued(uint64_t handle) = 0;
   // A spilled lease's file was written, before its id is answered: `file`

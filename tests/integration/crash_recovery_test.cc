@@ -6,12 +6,16 @@
 // the table; a recovered session that never attaches again is closed after
 // the grace period; an inline object lost in a crash is said lost (DATA_LOSS)
 // by the restarted daemon and by a successor that took over from it; an
-// unattached session that calls again within the grace is kept.
+// unattached session that calls again within the grace is kept; a lease
+// whose segments were scrubbed at its grant comes back with the memory its
+// client maps.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <unistd.h>
 
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <thread>
 
@@ -222,6 +226,53 @@ TEST(CrashRecoveryTest, SpilledLeasesSurviveKills) {
   EXPECT_TRUE(SpillFds(daemon->pid(), spill_dir).empty());
   ASSERT_TRUE(daemon->Stop(SIGTERM).ok());
   std::filesystem::remove_all(spill_dir);
+}
+
+// Whether some kept memfd named seg-<i> holds `bytes` at some offset
+// (a multiple of 256, as the client places buffers).
+bool KeptSegmentsHold(DaemonProcess& daemon, const std::vector<std::byte>& bytes) {
+  for (const auto& [name, fd] : daemon.fd_store()->Snapshot()) {
+    if (name.rfind("seg-", 0) != 0) continue;
+    std::vector<std::byte> segment(4 << 20);
+    if (pread(fd.get(), segment.data(), segment.size(), 0) !=
+        static_cast<ssize_t>(segment.size())) {
+      continue;
+    }
+    const size_t probe = std::min<size_t>(bytes.size(), 4096);
+    for (size_t at = 0; at + probe <= segment.size(); at += 256) {
+      if (std::memcmp(segment.data() + at, bytes.data(), probe) == 0) return true;
+    }
+  }
+  return false;
+}
+
+TEST(CrashRecoveryTest, ALeaseScrubbedAtItsGrantIsRecoveredWithTheMemoryItsClientMaps) {
+  std::unique_ptr<DaemonProcess> daemon = StartDaemonOrDie(Supervised());
+  ASSERT_NE(daemon, nullptr);
+  // Inline objects over most of the pool, then deleted: their segments
+  // are scrubbed (given fresh memfds) when they are next leased.
+  {
+    ClientOptions options = Attached(*daemon);
+    options.attach = AttachMode::kOff;
+    absl::StatusOr<std::unique_ptr<Client>> filler = Client::Connect(options);
+    ASSERT_TRUE(filler.ok()) << filler.status();
+    StoredBuffers objects;
+    for (uint64_t seed = 1; seed <= 100; ++seed) StoreRandom(**filler, seed, &objects);
+    ASSERT_FALSE(::testing::Test::HasFatalFailure()) << daemon->log();
+    ASSERT_TRUE((*filler)->Close().ok());
+  }
+  absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(Attached(*daemon));
+  ASSERT_TRUE(client.ok()) << client.status();
+  ASSERT_TRUE((*client)->attached());
+  StoredBuffers stored;
+  for (uint64_t seed = 200; seed < 206; ++seed) StoreRandom(**client, seed, &stored);
+  ASSERT_FALSE(::testing::Test::HasFatalFailure()) << daemon->log();
+  Crash(*daemon);
+  // The restarted daemon maps what the service manager kept: for every
+  // lease, the memfd its client wrote into, not the one its scrub replaced.
+  for (const auto& [ticket, bytes] : stored) EXPECT_TRUE(KeptSegmentsHold(*daemon, bytes));
+  ExpectFetched(**client, stored);
+  EXPECT_EQ((*client)->daemon_reattaches(), 1u);
 }
 
 TEST(CrashRecoveryTest, InlineObjectsLostInACrashAreSaidLostAfterATakeOverToo) {
