@@ -8,6 +8,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstring>
@@ -154,6 +155,16 @@ absl::Status FdStore::Corrupt(const std::string& name, off_t offset, const std::
     return absl::OkStatus();
   }
   return absl::NotFoundError(absl::StrCat("no kept fd named ", name));
+}
+
+size_t FdStore::Forget(const std::string& prefix) {
+  Drain();
+  absl::MutexLock lock(&mu_);
+  const size_t before = kept_.size();
+  kept_.erase(std::remove_if(kept_.begin(), kept_.end(),
+                             [&](const auto& kept) { return kept.first.rfind(prefix, 0) == 0; }),
+              kept_.end());
+  return before - kept_.size();
 }
 
 }  // namespace actstash::testing

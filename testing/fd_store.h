@@ -42,6 +42,9 @@ class FdStore {
   // Writes `bytes` at `offset` into the first kept fd named `name`.
   absl::Status Corrupt(const std::string& name, off_t offset, const std::string& bytes)
       ABSL_LOCKS_EXCLUDED(mu_);
+  // Lets go of every kept fd whose name starts with `prefix`, as a service
+  // manager that lost them would; how many.
+  size_t Forget(const std::string& prefix) ABSL_LOCKS_EXCLUDED(mu_, receive_mu_);
 
  private:
   FdStore(std::string address, UniqueFd socket, UniqueFd wake);

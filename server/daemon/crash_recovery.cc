@@ -1,5 +1,6 @@
 #include "server/daemon/crash_recovery.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <utility>
 
@@ -28,6 +29,8 @@ TableGeometry GeometryOf(const DaemonConfig& config) {
                           : static_cast<uint32_t>(config.pool_bytes / config.segment_bytes);
   geometry.session_slots = static_cast<uint32_t>(config.max_sessions);
   geometry.spill_slots = config.spill_dir.empty() ? 0 : kKeptSpillFiles;
+  geometry.object_slots = static_cast<uint32_t>(std::clamp<uint64_t>(
+      config.pool_bytes / kPoolBytesPerKeptObject, kMinKeptObjects, kMaxKeptObjects));
   return geometry;
 }
 
@@ -155,6 +158,35 @@ Recovery CollectRecovery(const DaemonConfig& config, std::vector<PassedFd> passe
       recovery.segments[i].Reset();  // a fresh memfd replaces it
     }
   }
+  // An object survives when its bytes do: in segments mapped again, or in a
+  // spill file that came back.
+  absl::flat_hash_set<uint64_t> files_back;
+  for (const v1::SpillFileState& file : recovery.state.spill_files) files_back.insert(file.id());
+  std::vector<v1::ObjectState> objects;
+  for (v1::ObjectState& object : recovery.state.objects) {
+    bool back = false;
+    if (object.residence_case() == v1::ObjectState::kSpillId) {
+      back = files_back.contains(object.spill_id());
+    } else if (geometry.segment_bytes > 0) {
+      const uint64_t first = object.pool_offset() / geometry.segment_bytes;
+      const uint64_t end = (object.pool_offset() + std::max<uint64_t>(object.nbytes(), 1) +
+                            geometry.segment_bytes - 1) /
+                           geometry.segment_bytes;
+      back = end <= geometry.segments;
+      for (uint64_t i = first; back && i < end; ++i) {
+        back = !leased[i] && recovery.segments[i].valid();
+      }
+    }
+    if (!back) {
+      spdlog::warn("recovery: inline object {} of session {} lost: its {} was not kept",
+                   object.handle(), object.session_id(),
+                   object.residence_case() == v1::ObjectState::kSpillId ? "spill file" : "memory");
+      recovery.table->ObjectGone(object.handle());
+      continue;
+    }
+    objects.push_back(std::move(object));
+  }
+  recovery.state.objects = std::move(objects);
   return recovery;
 }
 

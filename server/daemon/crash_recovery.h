@@ -5,11 +5,11 @@
 // state_table.h), "seg-<i>" (host pool segment i's memfd; replaced after
 // each renewal), "attach" (the attach socket's listener, so that clients
 // that reconnect while the daemon is down wait in its backlog) and
-// "spill-<id>" (a spilled lease's unlinked file, while it is on disk). A
-// start with those fds passed ($LISTEN_FDS) maps the same segments, takes
-// the sessions, leases and spill files from the table, and gives the
-// sessions a grace period to attach again (Daemon::AdoptRecovered,
-// daemon_recovery.cc).
+// "spill-<id>" (a spilled lease's or inline object's unlinked file, while
+// it is on disk). A start with those fds passed ($LISTEN_FDS) maps the same
+// segments, takes the sessions, leases, spill files and inline objects from
+// the table, and gives the sessions a grace period to come back
+// (Daemon::AdoptRecovered, daemon_recovery.cc).
 #ifndef ACTSTASH_SERVER_DAEMON_CRASH_RECOVERY_H_
 #define ACTSTASH_SERVER_DAEMON_CRASH_RECOVERY_H_
 
@@ -38,6 +38,12 @@ std::string SpillFdName(uint64_t spill_id);
 // Spill files a table records at most (the service manager must keep them
 // too: FileDescriptorStoreMax counts them).
 inline constexpr uint32_t kKeptSpillFiles = 4096;
+// Inline objects a table records at most: one per this many bytes of the
+// pool, within the bounds below (a slot is 128 bytes of a memfd whose pages
+// are only backed once used).
+inline constexpr uint64_t kPoolBytesPerKeptObject = 64 << 10;
+inline constexpr uint32_t kMinKeptObjects = 4096;
+inline constexpr uint32_t kMaxKeptObjects = 1 << 20;
 
 // The table's geometry for `config`.
 TableGeometry GeometryOf(const DaemonConfig& config);
@@ -52,8 +58,8 @@ struct Recovery {
   // Per configured segment: the memfd to map again, or invalid for a fresh
   // one (none kept, or free memory a client that returned it may still map).
   std::vector<UniqueFd> segments;
-  // Free segments mapped again: they may hold a lost inline object's bytes
-  // (scrubbed before they are leased).
+  // Free segments mapped again: they hold the recovered inline objects, and
+  // may hold a lost one's bytes (scrubbed before they are leased).
   std::vector<uint32_t> reused_free;
   // The recovered spill files' fds, in the order of state.spill_files (each
   // recorded file whose fd was not passed back is dropped from both).
@@ -91,6 +97,8 @@ class DaemonJournal final : public StateJournal {
   void SegmentsRenewed(uint32_t first, uint32_t count) override;
   void LeasedSegmentsRenewed(uint32_t first, uint32_t count) override;
   void ObjectHandleIssued(uint64_t handle) override { table_->ObjectHandleIssued(handle); }
+  void ObjectStored(const v1::ObjectState& object) override { table_->ObjectStored(object); }
+  void ObjectGone(uint64_t handle) override { table_->ObjectGone(handle); }
   // The fd goes to the service manager's store first, then the table
   // records the file (neither when the store has no room left for it).
   void SpillFileKept(const v1::SpillFileState& file, int fd) override ABSL_LOCKS_EXCLUDED(mu_);

@@ -123,6 +123,12 @@ class Daemon {
   // (and all, when the tier refuses them) leave the journal. How many went in.
   size_t AdoptRecoveredSpills(
       Recovery* recovery, const absl::flat_hash_map<uint64_t, std::shared_ptr<Session>>& sessions);
+  // The recovered inline objects of `sessions` into the catalog (their
+  // ranges of the pool, or their adopted spill files); one that cannot be
+  // adopted leaves the journal, its file the tier. How many went in.
+  size_t AdoptRecoveredObjects(
+      const std::vector<v1::ObjectState>& objects,
+      const absl::flat_hash_map<uint64_t, std::shared_ptr<Session>>& sessions);
   // Closes the recovered sessions that did not attach again in time (the
   // reaper's thread).
   void ReapUnreattached();

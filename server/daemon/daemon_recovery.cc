@@ -27,10 +27,17 @@ absl::Status Daemon::AdoptRecovered(Recovery* recovery) {
     by_id[s.id()] = *session;
   }
   size_t leases = 0;
-  // Sessions with memory of their own (leases, spill files): attached before.
+  // Sessions with memory of their own (leases, their spill files): attached
+  // before. An inline object's spill file is not a sign of it.
+  absl::flat_hash_set<uint64_t> object_files;
+  for (const v1::ObjectState& object : state.objects) {
+    if (object.residence_case() == v1::ObjectState::kSpillId)
+      object_files.insert(object.spill_id());
+  }
   absl::flat_hash_set<uint64_t> attached_before;
-  for (const v1::SpillFileState& file : state.spill_files)
-    attached_before.insert(file.session_id());
+  for (const v1::SpillFileState& file : state.spill_files) {
+    if (!object_files.contains(file.id())) attached_before.insert(file.session_id());
+  }
   for (const v1::LeaseState& lease : state.leases) {
     absl::StatusOr<SegmentRun> run = pool_->AdoptRun(lease.first_segment(), lease.count());
     if (!run.ok()) {  // not expected: the table's runs do not overlap
@@ -52,10 +59,11 @@ absl::Status Daemon::AdoptRecovered(Recovery* recovery) {
     ++leases;
   }
   const size_t spill_files = AdoptRecoveredSpills(recovery, by_id);
+  const size_t objects = AdoptRecoveredObjects(state.objects, by_id);
   leases_.Restore(state.next_lease_id, 0);
   sessions_.AdvanceNextId(state.next_session_id);
-  // Inline objects are not in the table: their handles now say they were
-  // lost, and new ones never repeat them.
+  // Handles of objects that did not come back say they were lost; new ones
+  // never repeat any.
   catalog_.AdvanceNextHandle(state.next_object_handle, /*lost=*/true);
   {
     absl::MutexLock lock(&recovery_mu_);
@@ -66,10 +74,10 @@ absl::Status Daemon::AdoptRecovered(Recovery* recovery) {
   }
   spdlog::info(
       "recovery: the state of the daemon that crashed is back (restart {} of this state): {} "
-      "sessions, {} leases over {} segments kept, {} free segments reused, {} spill files; the "
-      "sessions have {} s to attach again",
+      "sessions, {} leases over {} segments kept, {} free segments reused, {} spill files, {} "
+      "inline objects; the sessions have {} s to come back",
       state.restarts + 1, by_id.size(), leases, pool_->segment_count(),
-      recovery->reused_free.size(), spill_files, config_.reattach_grace_seconds);
+      recovery->reused_free.size(), spill_files, objects, config_.reattach_grace_seconds);
   return absl::OkStatus();
 }
 
@@ -106,6 +114,33 @@ size_t Daemon::AdoptRecoveredSpills(
     if (journal_ != nullptr) journal_->SpillFileGone(id);
   }
   return static_cast<size_t>(adopt.spill_files_size());
+}
+
+size_t Daemon::AdoptRecoveredObjects(
+    const std::vector<v1::ObjectState>& objects,
+    const absl::flat_hash_map<uint64_t, std::shared_ptr<Session>>& sessions) {
+  absl::flat_hash_set<uint64_t> spill_ids;
+  size_t adopted = 0;
+  for (const v1::ObjectState& object : objects) {
+    absl::Status s = sessions.contains(object.session_id())
+                         ? AdoptObject(object, sessions, &spill_ids)
+                         : absl::NotFoundError("its session was not recovered");
+    if (s.ok()) {
+      ++adopted;
+      continue;
+    }
+    // Not expected (CollectRecovery kept only objects whose bytes came
+    // back): this object is lost, the others are not.
+    spdlog::error("recovery: inline object {} of session {} not recovered: {}", object.handle(),
+                  object.session_id(), s.ToString());
+    if (journal_ != nullptr) journal_->ObjectGone(object.handle());
+    if (object.residence_case() == v1::ObjectState::kSpillId && spill_ != nullptr &&
+        !spill_ids.contains(object.spill_id())) {
+      const uint64_t id = object.spill_id();
+      (void)spill_->Drop(object.session_id(), absl::MakeConstSpan(&id, 1));
+    }
+  }
+  return adopted;
 }
 
 void Daemon::ReapUnreattached() {

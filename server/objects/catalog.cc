@@ -17,7 +17,10 @@ absl::StatusOr<uint64_t> Catalog::Insert(const Session& session,
         absl::StrCat("session ", session.id(), " was closed during the Put"));
   }
   const uint64_t handle = next_handle_++;
-  if (journal_ != nullptr) journal_->ObjectHandleIssued(handle);
+  if (journal_ != nullptr) {
+    journal_->ObjectHandleIssued(handle);
+    object->Record(journal_, handle);
+  }
   objects_.emplace(handle, std::move(object));
   by_session_[session.id()].insert(handle);
   return handle;
@@ -41,7 +44,10 @@ absl::Status Catalog::Adopt(const Session& session, uint64_t handle,
     return absl::InvalidArgumentError(
         absl::StrCat("object handle ", handle, " is out of range or repeated in the handed state"));
   }
-  if (journal_ != nullptr) journal_->ObjectHandleIssued(handle);
+  if (journal_ != nullptr) {
+    journal_->ObjectHandleIssued(handle);
+    object->Record(journal_, handle);
+  }
   next_handle_ = std::max(next_handle_, handle + 1);
   objects_.emplace(handle, std::move(object));
   by_session_[session.id()].insert(handle);
@@ -55,8 +61,8 @@ absl::StatusOr<std::shared_ptr<const StoredObject>> Catalog::Lookup(uint64_t ses
   if (it == objects_.end() && handle < lost_below_) {
     return absl::DataLossError(absl::StrCat(
         "object ", handle,
-        " was stored before actstashd restarted after a crash: inline objects do not survive "
-        "a crash (leased memory does)"));
+        " was stored before actstashd restarted after a crash and did not survive it (its "
+        "memory, spill file or record was not kept; see the daemon's log)"));
   }
   if (it == objects_.end() || it->second->session_id() != session_id) {
     return absl::NotFoundError(absl::StrCat("no object with handle ", handle, " in this session"));
@@ -89,6 +95,7 @@ absl::StatusOr<RemovedTotals> Catalog::Remove(uint64_t session_id,
       auto it = objects_.find(handle);
       if (it == objects_.end()) continue;  // lost in a crash (checked above)
       totals.bytes += it->second->meta().nbytes;
+      it->second->Unrecord();
       removed.push_back(std::move(it->second));
       objects_.erase(it);
       owned.erase(handle);
@@ -109,6 +116,7 @@ RemovedTotals Catalog::RemoveSession(uint64_t session_id) {
     for (uint64_t handle : owned.mapped()) {
       auto it = objects_.find(handle);
       totals.bytes += it->second->meta().nbytes;
+      it->second->Unrecord();
       removed.push_back(std::move(it->second));
       objects_.erase(it);
     }
@@ -142,6 +150,7 @@ void Catalog::RemoveAll() {
     absl::MutexLock lock(&mu_);
     removed.swap(objects_);
     by_session_.clear();
+    for (const auto& [handle, object] : removed) object->Unrecord();
   }
 }
 

@@ -94,6 +94,12 @@ class StoredObject {
   // is read, spilled or read back (the daemon stopped serving: retry).
   absl::StatusOr<bool> ExportState(uint64_t handle, v1::ObjectState* out) const
       ABSL_LOCKS_EXCLUDED(mu_);
+  // Recording for a restart after a crash: Record writes the object's state
+  // (StateJournal::ObjectStored under `handle`) now and again whenever its
+  // residence changes, until Unrecord (it left the catalog), which records
+  // it gone. The catalog calls both, under its lock.
+  void Record(StateJournal* journal, uint64_t handle) const ABSL_LOCKS_EXCLUDED(mu_);
+  void Unrecord() const ABSL_LOCKS_EXCLUDED(mu_);
   // An object whose bytes are in spill file `spill_id` of `tier` (adopted
   // from a predecessor).
   static std::shared_ptr<StoredObject> Spilled(uint64_t session_id, ObjectMeta meta,
@@ -101,6 +107,11 @@ class StoredObject {
 
  private:
   enum class Residence { kResident, kSpilling, kSpilled, kRestoring, kLost };
+  // The state of a resident or spilled object, as a journal or a successor
+  // keeps it.
+  void FillState(uint64_t handle, v1::ObjectState* out) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Tells the journal, if any, of the object's state now.
+  void RecordLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   const uint64_t session_id_;
   const ObjectMeta meta_;
   mutable absl::Mutex mu_;
@@ -113,14 +124,17 @@ class StoredObject {
   mutable uint32_t readers_ ABSL_GUARDED_BY(mu_) = 0;
   mutable std::vector<std::function<void(absl::Status)>> waiters_ ABSL_GUARDED_BY(mu_);
   mutable absl::Status lost_ ABSL_GUARDED_BY(mu_);
+  mutable StateJournal* journal_ ABSL_GUARDED_BY(mu_) = nullptr;
+  mutable uint64_t handle_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 // Thread-safe. Handles are never 0 and never reused within a daemon's life.
 // Objects are destroyed outside the catalog's lock.
 class Catalog {
  public:
-  // `journal` (not owned; null: none) learns every handle issued, and must
-  // outlive the catalog.
+  // `journal` (not owned; null: none) learns every handle issued and every
+  // object's state as it changes (StoredObject::Record), and must outlive
+  // the catalog.
   explicit Catalog(StateJournal* journal = nullptr) : journal_(journal) {}
   Catalog(const Catalog&) = delete;
   Catalog& operator=(const Catalog&) = delete;
@@ -130,8 +144,8 @@ class Catalog {
   absl::StatusOr<uint64_t> Insert(const Session& session, std::shared_ptr<StoredObject> object);
   // The object if it exists and belongs to `session_id`; else NOT_FOUND
   // (the same answer for both, so handles of others reveal nothing), or
-  // DATA_LOSS for a handle a crashed predecessor issued (see
-  // AdvanceNextHandle).
+  // DATA_LOSS for a handle a crashed predecessor issued whose object did
+  // not survive (see AdvanceNextHandle).
   absl::StatusOr<std::shared_ptr<const StoredObject>> Lookup(uint64_t session_id,
                                                              uint64_t handle) const;
   // All-or-nothing removal: NOT_FOUND naming the first handle that is not
@@ -152,7 +166,8 @@ class Catalog {
   // Take-over: the handle the next Insert gives, and raising it to at least
   // `handle` in a successor (handles never repeat across a hand-over).
   // With `lost`, the handles below `handle` were issued by a daemon that
-  // crashed, whose objects did not survive: looking one up says so.
+  // crashed: looking up one whose object did not survive (it is not in the
+  // catalog) says so.
   uint64_t next_handle() const;
   void AdvanceNextHandle(uint64_t handle, bool lost = false);
   // The handle below which every one was lost that way (0: none).

@@ -91,7 +91,8 @@ void StoredObject::FinishRestore(const absl::Status& status, Allocation memory,
       memory_ = std::move(memory);
       reservation_ = std::move(reservation);
       residence_ = Residence::kResident;
-      spill_id_ = 0;  // the spill tier deleted the file
+      spill_id_ = 0;  // the spill tier deletes the file
+      RecordLocked();
     } else {
       readers_ -= static_cast<uint32_t>(waiters.size());  // their reads end here
       if (status.code() == absl::StatusCode::kDataLoss ||
@@ -103,6 +104,7 @@ void StoredObject::FinishRestore(const absl::Status& status, Allocation memory,
                                           "back: ",
                                           status.message()));
         told = lost_;
+        if (journal_ != nullptr) journal_->ObjectGone(handle_);
       } else {
         residence_ = Residence::kSpilled;
       }
@@ -121,6 +123,11 @@ absl::StatusOr<bool> StoredObject::ExportState(uint64_t handle, v1::ObjectState*
   if (readers_ > 0) {
     return absl::UnavailableError(absl::StrCat("object ", handle, " is being read; retry"));
   }
+  FillState(handle, out);
+  return true;
+}
+
+void StoredObject::FillState(uint64_t handle, v1::ObjectState* out) const {
   out->set_handle(handle);
   out->set_session_id(session_id_);
   out->set_dtype(meta_.dtype);
@@ -133,7 +140,26 @@ absl::StatusOr<bool> StoredObject::ExportState(uint64_t handle, v1::ObjectState*
   } else {
     out->set_pool_offset(memory_.offset());
   }
-  return true;
+}
+
+void StoredObject::RecordLocked() const {
+  if (journal_ == nullptr) return;
+  v1::ObjectState state;
+  FillState(handle_, &state);
+  journal_->ObjectStored(state);
+}
+
+void StoredObject::Record(StateJournal* journal, uint64_t handle) const {
+  absl::MutexLock lock(&mu_);
+  journal_ = journal;
+  handle_ = handle;
+  if (residence_ != Residence::kLost) RecordLocked();
+}
+
+void StoredObject::Unrecord() const {
+  absl::MutexLock lock(&mu_);
+  if (journal_ != nullptr) journal_->ObjectGone(handle_);
+  journal_ = nullptr;
 }
 
 std::shared_ptr<StoredObject> StoredObject::Spilled(uint64_t session_id, ObjectMeta meta,
@@ -166,6 +192,9 @@ uint64_t StoredObject::FinishSpill(const absl::StatusOr<uint64_t>& spill_id,
   residence_ = Residence::kSpilled;
   spill_id_ = *spill_id;
   spill_ = tier;
+  // Recorded spilled before the memory goes back: a restart never finds
+  // the object in memory another holds.
+  RecordLocked();
   memory = std::move(memory_);
   reservation = std::move(reservation_);
   return 0;

@@ -36,6 +36,14 @@ class StateJournal {
   virtual void LeasedSegmentsRenewed(uint32_t first, uint32_t count) = 0;
   // An inline object handle was issued: handles after a restart stay above.
   virtual void ObjectHandleIssued(uint64_t handle) = 0;
+  // An inline object is stored, or moved (spilled, read back): `object`
+  // holds its handle, session, metadata and residence (pool offset or spill
+  // id), recorded before the handle is answered and before the memory or
+  // file it no longer uses is given back. Gone: deleted (or its session
+  // closed), before its memory or file is given back. A journal that has no
+  // room for it records nothing: that object does not survive a crash.
+  virtual void ObjectStored(const v1::ObjectState& object) = 0;
+  virtual void ObjectGone(uint64_t handle) = 0;
   // A spilled lease's file was written, before its id is answered: `file`
   // holds its id, session, size and checksum (no fd index), `fd` is the
   // unlinked file (its only name; the journal keeps what it needs before

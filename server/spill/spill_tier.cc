@@ -154,7 +154,7 @@ absl::StatusOr<UniqueFd> SpillTier::CreateFile(uint64_t bytes) {
 }
 
 void SpillTier::SpillBytes(std::shared_ptr<Session> session, const std::byte* data, uint64_t bytes,
-                           std::shared_ptr<const void> keepalive, SpillDone done, bool journaled) {
+                           std::shared_ptr<const void> keepalive, SpillDone done) {
   uint64_t id = 0;
   absl::Status refused;  // answered outside mu_: `done` may call back in
   {
@@ -183,7 +183,7 @@ void SpillTier::SpillBytes(std::shared_ptr<Session> session, const std::byte* da
     }
   }
   if (!refused.ok()) return done(refused);
-  journaled = journaled && journal_ != nullptr;
+  const bool journaled = journal_ != nullptr;
   Post([this, id, bytes, data, journaled, session = std::move(session),
         keepalive = std::move(keepalive), done = std::move(done)](SpillFileIo& io) {
     const uint64_t start = MonotonicNowNs();
@@ -324,8 +324,12 @@ void SpillTier::RestoreBytes(std::shared_ptr<Session> session, uint64_t spill_id
       }
     }
     to_close.Reset();
-    if (left) JournalGone({file->id});
+    // Answered before the journal forgets the file: a crash in between
+    // leaves a file its session no longer names (dropped with the session),
+    // never bytes read back that the answer did not reach and the file no
+    // longer holds.
     done(status);
+    if (left) JournalGone({file->id});
   });
 }
 

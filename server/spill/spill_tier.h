@@ -76,15 +76,15 @@ class SpillTier {
   void Spill(std::shared_ptr<Session> session, std::shared_ptr<Lease> lease, SpillDone done) {
     std::byte* data = lease->data();
     const uint64_t bytes = lease->bytes();
-    SpillBytes(std::move(session), data, bytes, std::move(lease), std::move(done),
-               /*journaled=*/true);
+    SpillBytes(std::move(session), data, bytes, std::move(lease), std::move(done));
   }
   // Spill of any daemon memory of the session (an inline object): `data`
   // stays valid (`keepalive` holds it) and unchanged until `done` runs.
-  // `journaled`: the file is given to the journal (a lease's: its client
-  // keeps the id across a crash; an inline object's handle does not).
+  // Every file written is given to the journal (if any) before `done` runs,
+  // so that it survives a crash: a lease's, whose client keeps the id, and
+  // an inline object's, which the journal records with the object.
   void SpillBytes(std::shared_ptr<Session> session, const std::byte* data, uint64_t bytes,
-                  std::shared_ptr<const void> keepalive, SpillDone done, bool journaled = false);
+                  std::shared_ptr<const void> keepalive, SpillDone done);
   // Reads spill `spill_id` of the session into `lease` (of the same size),
   // verifies its checksum, then deletes the file. NOT_FOUND for another
   // session's or an unknown id, FAILED_PRECONDITION while it is still being

@@ -4,11 +4,12 @@
 // on leasing; a state table damaged while the daemon was down is not
 // trusted and the client is told its state was lost; a clean stop retires
 // the table; a recovered session that never attaches again is closed after
-// the grace period; an inline object lost in a crash is said lost (DATA_LOSS)
-// by the restarted daemon and by a successor that took over from it; an
-// unattached session that calls again within the grace is kept; a lease
-// whose segments were scrubbed at its grant comes back with the memory its
-// client maps.
+// the grace period; inline objects, resident or spilled, survive crashes and
+// a take-over after them, and one whose memory the service manager did not
+// keep is said lost (DATA_LOSS) by the restarted daemon and by a successor
+// that took over from it; an unattached session that calls again within the
+// grace is kept; a lease whose segments were scrubbed at its grant comes
+// back with the memory its client maps.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -228,6 +229,69 @@ TEST(CrashRecoveryTest, SpilledLeasesSurviveKills) {
   std::filesystem::remove_all(spill_dir);
 }
 
+ClientOptions Inline(const DaemonProcess& daemon) {
+  ClientOptions options = Attached(daemon);
+  options.attach = AttachMode::kOff;  // stores are inline objects (Put)
+  return options;
+}
+
+v1::SessionStats SelfStats(Client& client) {
+  absl::StatusOr<v1::StatsReply> stats = client.Stats();
+  EXPECT_TRUE(stats.ok()) << stats.status();
+  return stats.ok() ? stats->self() : v1::SessionStats();
+}
+
+TEST(CrashRecoveryTest, InlineObjectsResidentAndSpilledSurviveKillsAndATakeOver) {
+  const std::string spill_dir = MakeTempDir();
+  DaemonProcessOptions options = Supervised({"--spill-dir", spill_dir});
+  options.pool_size = kPool;  // as the successor TakeOver starts
+  options.segment_size = kSegment;
+  std::unique_ptr<DaemonProcess> daemon = StartDaemonOrDie(options);
+  ASSERT_NE(daemon, nullptr);
+  ClientOptions client_options = Inline(*daemon);
+  client_options.quota_bytes = 6 << 20;  // older objects spill to make room
+  absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(client_options);
+  ASSERT_TRUE(client.ok()) << client.status();
+  ASSERT_FALSE((*client)->attached());
+  StoredBuffers stored;
+  for (uint64_t seed = 1; seed <= 16; ++seed) {
+    StoreRandom(**client, seed, &stored);
+    ASSERT_FALSE(::testing::Test::HasFatalFailure()) << daemon->log();
+  }
+  // The spilled objects' files are kept for a restart, as leases' are.
+  const size_t spilled = KeptSpillFiles(*daemon);
+  ASSERT_GT(spilled, 4u) << daemon->log();
+  ASSERT_GT(SelfStats(**client).spill().on_disk_bytes(), 0u);
+  Crash(*daemon);
+  EXPECT_TRUE(LogHas(*daemon, absl::StrCat(spilled, " spill files, 16 inline objects")))
+      << daemon->log();
+  EXPECT_EQ(SelfStats(**client).objects(), 16u);
+  ExpectFetched(**client, stored);
+  // The spilled ones were read back from the files the restarted daemon
+  // adopted.
+  EXPECT_GT(SelfStats(**client).spill().restores(), 0u);
+  // Deleted objects stay deleted across a crash; the others come back again.
+  for (int i = 0; i < 4; ++i) {
+    ASSERT_TRUE((*client)->Release(stored.front().first).ok());
+    stored.erase(stored.begin());
+  }
+  Crash(*daemon);
+  EXPECT_TRUE(LogHas(*daemon, "12 inline objects")) << daemon->log();
+  ExpectFetched(**client, stored);
+  EXPECT_EQ((*client)->daemon_reattaches(), 0u) << "an inline client never attached";
+  daemon = TakeOver(std::move(daemon), {"--spill-dir", spill_dir});
+  ASSERT_NE(daemon, nullptr);
+  ExpectFetched(**client, stored);
+  StoreRandom(**client, 99, &stored);
+  ExpectFetched(**client, stored);
+  ASSERT_TRUE((*client)->Close().ok());
+  EXPECT_TRUE(SpillFds(daemon->pid(), spill_dir).empty());
+  client->reset();
+  daemon.reset();
+  Retired().clear();  // the first daemon's folder holds the sockets
+  std::filesystem::remove_all(spill_dir);
+}
+
 // Whether some kept memfd named seg-<i> holds `bytes` at some offset
 // (a multiple of 256, as the client places buffers).
 bool KeptSegmentsHold(DaemonProcess& daemon, const std::vector<std::byte>& bytes) {
@@ -277,22 +341,26 @@ TEST(CrashRecoveryTest, ALeaseScrubbedAtItsGrantIsRecoveredWithTheMemoryItsClien
 
 TEST(CrashRecoveryTest, InlineObjectsLostInACrashAreSaidLostAfterATakeOverToo) {
   DaemonProcessOptions options = Supervised();
-  options.pool_size = kPool;  // as the successor TakeOver starts
+  options.pool_size = kPool;
   options.segment_size = kSegment;
   std::unique_ptr<DaemonProcess> daemon = StartDaemonOrDie(options);
   ASSERT_NE(daemon, nullptr);
-  ClientOptions client_options = Attached(*daemon);
-  client_options.attach = AttachMode::kOff;  // stores are inline objects (Put)
-  absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(client_options);
+  absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(Inline(*daemon));
   ASSERT_TRUE(client.ok()) << client.status();
-  ASSERT_FALSE((*client)->attached());
   const std::vector<std::byte> bytes = RandomBytes(64 << 10, 9);
   absl::StatusOr<Ticket> ticket = (*client)->Store(bytes.data(), bytes.size());
   ASSERT_TRUE(ticket.ok()) << ticket.status();
   std::vector<std::byte> back(bytes.size());
   auto fetch = [&] { return (*client)->Fetch(*ticket, back.data(), back.size()); };
   ASSERT_TRUE(fetch().ok());
-  Crash(*daemon);
+  // A crash after which the service manager passes the state table back
+  // but none of the pool's memfds: the object's memory is gone.
+  const int ready = daemon->fd_store()->ready_count();
+  ASSERT_TRUE(daemon->Stop(SIGKILL).ok());
+  ASSERT_GT(daemon->fd_store()->Forget("seg-"), 0u);
+  ASSERT_TRUE(daemon->Restart().ok()) << daemon->log();
+  ASSERT_TRUE(daemon->fd_store()->WaitReady(ready, std::chrono::seconds(30))) << daemon->log();
+  EXPECT_TRUE(LogHas(*daemon, "lost: its memory was not kept")) << daemon->log();
   absl::Status lost = fetch();
   EXPECT_EQ(lost.code(), absl::StatusCode::kDataLoss) << lost;
   EXPECT_THAT(std::string(lost.message()), HasSubstr("restarted after a crash"));
@@ -308,7 +376,7 @@ TEST(CrashRecoveryTest, InlineObjectsLostInACrashAreSaidLostAfterATakeOverToo) {
   EXPECT_EQ(back, bytes);
   client->reset();
   daemon.reset();
-  Retired().clear();  // the first daemon's folder holds the sockets
+  Retired().clear();
 }
 
 }  // namespace

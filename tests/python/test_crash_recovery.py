@@ -1,10 +1,10 @@
 """actstashd killed (SIGKILL) while trainers offload, and started again by a
 service manager that keeps its file descriptors (actstash_testing.supervisor:
 systemd's notify and fd-store protocols). The restarted daemon maps the same
-pool and takes the sessions, leases and spill files from its state table:
-every step completes bitwise (one trainer's quota makes its blocks spill to
-disk), every offloaded tensor comes back, and the trainers count the restarts
-as reattachments. A state table that fails its checksum is not
+pool and takes the sessions, leases, spill files and inline objects from its
+state table: every step completes bitwise (the quotas make blocks and objects
+spill to disk), every offloaded tensor comes back, and the attached trainers
+count the restarts as reattachments. A state table that fails its checksum is not
 trusted: clients get the "state lost" error. Sessions that do not come back
 within the grace period are closed and their leases freed."""
 import os
@@ -19,8 +19,10 @@ from conftest import (PACKAGE_ENV, assert_trained_bitwise, daemon_binary, pool_s
 from actstash_testing.supervisor import SupervisedDaemon
 from actstash_testing.trainers import Trainers
 
-# zero-copy, and zero-copy under a quota that makes its blocks spill
-KINDS = [(), ("--quota", str(8 << 20))]
+# zero-copy, zero-copy under a quota that makes its blocks spill, inline
+# objects under a quota that makes them spill
+QUOTA = ("--quota", str(8 << 20))
+KINDS = [(), QUOTA, ("--inline", *QUOTA)]
 KILLS = int(os.environ.get("ACTSTASH_CRASH_KILLS", "4"))
 
 
@@ -44,13 +46,18 @@ def test_trainers_survive_daemon_crashes(tmp_path):
         results = trainers.finish()
         assert_trained_bitwise(results)
         # Each restart was seen as one: the connection was made again.
-        assert all(r["reattaches"] == KILLS for r in results), results
+        assert [r["inline"] for r in results] == [False, False, True], results
+        assert all(r["reattaches"] == KILLS for r in results[:2]), results
         assert results[1]["spilled"] > 0, results
+        assert results[2]["offloaded"] > 0 and results[2]["failures"] == 0, results
         text = daemon.text()
         assert text.count("recovery: the state of the daemon that crashed is back") == KILLS
         # Spilled blocks were on disk at some crash, and came back from there.
         files = [int(n) for n in re.findall(r"free segments reused, (\d+) spill files", text)]
         assert len(files) == KILLS and max(files) > 0, files
+        # So were the inline trainer's objects, resident or spilled.
+        objects = [int(n) for n in re.findall(r"spill files, (\d+) inline objects", text)]
+        assert len(objects) == KILLS and max(objects) > 0, objects
         assert f"restart {KILLS} of this state" in text
         assert "not trusted" not in text
         stats = wait_pool_empty(daemon.socket)

@@ -9,6 +9,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -196,6 +197,100 @@ TEST(StateTableTest, SpillFilesComeBackAndTheirIdsAreNotGivenAgain) {
   absl::Status damaged = Reopen(**back, &ignored, kSpills).status();
   EXPECT_EQ(damaged.code(), absl::StatusCode::kDataLoss) << damaged;
   EXPECT_THAT(damaged.message(), HasSubstr("spill file slot"));
+}
+
+v1::ObjectState ObjectOf(uint64_t handle, uint64_t session, bool spilled, uint64_t where) {
+  v1::ObjectState object;
+  object.set_handle(handle);
+  object.set_session_id(session);
+  object.set_dtype("bfloat16");
+  for (int64_t dim : {4, 1024, 2048}) object.add_shape(dim);
+  object.set_nbytes(16 << 20);
+  object.set_checksum_algorithm(1);
+  object.set_checksum(0x0123456789abcdef ^ handle);
+  if (spilled) {
+    object.set_spill_id(where);
+  } else {
+    object.set_pool_offset(where);
+  }
+  return object;
+}
+
+TEST(StateTableTest, ObjectsComeBackAsLastRecorded) {
+  constexpr TableGeometry kObjects{1 << 20, 8, 4, 0, /*object_slots=*/4};
+  absl::StatusOr<std::unique_ptr<StateTable>> table = StateTable::Create(kObjects);
+  ASSERT_TRUE(table.ok()) << table.status();
+  for (uint64_t id : {1, 2}) {
+    v1::SessionState session = SessionOf(id);
+    session.set_token(absl::StrCat(session.token(), id));
+    (*table)->SessionOpened(session);
+  }
+  (*table)->ObjectStored(ObjectOf(10, 1, false, 0));
+  (*table)->ObjectStored(ObjectOf(11, 2, true, 3));
+  (*table)->ObjectStored(ObjectOf(12, 1, false, 1 << 20));
+  (*table)->ObjectStored(ObjectOf(13, 1, false, 2 << 20));
+  (*table)->ObjectStored(ObjectOf(14, 1, false, 3 << 20));  // no slot left: not recorded
+  (*table)->ObjectGone(11);
+  (*table)->ObjectStored(ObjectOf(12, 1, true, 7));   // spilled: its slot rewritten
+  (*table)->ObjectStored(ObjectOf(15, 3, false, 0));  // its session's slot is gone
+  RecoveredState state;
+  absl::StatusOr<std::unique_ptr<StateTable>> back = Reopen(**table, &state, kObjects);
+  ASSERT_TRUE(back.ok()) << back.status();
+  absl::flat_hash_map<uint64_t, v1::ObjectState> by_handle;
+  for (const v1::ObjectState& object : state.objects) by_handle[object.handle()] = object;
+  ASSERT_EQ(by_handle.size(), 3u);
+  ASSERT_TRUE(by_handle.contains(10) && by_handle.contains(12) && by_handle.contains(13));
+  EXPECT_EQ(by_handle[12].SerializeAsString(), ObjectOf(12, 1, true, 7).SerializeAsString());
+  EXPECT_EQ(by_handle[13].SerializeAsString(), ObjectOf(13, 1, false, 2 << 20).SerializeAsString());
+  EXPECT_GT(state.next_object_handle, 15u) << "handles given before the crash are not given again";
+  // The recovered table goes on recording: the dropped object's slot takes
+  // a new one.
+  (*back)->ObjectGone(10);
+  (*back)->ObjectStored(ObjectOf(20, 2, false, 4 << 20));
+  (*back)->ObjectStored(ObjectOf(21, 2, false, 5 << 20));
+  (*back)->ObjectStored(ObjectOf(22, 2, false, 6 << 20));  // full again
+  RecoveredState again;
+  ASSERT_TRUE(Reopen(**back, &again, kObjects).ok());
+  std::vector<uint64_t> handles;
+  for (const v1::ObjectState& object : again.objects) handles.push_back(object.handle());
+  EXPECT_THAT(handles, ::testing::UnorderedElementsAre(12, 13, 20, 21));
+  // A damaged object slot is not trusted.
+  const std::string body = ObjectOf(21, 2, false, 5 << 20).SerializeAsString();
+  std::string bytes(StateTableBytes(kObjects), '\0');
+  ASSERT_EQ(pread((*back)->fd(), bytes.data(), bytes.size(), 0),
+            static_cast<ssize_t>(bytes.size()));
+  const size_t at = bytes.find(body);
+  ASSERT_NE(at, std::string::npos);
+  const char flipped = static_cast<char>(bytes[at + 4] ^ 1);
+  ASSERT_EQ(pwrite((*back)->fd(), &flipped, 1, static_cast<off_t>(at + 4)), 1);
+  RecoveredState ignored;
+  absl::Status damaged = Reopen(**back, &ignored, kObjects).status();
+  EXPECT_EQ(damaged.code(), absl::StatusCode::kDataLoss) << damaged;
+  EXPECT_THAT(damaged.message(), HasSubstr("object slot"));
+  // Another number of object slots is another configuration.
+  TableGeometry other = kObjects;
+  other.object_slots = 8;
+  EXPECT_EQ(Reopen(**back, &ignored, other).status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(StateTableTest, ARecoveryReadsOnlyTheObjectSlotsEverUsed) {
+  // A million slots (128 MiB of memfd), three used: neither recording nor
+  // recovering makes the kernel back the rest of the region with pages.
+  constexpr TableGeometry kLarge{1 << 20, 8, 4, 0, /*object_slots=*/1 << 20};
+  absl::StatusOr<std::unique_ptr<StateTable>> table = StateTable::Create(kLarge);
+  ASSERT_TRUE(table.ok()) << table.status();
+  (*table)->SessionOpened(SessionOf(1));
+  for (uint64_t handle : {1, 2, 3})
+    (*table)->ObjectStored(ObjectOf(handle, 1, false, handle << 20));
+  RecoveredState state;
+  absl::StatusOr<std::unique_ptr<StateTable>> back = Reopen(**table, &state, kLarge);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(state.objects.size(), 3u);
+  struct stat st {};
+  ASSERT_EQ(fstat((*back)->fd(), &st), 0);
+  EXPECT_GE(static_cast<uint64_t>(st.st_size), kObjectSlotBytes << 20);
+  EXPECT_LT(static_cast<uint64_t>(st.st_blocks) * 512, uint64_t{1} << 20)
+      << "pages backed after a recovery";
 }
 
 TEST(StateTableTest, DamageIsDataLossAndOtherStatesArePreconditions) {

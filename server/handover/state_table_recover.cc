@@ -1,0 +1,215 @@
+// StateTable::Recover: reading back the table a daemon that crashed left,
+// and checking that its slots agree with one another.
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <string>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "common/errno_status.h"
+#include "common/tiered_id.h"
+#include "server/handover/state_table.h"
+#include "server/handover/state_table_layout.h"
+
+namespace actstash::server {
+
+using table_layout::HeaderChecksum;
+using table_layout::HeaderOf;
+using table_layout::kClean;
+using table_layout::kKept;
+using table_layout::kLeaseBodyBytes;
+using table_layout::kMagic;
+using table_layout::kMaxFloor;
+using table_layout::kObjectBodyBytes;
+using table_layout::kSessionBodyBytes;
+using table_layout::kSpillBodyBytes;
+using table_layout::MapTable;
+using table_layout::ReadSlot;
+using table_layout::StoreWord;
+using table_layout::TableHeader;
+
+absl::StatusOr<std::unique_ptr<StateTable>> StateTable::Recover(UniqueFd fd,
+                                                                const TableGeometry& geometry,
+                                                                RecoveredState* out) {
+  const size_t bytes = StateTableBytes(geometry);
+  struct stat st {};
+  if (fstat(fd.get(), &st) != 0) return ErrnoStatus("fstat of the state table", errno);
+  const int seals = fcntl(fd.get(), F_GET_SEALS);
+  if (seals < 0 || (seals & F_SEAL_SHRINK) == 0) {
+    return absl::FailedPreconditionError(
+        "the passed state table is not a sealed memfd (another program's fd of that name?)");
+  }
+  if (static_cast<uint64_t>(st.st_size) < sizeof(TableHeader)) {
+    return absl::DataLossError(absl::StrCat("the state table is ", st.st_size, " bytes"));
+  }
+  TableHeader header;
+  if (pread(fd.get(), &header, sizeof(header), 0) != static_cast<ssize_t>(sizeof(header))) {
+    return ErrnoStatus("reading the state table's header", errno);
+  }
+  if (header.magic != kMagic || header.checksum != HeaderChecksum(header)) {
+    return absl::DataLossError("the state table's header fails its checksum");
+  }
+  if (header.format != kTableFormat) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the state table is of format ", header.format, "; this actstashd reads ", kTableFormat));
+  }
+  if (header.segment_bytes != geometry.segment_bytes || header.segments != geometry.segments ||
+      header.session_slots != geometry.session_slots ||
+      header.spill_slots != geometry.spill_slots || header.object_slots != geometry.object_slots) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the state table is of a pool of ", header.segments, " segments of ", header.segment_bytes,
+        " bytes with ", header.session_slots, " sessions, ", header.spill_slots,
+        " spill files and ", header.object_slots, " objects; this one is configured for ",
+        geometry.segments, " of ", geometry.segment_bytes, " with ", geometry.session_slots, ", ",
+        geometry.spill_slots, " and ", geometry.object_slots, " (the configuration changed)"));
+  }
+  if (static_cast<uint64_t>(st.st_size) != bytes) {
+    return absl::DataLossError(
+        absl::StrCat("the state table is ", st.st_size, " bytes, not ", bytes));
+  }
+  if (header.retired != 0) {
+    return absl::FailedPreconditionError("the previous actstashd shut down cleanly");
+  }
+  absl::StatusOr<std::byte*> base = MapTable(fd.get(), bytes);
+  if (!base.ok()) return base.status();
+  std::unique_ptr<StateTable> table(new StateTable(std::move(fd), *base, bytes, geometry));
+
+  RecoveredState state;
+  state.restarts = header.restarts;
+  state.next_session_id = header.session_id_floor;
+  state.next_lease_id = header.lease_id_floor;
+  state.next_object_handle = header.object_handle_floor;
+  state.next_spill_id = header.spill_id_floor;
+  if (header.session_id_floor > kMaxFloor || header.lease_id_floor > kMaxFloor ||
+      header.object_handle_floor > kMaxFloor || header.spill_id_floor > kMaxFloor ||
+      header.object_slots_used > geometry.object_slots) {
+    return absl::DataLossError("the state table's id floors are damaged");
+  }
+  const uint8_t* flags = table->CleanFlags();
+  for (uint32_t i = 0; i < geometry.segments; ++i) {
+    if ((flags[i] & ~(kClean | kKept)) != 0) {
+      return absl::DataLossError(absl::StrCat("segment ", i, "'s flags are damaged"));
+    }
+    state.clean.push_back((flags[i] & kClean) != 0 && (flags[i] & kKept) != 0);
+    state.kept.push_back((flags[i] & kKept) != 0);
+  }
+  absl::flat_hash_set<std::string> tokens;
+  SlotIndex sessions;  // the table's, once all is read
+  for (uint32_t i = geometry.session_slots; i > 0; --i) {
+    const uint32_t slot = i - 1;
+    absl::StatusOr<std::string> body =
+        ReadSlot(table->SessionSlot(slot), kSessionBodyBytes, "session", slot);
+    if (!body.ok()) return body.status();
+    if (body->empty()) {
+      sessions.free.push_back(slot);
+      continue;
+    }
+    v1::SessionState session;
+    if (!session.ParseFromString(*body) || session.id() == 0 || session.id() > kMaxFloor ||
+        session.token().empty() || !sessions.slot_of.emplace(session.id(), slot).second ||
+        !tokens.insert(session.token()).second) {
+      return absl::DataLossError(absl::StrCat("the state table's session slot ", slot,
+                                              " holds no session, or one that repeats"));
+    }
+    state.sessions.push_back(std::move(session));
+  }
+  absl::flat_hash_set<uint64_t> lease_ids;
+  uint32_t covered_to = 0;  // runs are in segment order: each starts at or after it
+  for (uint32_t i = 0; i < geometry.segments; ++i) {
+    absl::StatusOr<std::string> body = ReadSlot(table->LeaseSlot(i), kLeaseBodyBytes, "lease", i);
+    if (!body.ok()) return body.status();
+    if (body->empty()) continue;
+    v1::LeaseState lease;
+    if (!lease.ParseFromString(*body) || lease.first_segment() != i || lease.count() == 0 ||
+        uint64_t{i} + lease.count() > geometry.segments || i < covered_to ||
+        tiered_id::TierOf(lease.id()) != 0 || tiered_id::IsInline(lease.id()) ||
+        tiered_id::SerialOf(lease.id()) == 0 || lease.id() > kMaxFloor ||
+        !lease_ids.insert(lease.id()).second) {
+      return absl::DataLossError(
+          absl::StrCat("the state table's lease slot ", i,
+                       " holds no lease, or one that overlaps another or leaves the pool"));
+    }
+    covered_to = i + lease.count();
+    if (!sessions.slot_of.contains(lease.session_id())) {
+      // Its session was closing when the daemon died (the session's slot
+      // goes first): the lease goes too. Its segments are not clean.
+      StoreWord(table->LeaseSlot(i), 0);
+      continue;
+    }
+    state.next_lease_id = std::max(state.next_lease_id, lease.id() + 1);
+    state.leases.push_back(std::move(lease));
+  }
+  SlotIndex spills;
+  for (uint32_t i = geometry.spill_slots; i > 0; --i) {
+    const uint32_t slot = i - 1;
+    absl::StatusOr<std::string> body =
+        ReadSlot(table->SpillSlot(slot), kSpillBodyBytes, "spill file", slot);
+    if (!body.ok()) return body.status();
+    if (body->empty()) {
+      spills.free.push_back(slot);
+      continue;
+    }
+    v1::SpillFileState file;
+    if (!file.ParseFromString(*body) || file.id() == 0 || file.id() > kMaxFloor ||
+        file.bytes() == 0 || !spills.slot_of.emplace(file.id(), slot).second) {
+      return absl::DataLossError(absl::StrCat("the state table's spill file slot ", slot,
+                                              " holds no file, or one that repeats"));
+    }
+    state.next_spill_id = std::max(state.next_spill_id, file.id() + 1);
+    if (!sessions.slot_of.contains(file.session_id())) {  // its session was closing, as a lease's
+      StoreWord(table->SpillSlot(slot), 0);
+      spills.Release(file.id());
+      continue;
+    }
+    state.spill_files.push_back(std::move(file));
+  }
+  spills.fresh = spills.count = geometry.spill_slots;
+  sessions.fresh = sessions.count = geometry.session_slots;
+  // Objects: only the slots ever used (the rest of the region was never
+  // touched, and reading it would make the kernel back it with pages).
+  SlotIndex objects;
+  objects.count = geometry.object_slots;
+  objects.fresh = static_cast<uint32_t>(header.object_slots_used);
+  for (uint32_t i = objects.fresh; i > 0; --i) {
+    const uint32_t slot = i - 1;
+    absl::StatusOr<std::string> body =
+        ReadSlot(table->ObjectSlot(slot), kObjectBodyBytes, "object", slot);
+    if (!body.ok()) return body.status();
+    if (body->empty()) {
+      objects.free.push_back(slot);
+      continue;
+    }
+    v1::ObjectState object;
+    if (!object.ParseFromString(*body) || object.handle() == 0 || object.handle() > kMaxFloor ||
+        object.residence_case() == v1::ObjectState::RESIDENCE_NOT_SET ||
+        !objects.slot_of.emplace(object.handle(), slot).second) {
+      return absl::DataLossError(absl::StrCat("the state table's object slot ", slot,
+                                              " holds no object, or one that repeats"));
+    }
+    state.next_object_handle = std::max(state.next_object_handle, object.handle() + 1);
+    if (!sessions.slot_of.contains(object.session_id())) {  // its session was closing
+      StoreWord(table->ObjectSlot(slot), 0);
+      objects.Release(object.handle());
+      continue;
+    }
+    state.objects.push_back(std::move(object));
+  }
+  for (const v1::SessionState& session : state.sessions) {
+    state.next_session_id = std::max(state.next_session_id, session.id() + 1);
+  }
+  {
+    absl::MutexLock lock(&table->mu_);
+    table->sessions_ = std::move(sessions);
+    table->spills_ = std::move(spills);
+    table->objects_ = std::move(objects);
+  }
+  __atomic_store_n(&HeaderOf(table->base_)->restarts, header.restarts + 1, __ATOMIC_RELEASE);
+  *out = std::move(state);
+  return table;
+}
+
+}  // namespace actstash::server
