@@ -167,10 +167,11 @@ Recovery CollectRecovery(const DaemonConfig& config, std::vector<PassedFd> passe
     bool back = false;
     if (object.residence_case() == v1::ObjectState::kSpillId) {
       back = files_back.contains(object.spill_id());
+    } else if (object.nbytes() == 0) {
+      back = true;  // no memory to come back
     } else if (geometry.segment_bytes > 0) {
       const uint64_t first = object.pool_offset() / geometry.segment_bytes;
-      const uint64_t end = (object.pool_offset() + std::max<uint64_t>(object.nbytes(), 1) +
-                            geometry.segment_bytes - 1) /
+      const uint64_t end = (object.pool_offset() + object.nbytes() + geometry.segment_bytes - 1) /
                            geometry.segment_bytes;
       back = end <= geometry.segments;
       for (uint64_t i = first; back && i < end; ++i) {

@@ -27,16 +27,15 @@ absl::Status Daemon::AdoptRecovered(Recovery* recovery) {
     by_id[s.id()] = *session;
   }
   size_t leases = 0;
-  // Sessions with memory of their own (leases, their spill files): attached
-  // before. An inline object's spill file is not a sign of it.
-  absl::flat_hash_set<uint64_t> object_files;
-  for (const v1::ObjectState& object : state.objects) {
-    if (object.residence_case() == v1::ObjectState::kSpillId)
-      object_files.insert(object.spill_id());
-  }
+  // Sessions with memory of their own (leases, spill files) were attached
+  // before, except those with inline objects: a spill file of theirs may
+  // be an object's whose record a crash cut short, and such a client may
+  // have no attach connection to come back by.
+  absl::flat_hash_set<uint64_t> inline_sessions;
+  for (const v1::ObjectState& object : state.objects) inline_sessions.insert(object.session_id());
   absl::flat_hash_set<uint64_t> attached_before;
   for (const v1::SpillFileState& file : state.spill_files) {
-    if (!object_files.contains(file.id())) attached_before.insert(file.session_id());
+    if (!inline_sessions.contains(file.session_id())) attached_before.insert(file.session_id());
   }
   for (const v1::LeaseState& lease : state.leases) {
     absl::StatusOr<SegmentRun> run = pool_->AdoptRun(lease.first_segment(), lease.count());

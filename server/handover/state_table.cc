@@ -311,6 +311,11 @@ void StateTable::ObjectStored(const v1::ObjectState& object) {
   const std::optional<uint32_t> slot =
       body.size() <= kObjectBodyBytes ? objects_.Assign(object.handle()) : std::nullopt;
   if (!slot.has_value()) {
+    // A moved object whose new record does not fit (a longer spill id or
+    // offset): its old record would name what it left, so it goes.
+    if (const std::optional<uint32_t> old = objects_.Release(object.handle())) {
+      StoreWord(ObjectSlot(*old), 0);
+    }
     if (!object_slots_full_logged_) {
       spdlog::warn(
           "state table: no slot for inline object {} ({} of {} slots in use, or a shape of {} "

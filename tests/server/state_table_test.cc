@@ -273,6 +273,24 @@ TEST(StateTableTest, ObjectsComeBackAsLastRecorded) {
   EXPECT_EQ(Reopen(**back, &ignored, other).status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
+TEST(StateTableTest, AnObjectWhoseNewRecordDoesNotFitIsNotLeftNamingItsOldPlace) {
+  constexpr TableGeometry kObjects{1 << 20, 8, 4, 0, /*object_slots=*/4};
+  absl::StatusOr<std::unique_ptr<StateTable>> table = StateTable::Create(kObjects);
+  ASSERT_TRUE(table.ok()) << table.status();
+  (*table)->SessionOpened(SessionOf(1));
+  (*table)->ObjectStored(ObjectOf(7, 1, false, 0));
+  (*table)->ObjectStored(ObjectOf(8, 1, false, 1 << 20));
+  // Moved, with a record over a slot's 112 bytes (shape of 40 dimensions).
+  v1::ObjectState moved = ObjectOf(7, 1, true, 5);
+  for (int i = 0; i < 40; ++i) moved.add_shape(int64_t{1} << 30);
+  ASSERT_GT(moved.ByteSizeLong(), kObjectSlotBytes);
+  (*table)->ObjectStored(moved);
+  RecoveredState state;
+  ASSERT_TRUE(Reopen(**table, &state, kObjects).ok());
+  ASSERT_EQ(state.objects.size(), 1u);
+  EXPECT_EQ(state.objects[0].handle(), 8u);
+}
+
 TEST(StateTableTest, ARecoveryReadsOnlyTheObjectSlotsEverUsed) {
   // A million slots (128 MiB of memfd), three used: neither recording nor
   // recovering makes the kernel back the rest of the region with pages.
