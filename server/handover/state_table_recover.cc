@@ -7,8 +7,10 @@
 #include <algorithm>
 #include <cerrno>
 #include <string>
+#include <vector>
 
 #include "absl/container/flat_hash_set.h"
+#include "absl/functional/function_ref.h"
 #include "absl/strings/str_cat.h"
 #include "common/errno_status.h"
 #include "common/tiered_id.h"
@@ -31,6 +33,50 @@ using table_layout::MapTable;
 using table_layout::ReadSlot;
 using table_layout::StoreWord;
 using table_layout::TableHeader;
+
+namespace {
+
+// A used slot's record, its id and where it is.
+template <typename Record>
+struct Slotted {
+  Record record;
+  uint64_t id = 0;
+  uint32_t slot = 0;
+};
+
+// Reads the first `used` slots of a region, last first: `free` gets the free
+// ones (the lowest last, as StateTable::SlotIndex hands them out), the
+// result the used ones' records. `id_of` gives a record's id when it is well
+// formed, else 0. DATA_LOSS for a damaged slot, a record that does not parse
+// or check out, or an id that repeats.
+template <typename Record>
+absl::StatusOr<std::vector<Slotted<Record>>> ReadRegion(
+    uint32_t used, absl::FunctionRef<const std::byte*(uint32_t)> slot_at, size_t capacity,
+    const char* what, absl::FunctionRef<uint64_t(const Record&)> id_of,
+    std::vector<uint32_t>* free) {
+  std::vector<Slotted<Record>> records;
+  absl::flat_hash_set<uint64_t> ids;
+  for (uint32_t i = used; i > 0; --i) {
+    const uint32_t slot = i - 1;
+    absl::StatusOr<std::string> body = ReadSlot(slot_at(slot), capacity, what, slot);
+    if (!body.ok()) return body.status();
+    if (body->empty()) {
+      free->push_back(slot);
+      continue;
+    }
+    Slotted<Record> read;
+    read.slot = slot;
+    if (!read.record.ParseFromString(*body) || (read.id = id_of(read.record)) == 0 ||
+        !ids.insert(read.id).second) {
+      return absl::DataLossError(absl::StrCat("the state table's ", what, " slot ", slot,
+                                              " holds no ", what, ", or one that repeats"));
+    }
+    records.push_back(std::move(read));
+  }
+  return records;
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<StateTable>> StateTable::Recover(UniqueFd fd,
                                                                 const TableGeometry& geometry,
@@ -99,23 +145,22 @@ absl::StatusOr<std::unique_ptr<StateTable>> StateTable::Recover(UniqueFd fd,
   }
   absl::flat_hash_set<std::string> tokens;
   SlotIndex sessions;  // the table's, once all is read
-  for (uint32_t i = geometry.session_slots; i > 0; --i) {
-    const uint32_t slot = i - 1;
-    absl::StatusOr<std::string> body =
-        ReadSlot(table->SessionSlot(slot), kSessionBodyBytes, "session", slot);
-    if (!body.ok()) return body.status();
-    if (body->empty()) {
-      sessions.free.push_back(slot);
-      continue;
-    }
-    v1::SessionState session;
-    if (!session.ParseFromString(*body) || session.id() == 0 || session.id() > kMaxFloor ||
-        session.token().empty() || !sessions.slot_of.emplace(session.id(), slot).second ||
-        !tokens.insert(session.token()).second) {
-      return absl::DataLossError(absl::StrCat("the state table's session slot ", slot,
-                                              " holds no session, or one that repeats"));
-    }
-    state.sessions.push_back(std::move(session));
+  sessions.fresh = sessions.count = geometry.session_slots;
+  absl::StatusOr<std::vector<Slotted<v1::SessionState>>> sessions_read =
+      ReadRegion<v1::SessionState>(
+          geometry.session_slots, [&](uint32_t slot) { return table->SessionSlot(slot); },
+          kSessionBodyBytes, "session",
+          [&](const v1::SessionState& session) -> uint64_t {
+            return session.id() <= kMaxFloor && !session.token().empty() &&
+                           tokens.insert(session.token()).second
+                       ? session.id()
+                       : 0;
+          },
+          &sessions.free);
+  if (!sessions_read.ok()) return sessions_read.status();
+  for (Slotted<v1::SessionState>& read : *sessions_read) {
+    sessions.slot_of[read.id] = read.slot;
+    state.sessions.push_back(std::move(read.record));
   }
   absl::flat_hash_set<uint64_t> lease_ids;
   uint32_t covered_to = 0;  // runs are in segment order: each starts at or after it
@@ -143,60 +188,54 @@ absl::StatusOr<std::unique_ptr<StateTable>> StateTable::Recover(UniqueFd fd,
     state.next_lease_id = std::max(state.next_lease_id, lease.id() + 1);
     state.leases.push_back(std::move(lease));
   }
+  // A spill file or object whose session was closing when the daemon died
+  // (the session's slot goes first) goes too, as a lease does.
   SlotIndex spills;
-  for (uint32_t i = geometry.spill_slots; i > 0; --i) {
-    const uint32_t slot = i - 1;
-    absl::StatusOr<std::string> body =
-        ReadSlot(table->SpillSlot(slot), kSpillBodyBytes, "spill file", slot);
-    if (!body.ok()) return body.status();
-    if (body->empty()) {
-      spills.free.push_back(slot);
-      continue;
-    }
-    v1::SpillFileState file;
-    if (!file.ParseFromString(*body) || file.id() == 0 || file.id() > kMaxFloor ||
-        file.bytes() == 0 || !spills.slot_of.emplace(file.id(), slot).second) {
-      return absl::DataLossError(absl::StrCat("the state table's spill file slot ", slot,
-                                              " holds no file, or one that repeats"));
-    }
-    state.next_spill_id = std::max(state.next_spill_id, file.id() + 1);
-    if (!sessions.slot_of.contains(file.session_id())) {  // its session was closing, as a lease's
-      StoreWord(table->SpillSlot(slot), 0);
-      spills.Release(file.id());
-      continue;
-    }
-    state.spill_files.push_back(std::move(file));
-  }
   spills.fresh = spills.count = geometry.spill_slots;
-  sessions.fresh = sessions.count = geometry.session_slots;
+  absl::StatusOr<std::vector<Slotted<v1::SpillFileState>>> spills_read =
+      ReadRegion<v1::SpillFileState>(
+          geometry.spill_slots, [&](uint32_t slot) { return table->SpillSlot(slot); },
+          kSpillBodyBytes, "spill file",
+          [](const v1::SpillFileState& file) -> uint64_t {
+            return file.id() <= kMaxFloor && file.bytes() > 0 ? file.id() : 0;
+          },
+          &spills.free);
+  if (!spills_read.ok()) return spills_read.status();
+  for (Slotted<v1::SpillFileState>& read : *spills_read) {
+    state.next_spill_id = std::max(state.next_spill_id, read.id + 1);
+    if (!sessions.slot_of.contains(read.record.session_id())) {
+      StoreWord(table->SpillSlot(read.slot), 0);
+      spills.free.push_back(read.slot);
+      continue;
+    }
+    spills.slot_of[read.id] = read.slot;
+    state.spill_files.push_back(std::move(read.record));
+  }
   // Objects: only the slots ever used (the rest of the region was never
   // touched, and reading it would make the kernel back it with pages).
   SlotIndex objects;
   objects.count = geometry.object_slots;
   objects.fresh = static_cast<uint32_t>(header.object_slots_used);
-  for (uint32_t i = objects.fresh; i > 0; --i) {
-    const uint32_t slot = i - 1;
-    absl::StatusOr<std::string> body =
-        ReadSlot(table->ObjectSlot(slot), kObjectBodyBytes, "object", slot);
-    if (!body.ok()) return body.status();
-    if (body->empty()) {
-      objects.free.push_back(slot);
+  absl::StatusOr<std::vector<Slotted<v1::ObjectState>>> objects_read = ReadRegion<v1::ObjectState>(
+      objects.fresh, [&](uint32_t slot) { return table->ObjectSlot(slot); }, kObjectBodyBytes,
+      "object",
+      [](const v1::ObjectState& object) -> uint64_t {
+        return object.handle() <= kMaxFloor &&
+                       object.residence_case() != v1::ObjectState::RESIDENCE_NOT_SET
+                   ? object.handle()
+                   : 0;
+      },
+      &objects.free);
+  if (!objects_read.ok()) return objects_read.status();
+  for (Slotted<v1::ObjectState>& read : *objects_read) {
+    state.next_object_handle = std::max(state.next_object_handle, read.id + 1);
+    if (!sessions.slot_of.contains(read.record.session_id())) {
+      StoreWord(table->ObjectSlot(read.slot), 0);
+      objects.free.push_back(read.slot);
       continue;
     }
-    v1::ObjectState object;
-    if (!object.ParseFromString(*body) || object.handle() == 0 || object.handle() > kMaxFloor ||
-        object.residence_case() == v1::ObjectState::RESIDENCE_NOT_SET ||
-        !objects.slot_of.emplace(object.handle(), slot).second) {
-      return absl::DataLossError(absl::StrCat("the state table's object slot ", slot,
-                                              " holds no object, or one that repeats"));
-    }
-    state.next_object_handle = std::max(state.next_object_handle, object.handle() + 1);
-    if (!sessions.slot_of.contains(object.session_id())) {  // its session was closing
-      StoreWord(table->ObjectSlot(slot), 0);
-      objects.Release(object.handle());
-      continue;
-    }
-    state.objects.push_back(std::move(object));
+    objects.slot_of[read.id] = read.slot;
+    state.objects.push_back(std::move(read.record));
   }
   for (const v1::SessionState& session : state.sessions) {
     state.next_session_id = std::max(state.next_session_id, session.id() + 1);

@@ -50,6 +50,18 @@ v1::LeaseState LeaseOf(uint64_t id, uint64_t session, uint32_t first, uint32_t c
   return lease;
 }
 
+// Flips the lowest bit of byte `index` of the record `body` where the
+// table holds it (damage from outside).
+void DamageRecord(const StateTable& table, const TableGeometry& geometry, const std::string& body,
+                  size_t index) {
+  std::string bytes(StateTableBytes(geometry), '\0');
+  ASSERT_EQ(pread(table.fd(), bytes.data(), bytes.size(), 0), static_cast<ssize_t>(bytes.size()));
+  const size_t at = bytes.find(body);
+  ASSERT_NE(at, std::string::npos);
+  const char flipped = static_cast<char>(bytes[at + index] ^ 1);
+  ASSERT_EQ(pwrite(table.fd(), &flipped, 1, static_cast<off_t>(at + index)), 1);
+}
+
 absl::StatusOr<std::unique_ptr<StateTable>> Reopen(const StateTable& table, RecoveredState* out,
                                                    const TableGeometry& geometry = kGeometry) {
   return StateTable::Recover(Dup(table.fd()), geometry, out);
@@ -186,14 +198,8 @@ TEST(StateTableTest, SpillFilesComeBackAndTheirIdsAreNotGivenAgain) {
   RecoveredState ignored;
   EXPECT_EQ(Reopen(**back, &ignored, other).status().code(), absl::StatusCode::kFailedPrecondition);
   // A damaged slot is not trusted.
-  const std::string body = SpillOf(21, 2, 4 << 20).SerializeAsString();
-  std::string bytes(StateTableBytes(kSpills), '\0');
-  ASSERT_EQ(pread((*back)->fd(), bytes.data(), bytes.size(), 0),
-            static_cast<ssize_t>(bytes.size()));
-  const size_t at = bytes.find(body);
-  ASSERT_NE(at, std::string::npos);
-  const char flipped = static_cast<char>(bytes[at + 1] ^ 1);
-  ASSERT_EQ(pwrite((*back)->fd(), &flipped, 1, static_cast<off_t>(at + 1)), 1);
+  DamageRecord(**back, kSpills, SpillOf(21, 2, 4 << 20).SerializeAsString(), 1);
+  ASSERT_FALSE(HasFatalFailure());
   absl::Status damaged = Reopen(**back, &ignored, kSpills).status();
   EXPECT_EQ(damaged.code(), absl::StatusCode::kDataLoss) << damaged;
   EXPECT_THAT(damaged.message(), HasSubstr("spill file slot"));
@@ -255,14 +261,8 @@ TEST(StateTableTest, ObjectsComeBackAsLastRecorded) {
   for (const v1::ObjectState& object : again.objects) handles.push_back(object.handle());
   EXPECT_THAT(handles, ::testing::UnorderedElementsAre(12, 13, 20, 21));
   // A damaged object slot is not trusted.
-  const std::string body = ObjectOf(21, 2, false, 5 << 20).SerializeAsString();
-  std::string bytes(StateTableBytes(kObjects), '\0');
-  ASSERT_EQ(pread((*back)->fd(), bytes.data(), bytes.size(), 0),
-            static_cast<ssize_t>(bytes.size()));
-  const size_t at = bytes.find(body);
-  ASSERT_NE(at, std::string::npos);
-  const char flipped = static_cast<char>(bytes[at + 4] ^ 1);
-  ASSERT_EQ(pwrite((*back)->fd(), &flipped, 1, static_cast<off_t>(at + 4)), 1);
+  DamageRecord(**back, kObjects, ObjectOf(21, 2, false, 5 << 20).SerializeAsString(), 4);
+  ASSERT_FALSE(HasFatalFailure());
   RecoveredState ignored;
   absl::Status damaged = Reopen(**back, &ignored, kObjects).status();
   EXPECT_EQ(damaged.code(), absl::StatusCode::kDataLoss) << damaged;
