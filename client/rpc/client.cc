@@ -20,6 +20,7 @@
 #include "common/address.h"
 #include "common/checksum.h"
 #include "common/grpc_status.h"
+#include "common/happens_before.h"
 #include "common/mutex_mode.h"
 #include "common/protocol.h"
 #include "common/tiered_id.h"
@@ -182,8 +183,8 @@ absl::StatusOr<ObjectInfo> Client::Impl::Fetch(
         error = absl::InternalError("Get: the daemon sent more data than its header announced");
         break;
       }
-      std::memcpy(dst + received, data.data(), data.size());
-      if (info.checksum_xxh3.has_value()) hasher.Update(data.data(), data.size());
+      CopyFromLibraryBuffer(dst + received, data.data(), data.size());
+      if (info.checksum_xxh3.has_value()) hasher.Update(dst + received, data.size());
       received += data.size();
     }
     if (!error.ok()) {

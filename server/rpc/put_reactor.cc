@@ -96,8 +96,10 @@ class PutReactor final : public grpc::ServerReadReactor<v1::PutChunk> {
                                                      meta_.nbytes, "): ", received_ + data.size(),
                                                      " bytes so far"));
     }
-    std::memcpy(memory_.data() + received_, data.data(), data.size());
-    if (hash_) hasher_.Update(data.data(), data.size());
+    // The hash reads the pool's copy: the message's bytes are gRPC's (see
+    // CopyFromLibraryBuffer).
+    CopyFromLibraryBuffer(memory_.data() + received_, data.data(), data.size());
+    if (hash_) hasher_.Update(memory_.data() + received_, data.size());
     received_ += data.size();
     return absl::OkStatus();
   }
