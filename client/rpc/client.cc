@@ -123,6 +123,7 @@ absl::StatusOr<Handle> Client::Put(const void* data, size_t nbytes, const PutOpt
     return absl::InvalidArgumentError("Put: null data with a non-zero size");
   }
   v1::PutReply reply;
+  const uint64_t put_id = impl_->next_put_id.fetch_add(1, std::memory_order_relaxed);
   absl::Status status = impl_->rpc->Retrying("Put", [&](grpc::ClientContext* ctx) {
     std::unique_ptr<grpc::ClientWriter<v1::PutChunk>> writer = impl_->rpc->stub().Put(ctx, &reply);
     v1::PutChunk chunk;
@@ -130,6 +131,7 @@ absl::StatusOr<Handle> Client::Put(const void* data, size_t nbytes, const PutOpt
     header->set_dtype(options.dtype);
     for (int64_t dim : options.shape) header->add_shape(dim);
     header->set_nbytes(nbytes);
+    header->set_put_id(put_id);
     if (options.checksum) {
       header->mutable_checksum()->set_algorithm(v1::CHECKSUM_ALGORITHM_XXH3_64);
       header->mutable_checksum()->set_value(Xxh3(data, nbytes));

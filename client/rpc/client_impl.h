@@ -45,6 +45,9 @@ struct Client::Impl final {
   bool spill_enabled = false;  // the daemon has a spill tier (OpenSession)
   std::atomic<bool> closed{false};
   std::atomic<uint64_t> state_bytes{0};  // ReserveState'd and not released
+  // v1::ObjectHeader.put_id of the next Put: one id per Put, the same for
+  // each time it is sent, so the daemon stores it once.
+  std::atomic<uint64_t> next_put_id{1};
   // Zero-copy data plane (Attach); all null when not attached. Declared in
   // the order they depend on each other, so that they go in reverse: the
   // store unregisters (registrar) and returns (leases) what it unmaps, and

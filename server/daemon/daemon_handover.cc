@@ -328,6 +328,7 @@ absl::Status Daemon::AdoptObject(
   meta.nbytes = state.nbytes();
   meta.checksum_algorithm = state.checksum_algorithm();
   meta.checksum = state.checksum();
+  meta.put_id = state.put_id();
   std::shared_ptr<StoredObject> object;
   if (state.residence_case() == v1::ObjectState::kSpillId) {
     // Its file was adopted with the spill tier: the same session's, as long.

@@ -16,6 +16,13 @@ absl::StatusOr<uint64_t> Catalog::Insert(const Session& session,
     return absl::FailedPreconditionError(
         absl::StrCat("session ", session.id(), " was closed during the Put"));
   }
+  const uint64_t put_id = object->meta().put_id;
+  if (put_id != 0) {
+    auto [it, added] = by_put_.try_emplace({session.id(), put_id}, next_handle_);
+    // A Put sent again: `object`, a parameter, is dropped after mu_ is
+    // released (parameters outlive the function's locals).
+    if (!added) return it->second;
+  }
   const uint64_t handle = next_handle_++;
   if (journal_ != nullptr) {
     journal_->ObjectHandleIssued(handle);
@@ -44,11 +51,17 @@ absl::Status Catalog::Adopt(const Session& session, uint64_t handle,
     return absl::InvalidArgumentError(
         absl::StrCat("object handle ", handle, " is out of range or repeated in the handed state"));
   }
+  const uint64_t put_id = object->meta().put_id;
+  if (put_id != 0 && by_put_.contains({session.id(), put_id})) {
+    return absl::InvalidArgumentError(absl::StrCat("object ", handle, ": put id ", put_id,
+                                                   " repeated in session ", session.id()));
+  }
   if (journal_ != nullptr) {
     journal_->ObjectHandleIssued(handle);
     object->Record(journal_, handle);
   }
   next_handle_ = std::max(next_handle_, handle + 1);
+  if (put_id != 0) by_put_[{session.id(), put_id}] = handle;
   objects_.emplace(handle, std::move(object));
   by_session_[session.id()].insert(handle);
   return absl::OkStatus();
@@ -96,6 +109,7 @@ absl::StatusOr<RemovedTotals> Catalog::Remove(uint64_t session_id,
       if (it == objects_.end()) continue;  // lost in a crash (checked above)
       totals.bytes += it->second->meta().nbytes;
       it->second->Unrecord();
+      ForgetPutLocked(*it->second);
       removed.push_back(std::move(it->second));
       objects_.erase(it);
       owned.erase(handle);
@@ -117,6 +131,7 @@ RemovedTotals Catalog::RemoveSession(uint64_t session_id) {
       auto it = objects_.find(handle);
       totals.bytes += it->second->meta().nbytes;
       it->second->Unrecord();
+      ForgetPutLocked(*it->second);
       removed.push_back(std::move(it->second));
       objects_.erase(it);
     }
@@ -150,8 +165,21 @@ void Catalog::RemoveAll() {
     absl::MutexLock lock(&mu_);
     removed.swap(objects_);
     by_session_.clear();
+    by_put_.clear();
     for (const auto& [handle, object] : removed) object->Unrecord();
   }
+}
+
+std::optional<uint64_t> Catalog::FindPut(uint64_t session_id, uint64_t put_id) const {
+  if (put_id == 0) return std::nullopt;
+  absl::MutexLock lock(&mu_);
+  auto it = by_put_.find({session_id, put_id});
+  if (it == by_put_.end()) return std::nullopt;
+  return it->second;
+}
+
+void Catalog::ForgetPutLocked(const StoredObject& object) {
+  if (object.meta().put_id != 0) by_put_.erase({object.session_id(), object.meta().put_id});
 }
 
 size_t Catalog::size() const {

@@ -5,7 +5,9 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -28,6 +30,7 @@ struct ObjectMeta {
   uint64_t nbytes = 0;
   int checksum_algorithm = 0;  // actstash.v1.ChecksumAlgorithm value
   uint64_t checksum = 0;
+  uint64_t put_id = 0;  // v1::ObjectHeader.put_id (0: none)
 };
 
 class SpillTier;
@@ -140,8 +143,13 @@ class Catalog {
   Catalog& operator=(const Catalog&) = delete;
 
   // Adds an object of `session` and returns its new handle; FAILED_PRECONDITION
-  // when the session was closed meanwhile (the object is then dropped).
+  // when the session was closed meanwhile (the object is then dropped). An
+  // object whose put id the session's objects already hold is dropped too,
+  // and the handle of that one returned (a Put sent twice: see FindPut).
   absl::StatusOr<uint64_t> Insert(const Session& session, std::shared_ptr<StoredObject> object);
+  // The handle of the session's object stored by the Put with `put_id`
+  // (v1::ObjectHeader.put_id; 0 never matches), if it still holds it.
+  std::optional<uint64_t> FindPut(uint64_t session_id, uint64_t put_id) const;
   // The object if it exists and belongs to `session_id`; else NOT_FOUND
   // (the same answer for both, so handles of others reveal nothing), or
   // DATA_LOSS for a handle a crashed predecessor issued whose object did
@@ -187,6 +195,9 @@ class Catalog {
   uint64_t next_handle_ ABSL_GUARDED_BY(mu_) = 1;
   absl::flat_hash_map<uint64_t, std::shared_ptr<StoredObject>> objects_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, absl::flat_hash_set<uint64_t>> by_session_ ABSL_GUARDED_BY(mu_);
+  // (session, put id) -> handle, for the objects with a put id.
+  absl::flat_hash_map<std::pair<uint64_t, uint64_t>, uint64_t> by_put_ ABSL_GUARDED_BY(mu_);
+  void ForgetPutLocked(const StoredObject& object) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 };
 
 }  // namespace actstash::server

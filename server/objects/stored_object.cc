@@ -135,6 +135,7 @@ void StoredObject::FillState(uint64_t handle, v1::ObjectState* out) const {
   out->set_nbytes(meta_.nbytes);
   out->set_checksum_algorithm(meta_.checksum_algorithm);
   out->set_checksum(meta_.checksum);
+  out->set_put_id(meta_.put_id);
   if (residence_ == Residence::kSpilled) {
     out->set_spill_id(spill_id_);
   } else {

@@ -1,5 +1,6 @@
 // Put: a client-streaming call that writes chunks straight into pool memory.
 #include <cstring>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "common/checksum.h"
@@ -45,6 +46,8 @@ class PutReactor final : public grpc::ServerReadReactor<v1::PutChunk> {
     }
     if (absl::Status status = Consume(); !status.ok()) {
       FinishOnce(status);
+    } else if (finished_) {  // a Put sent again: answered at its header
+      return;
     } else if (waiting_for_spill_) {
       SpillAndRetry();
     } else if (waiting_for_memory_) {
@@ -112,7 +115,11 @@ class PutReactor final : public grpc::ServerReadReactor<v1::PutChunk> {
     meta_.nbytes = header.nbytes();
     meta_.checksum_algorithm = header.checksum().algorithm();
     meta_.checksum = header.checksum().value();
+    meta_.put_id = header.put_id();
     hash_ = meta_.checksum_algorithm == v1::CHECKSUM_ALGORITHM_XXH3_64;
+    if (std::optional<uint64_t> stored = core_.catalog.FindPut(session_->id(), meta_.put_id)) {
+      return AnswerStored(*stored);
+    }
     absl::Status status = TakeMemory();
     if (status.code() == absl::StatusCode::kResourceExhausted && core_.spill != nullptr) {
       waiting_for_spill_ = true;  // the session's older objects make room
@@ -180,6 +187,24 @@ class PutReactor final : public grpc::ServerReadReactor<v1::PutChunk> {
     core_.bytes_stored.fetch_add(nbytes, std::memory_order_relaxed);
     reply_->set_handle(*handle);
     reply_->set_nbytes(nbytes);
+    FinishOnce(absl::OkStatus());
+    return absl::OkStatus();
+  }
+
+  // A Put whose object the session holds already (sent again after a
+  // restart that lost its answer): that object's handle, nothing stored.
+  // The client's remaining chunks are refused with the call's end.
+  absl::Status AnswerStored(uint64_t handle) {
+    absl::StatusOr<std::shared_ptr<const StoredObject>> object =
+        core_.catalog.Lookup(session_->id(), handle);
+    if (!object.ok()) return object.status();  // deleted meanwhile
+    if ((*object)->meta().nbytes != meta_.nbytes || (*object)->meta().checksum != meta_.checksum) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "put id ", meta_.put_id, " names object ", handle, " of this session, of ",
+          (*object)->meta().nbytes, " bytes; this Put's header differs: nothing stored"));
+    }
+    reply_->set_handle(handle);
+    reply_->set_nbytes(meta_.nbytes);
     FinishOnce(absl::OkStatus());
     return absl::OkStatus();
   }

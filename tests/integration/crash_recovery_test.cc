@@ -9,7 +9,9 @@
 // keep is said lost (DATA_LOSS) by the restarted daemon and by a successor
 // that took over from it; an unattached session that calls again within the
 // grace is kept; a lease whose segments were scrubbed at its grant comes
-// back with the memory its client maps.
+// back with the memory its client maps; a Put sent again after a crash or
+// a take-over (its put id the same) stores nothing and answers the handle
+// of the object it stored before.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -21,6 +23,9 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "actstash/v1/stash.grpc.pb.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/security/credentials.h"
 #include "tests/integration/takeover_util.h"
 #include "tests/integration/test_util.h"
 
@@ -380,6 +385,84 @@ TEST(CrashRecoveryTest, InlineObjectsLostInACrashAreSaidLostAfterATakeOverToo) {
   ASSERT_TRUE((*client)->Fetch(*again, back.data(), back.size()).ok());
   EXPECT_EQ(back, bytes);
   client->reset();
+  daemon.reset();
+  Retired().clear();
+}
+
+// A raw Put with `put_id`, as a client sends it (again, after a restart
+// that lost the answer).
+grpc::Status RawPut(v1::Stash::Stub& stub, const std::string& token, uint64_t put_id,
+                    const std::string& bytes, v1::PutReply* reply) {
+  grpc::ClientContext ctx;
+  ctx.AddMetadata("x-actstash-token", token);
+  std::unique_ptr<grpc::ClientWriter<v1::PutChunk>> writer = stub.Put(&ctx, reply);
+  v1::PutChunk chunk;
+  chunk.mutable_header()->set_nbytes(bytes.size());
+  chunk.mutable_header()->set_put_id(put_id);
+  bool writing = writer->Write(chunk);
+  chunk.set_data(bytes);
+  writing = writing && writer->Write(chunk);
+  if (writing) writer->WritesDone();
+  return writer->Finish();
+}
+
+uint64_t RawObjectCount(v1::Stash::Stub& stub, const std::string& token) {
+  grpc::ClientContext ctx;
+  ctx.AddMetadata("x-actstash-token", token);
+  v1::StatsReply reply;
+  EXPECT_TRUE(stub.Stats(&ctx, v1::StatsRequest(), &reply).ok());
+  return reply.self().objects();
+}
+
+TEST(CrashRecoveryTest, APutSentAgainAfterACrashOrATakeOverIsStoredOnce) {
+  DaemonProcessOptions options = Supervised();
+  options.pool_size = kPool;  // as the successor TakeOver starts
+  options.segment_size = kSegment;
+  std::unique_ptr<DaemonProcess> daemon = StartDaemonOrDie(options);
+  ASSERT_NE(daemon, nullptr);
+  auto stub = v1::Stash::NewStub(
+      grpc::CreateChannel(daemon->address(), grpc::InsecureChannelCredentials()));
+  v1::OpenSessionReply session;
+  {
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(stub->OpenSession(&ctx, v1::OpenSessionRequest(), &session).ok());
+  }
+  const std::string& token = session.token();
+  const std::string bytes(1 << 20, 'p');  // one chunk (kMaxChunkBytes)
+  v1::PutReply first, again, other;
+  ASSERT_TRUE(RawPut(*stub, token, 7, bytes, &first).ok());
+  ASSERT_TRUE(RawPut(*stub, token, 7, bytes, &again).ok());
+  EXPECT_EQ(again.handle(), first.handle());
+  EXPECT_EQ(again.nbytes(), bytes.size());
+  ASSERT_TRUE(RawPut(*stub, token, 8, "eight", &other).ok());
+  EXPECT_NE(other.handle(), first.handle());
+  EXPECT_EQ(RawObjectCount(*stub, token), 2u);
+  // The same id with other bytes is refused, and nothing is stored.
+  v1::PutReply refused;
+  grpc::Status status = RawPut(*stub, token, 8, "not eight", &refused);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << status.error_message();
+  EXPECT_THAT(status.error_message(), HasSubstr("put id 8"));
+  // The ids survive a crash (in the state table) and a take-over.
+  Crash(*daemon);
+  ASSERT_TRUE(RawPut(*stub, token, 7, bytes, &again).ok()) << daemon->log();
+  EXPECT_EQ(again.handle(), first.handle());
+  daemon = TakeOver(std::move(daemon), {});
+  ASSERT_NE(daemon, nullptr);
+  ASSERT_TRUE(RawPut(*stub, token, 8, "eight", &again).ok()) << daemon->log();
+  EXPECT_EQ(again.handle(), other.handle());
+  EXPECT_EQ(RawObjectCount(*stub, token), 2u);
+  // A deleted object's id is free again: a new object under a new handle.
+  {
+    grpc::ClientContext ctx;
+    ctx.AddMetadata("x-actstash-token", token);
+    v1::DeleteRequest request;
+    request.add_handles(first.handle());
+    v1::DeleteReply reply;
+    ASSERT_TRUE(stub->Delete(&ctx, request, &reply).ok());
+  }
+  ASSERT_TRUE(RawPut(*stub, token, 7, bytes, &again).ok());
+  EXPECT_NE(again.handle(), first.handle());
+  EXPECT_EQ(RawObjectCount(*stub, token), 2u);
   daemon.reset();
   Retired().clear();
 }

@@ -58,7 +58,8 @@ class CatalogTest : public ::testing::Test {
 
   // An object of `nbytes` whose bytes are `fill`, holding quota of `session`
   // and memory of the pool.
-  std::shared_ptr<StoredObject> MakeObject(Session& session, uint64_t nbytes, uint8_t fill) {
+  std::shared_ptr<StoredObject> MakeObject(Session& session, uint64_t nbytes, uint8_t fill,
+                                           uint64_t put_id = 0) {
     absl::StatusOr<QuotaReservation> reservation = session.Reserve(nbytes);
     EXPECT_TRUE(reservation.ok()) << reservation.status();
     absl::StatusOr<Allocation> memory = pool_->Allocate(nbytes);
@@ -71,6 +72,7 @@ class CatalogTest : public ::testing::Test {
     meta.nbytes = nbytes;
     meta.checksum_algorithm = 1;
     meta.checksum = 0xabcdefu + fill;
+    meta.put_id = put_id;
     return std::make_shared<StoredObject>(session.id(), std::move(meta), *std::move(memory),
                                           *std::move(reservation));
   }
@@ -215,6 +217,46 @@ TEST_F(CatalogTest, RemoveGivesMemoryAndQuotaBack) {
   EXPECT_EQ(s->used_bytes(), 0u);
   EXPECT_EQ(catalog_->size(), 0u);
   EXPECT_EQ(catalog_->SessionObjectCount(s->id()), 0u);
+}
+
+TEST_F(CatalogTest, AnObjectWithAPutIdTheSessionHoldsIsDroppedForTheFirst) {
+  std::shared_ptr<Session> s = OpenSession("a");
+  std::shared_ptr<Session> t = OpenSession("b");
+  absl::StatusOr<uint64_t> first = catalog_->Insert(*s, MakeObject(*s, 1000, 1, /*put_id=*/5));
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(catalog_->FindPut(s->id(), 5), *first);
+  EXPECT_EQ(catalog_->FindPut(t->id(), 5), std::nullopt);
+  EXPECT_EQ(catalog_->FindPut(s->id(), 0), std::nullopt);
+  // Sent again: the first object's handle; the second's memory and quota
+  // go back.
+  absl::StatusOr<uint64_t> again = catalog_->Insert(*s, MakeObject(*s, 1000, 2, 5));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(*again, *first);
+  EXPECT_EQ(catalog_->size(), 1u);
+  EXPECT_EQ(s->used_bytes(), 1000u);
+  EXPECT_EQ(PoolAllocations(), 1u);
+  auto kept = catalog_->Lookup(s->id(), *first);
+  ASSERT_TRUE(kept.ok());
+  EXPECT_TRUE(AllBytesAre(**kept, 1));
+  kept->reset();
+  // Another session's ids are its own; objects without one never match.
+  absl::StatusOr<uint64_t> other = catalog_->Insert(*t, MakeObject(*t, 10, 3, 5));
+  ASSERT_TRUE(other.ok());
+  EXPECT_NE(*other, *first);
+  EXPECT_NE(Insert(*s, 10, 4), Insert(*s, 10, 4));
+  // Once its object is gone, an id stores anew.
+  ASSERT_TRUE(catalog_->Remove(s->id(), {*first}).ok());
+  EXPECT_EQ(catalog_->FindPut(s->id(), 5), std::nullopt);
+  absl::StatusOr<uint64_t> anew = catalog_->Insert(*s, MakeObject(*s, 1000, 5, 5));
+  ASSERT_TRUE(anew.ok());
+  EXPECT_GT(*anew, *first);
+  catalog_->RemoveSession(t->id());
+  EXPECT_EQ(catalog_->FindPut(t->id(), 5), std::nullopt);
+  // A handed state naming one id twice in a session is refused.
+  EXPECT_EQ(catalog_->Adopt(*s, 1000, MakeObject(*s, 10, 6, 5)).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(catalog_->Adopt(*s, 1001, MakeObject(*s, 10, 6, 6)).ok());
+  EXPECT_EQ(catalog_->FindPut(s->id(), 6), 1001u);
 }
 
 TEST_F(CatalogTest, RemoveIsAllOrNothing) {
