@@ -97,8 +97,9 @@ class SessionRpc {
   //
   // A Put is resent too: a stopping daemon cancels the calls it has not
   // started, and waits for those it runs to send their status first, so a
-  // CANCELLED Put was not stored (were its status lost after it was, the
-  // copy stored first would hold quota until its session ends).
+  // CANCELLED Put was not stored; one that a crash or restart cut short
+  // after it was is stored once all the same (Client::Put sends the same
+  // ObjectHeader.put_id each time).
   template <typename Attempt>
   absl::Status Retrying(const char* what, Attempt attempt, bool* resent = nullptr) const {
     const auto deadline = std::chrono::system_clock::now() + rpc_timeout();

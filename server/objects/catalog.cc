@@ -7,7 +7,9 @@
 namespace actstash::server {
 
 absl::StatusOr<uint64_t> Catalog::Insert(const Session& session,
-                                         std::shared_ptr<StoredObject> object) {
+                                         std::shared_ptr<StoredObject> object,
+                                         bool* stored_before) {
+  if (stored_before != nullptr) *stored_before = false;
   absl::MutexLock lock(&mu_);
   // Checked under mu_: SessionManager::Close marks the session closed before
   // RemoveSession takes mu_, so an object is either refused here or removed
@@ -21,6 +23,7 @@ absl::StatusOr<uint64_t> Catalog::Insert(const Session& session,
     auto [it, added] = by_put_.try_emplace({session.id(), put_id}, next_handle_);
     // A Put sent again: `object`, a parameter, is dropped after mu_ is
     // released (parameters outlive the function's locals).
+    if (stored_before != nullptr) *stored_before = !added;
     if (!added) return it->second;
   }
   const uint64_t handle = next_handle_++;

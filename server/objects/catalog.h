@@ -145,8 +145,10 @@ class Catalog {
   // Adds an object of `session` and returns its new handle; FAILED_PRECONDITION
   // when the session was closed meanwhile (the object is then dropped). An
   // object whose put id the session's objects already hold is dropped too,
-  // and the handle of that one returned (a Put sent twice: see FindPut).
-  absl::StatusOr<uint64_t> Insert(const Session& session, std::shared_ptr<StoredObject> object);
+  // and the handle of that one returned (a Put sent twice: see FindPut);
+  // `stored_before` (if set) says which.
+  absl::StatusOr<uint64_t> Insert(const Session& session, std::shared_ptr<StoredObject> object,
+                                  bool* stored_before = nullptr);
   // The handle of the session's object stored by the Put with `put_id`
   // (v1::ObjectHeader.put_id; 0 never matches), if it still holds it.
   std::optional<uint64_t> FindPut(uint64_t session_id, uint64_t put_id) const;

@@ -118,7 +118,8 @@ class PutReactor final : public grpc::ServerReadReactor<v1::PutChunk> {
     meta_.put_id = header.put_id();
     hash_ = meta_.checksum_algorithm == v1::CHECKSUM_ALGORITHM_XXH3_64;
     if (std::optional<uint64_t> stored = core_.catalog.FindPut(session_->id(), meta_.put_id)) {
-      return AnswerStored(*stored);
+      absl::StatusOr<bool> answered = AnswerStored(*stored);
+      if (!answered.ok() || *answered) return answered.status();
     }
     absl::Status status = TakeMemory();
     if (status.code() == absl::StatusCode::kResourceExhausted && core_.spill != nullptr) {
@@ -181,10 +182,14 @@ class PutReactor final : public grpc::ServerReadReactor<v1::PutChunk> {
     const uint64_t nbytes = meta_.nbytes;
     auto object = std::make_shared<StoredObject>(session_->id(), std::move(meta_),
                                                  std::move(memory_), std::move(reservation_));
-    absl::StatusOr<uint64_t> handle = core_.catalog.Insert(*session_, std::move(object));
+    bool stored_before = false;  // the same Put, sent again, finished first
+    absl::StatusOr<uint64_t> handle =
+        core_.catalog.Insert(*session_, std::move(object), &stored_before);
     if (!handle.ok()) return handle.status();
-    session_->RecordStore(nbytes);
-    core_.bytes_stored.fetch_add(nbytes, std::memory_order_relaxed);
+    if (!stored_before) {
+      session_->RecordStore(nbytes);
+      core_.bytes_stored.fetch_add(nbytes, std::memory_order_relaxed);
+    }
     reply_->set_handle(*handle);
     reply_->set_nbytes(nbytes);
     FinishOnce(absl::OkStatus());
@@ -192,12 +197,14 @@ class PutReactor final : public grpc::ServerReadReactor<v1::PutChunk> {
   }
 
   // A Put whose object the session holds already (sent again after a
-  // restart that lost its answer): that object's handle, nothing stored.
-  // The client's remaining chunks are refused with the call's end.
-  absl::Status AnswerStored(uint64_t handle) {
+  // restart that lost its answer): that object's handle, nothing stored
+  // (true). The client's remaining chunks are refused with the call's end.
+  // False: the object went meanwhile (its session is closing, or it was
+  // deleted), so this Put stores it anew.
+  absl::StatusOr<bool> AnswerStored(uint64_t handle) {
     absl::StatusOr<std::shared_ptr<const StoredObject>> object =
         core_.catalog.Lookup(session_->id(), handle);
-    if (!object.ok()) return object.status();  // deleted meanwhile
+    if (!object.ok()) return false;
     if ((*object)->meta().nbytes != meta_.nbytes || (*object)->meta().checksum != meta_.checksum) {
       return absl::InvalidArgumentError(absl::StrCat(
           "put id ", meta_.put_id, " names object ", handle, " of this session, of ",
@@ -206,7 +213,7 @@ class PutReactor final : public grpc::ServerReadReactor<v1::PutChunk> {
     reply_->set_handle(handle);
     reply_->set_nbytes(meta_.nbytes);
     FinishOnce(absl::OkStatus());
-    return absl::OkStatus();
+    return true;
   }
 
   // Dropping memory_ and reservation_ on error is what makes a failed Put

@@ -389,11 +389,19 @@ TEST(CrashRecoveryTest, InlineObjectsLostInACrashAreSaidLostAfterATakeOverToo) {
   Retired().clear();
 }
 
+// A channel that saw its daemon die backs off: a call right after the
+// restart waits for it to connect again instead of failing at once.
+void WaitForTheDaemon(grpc::ClientContext& ctx) {
+  ctx.set_wait_for_ready(true);
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+}
+
 // A raw Put with `put_id`, as a client sends it (again, after a restart
 // that lost the answer).
 grpc::Status RawPut(v1::Stash::Stub& stub, const std::string& token, uint64_t put_id,
                     const std::string& bytes, v1::PutReply* reply) {
   grpc::ClientContext ctx;
+  WaitForTheDaemon(ctx);
   ctx.AddMetadata("x-actstash-token", token);
   std::unique_ptr<grpc::ClientWriter<v1::PutChunk>> writer = stub.Put(&ctx, reply);
   v1::PutChunk chunk;
@@ -408,6 +416,7 @@ grpc::Status RawPut(v1::Stash::Stub& stub, const std::string& token, uint64_t pu
 
 uint64_t RawObjectCount(v1::Stash::Stub& stub, const std::string& token) {
   grpc::ClientContext ctx;
+  WaitForTheDaemon(ctx);
   ctx.AddMetadata("x-actstash-token", token);
   v1::StatsReply reply;
   EXPECT_TRUE(stub.Stats(&ctx, v1::StatsRequest(), &reply).ok());

@@ -229,9 +229,11 @@ TEST_F(CatalogTest, AnObjectWithAPutIdTheSessionHoldsIsDroppedForTheFirst) {
   EXPECT_EQ(catalog_->FindPut(s->id(), 0), std::nullopt);
   // Sent again: the first object's handle; the second's memory and quota
   // go back.
-  absl::StatusOr<uint64_t> again = catalog_->Insert(*s, MakeObject(*s, 1000, 2, 5));
+  bool stored_before = false;
+  absl::StatusOr<uint64_t> again = catalog_->Insert(*s, MakeObject(*s, 1000, 2, 5), &stored_before);
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_EQ(*again, *first);
+  EXPECT_TRUE(stored_before);
   EXPECT_EQ(catalog_->size(), 1u);
   EXPECT_EQ(s->used_bytes(), 1000u);
   EXPECT_EQ(PoolAllocations(), 1u);
@@ -247,9 +249,10 @@ TEST_F(CatalogTest, AnObjectWithAPutIdTheSessionHoldsIsDroppedForTheFirst) {
   // Once its object is gone, an id stores anew.
   ASSERT_TRUE(catalog_->Remove(s->id(), {*first}).ok());
   EXPECT_EQ(catalog_->FindPut(s->id(), 5), std::nullopt);
-  absl::StatusOr<uint64_t> anew = catalog_->Insert(*s, MakeObject(*s, 1000, 5, 5));
+  absl::StatusOr<uint64_t> anew = catalog_->Insert(*s, MakeObject(*s, 1000, 5, 5), &stored_before);
   ASSERT_TRUE(anew.ok());
   EXPECT_GT(*anew, *first);
+  EXPECT_FALSE(stored_before);
   catalog_->RemoveSession(t->id());
   EXPECT_EQ(catalog_->FindPut(t->id(), 5), std::nullopt);
   // A handed state naming one id twice in a session is refused.
