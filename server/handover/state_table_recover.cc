@@ -76,6 +76,30 @@ absl::StatusOr<std::vector<Slotted<Record>>> ReadRegion(
   return records;
 }
 
+// Of the records read, keeps those whose session came back (in
+// `live_sessions`): `slot_of` gets their slots by id and `kept` the records.
+// The others' sessions were closing when the daemon died (a session's slot
+// goes first): their slots are cleared and go to `free`, as a lease's do.
+// Every id read raises `*next_id` past it.
+template <typename Record>
+void KeepThoseOfLiveSessions(std::vector<Slotted<Record>> read,
+                             const absl::flat_hash_map<uint64_t, uint32_t>& live_sessions,
+                             absl::FunctionRef<std::byte*(uint32_t)> slot_at,
+                             absl::flat_hash_map<uint64_t, uint32_t>* slot_of,
+                             std::vector<uint32_t>* free, std::vector<Record>* kept,
+                             uint64_t* next_id) {
+  for (Slotted<Record>& one : read) {
+    *next_id = std::max(*next_id, one.id + 1);
+    if (!live_sessions.contains(one.record.session_id())) {
+      StoreWord(slot_at(one.slot), 0);
+      free->push_back(one.slot);
+      continue;
+    }
+    (*slot_of)[one.id] = one.slot;
+    kept->push_back(std::move(one.record));
+  }
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<StateTable>> StateTable::Recover(UniqueFd fd,
@@ -188,8 +212,6 @@ absl::StatusOr<std::unique_ptr<StateTable>> StateTable::Recover(UniqueFd fd,
     state.next_lease_id = std::max(state.next_lease_id, lease.id() + 1);
     state.leases.push_back(std::move(lease));
   }
-  // A spill file or object whose session was closing when the daemon died
-  // (the session's slot goes first) goes too, as a lease does.
   SlotIndex spills;
   spills.fresh = spills.count = geometry.spill_slots;
   absl::StatusOr<std::vector<Slotted<v1::SpillFileState>>> spills_read =
@@ -201,16 +223,10 @@ absl::StatusOr<std::unique_ptr<StateTable>> StateTable::Recover(UniqueFd fd,
           },
           &spills.free);
   if (!spills_read.ok()) return spills_read.status();
-  for (Slotted<v1::SpillFileState>& read : *spills_read) {
-    state.next_spill_id = std::max(state.next_spill_id, read.id + 1);
-    if (!sessions.slot_of.contains(read.record.session_id())) {
-      StoreWord(table->SpillSlot(read.slot), 0);
-      spills.free.push_back(read.slot);
-      continue;
-    }
-    spills.slot_of[read.id] = read.slot;
-    state.spill_files.push_back(std::move(read.record));
-  }
+  KeepThoseOfLiveSessions(
+      *std::move(spills_read), sessions.slot_of,
+      [&](uint32_t slot) { return table->SpillSlot(slot); }, &spills.slot_of, &spills.free,
+      &state.spill_files, &state.next_spill_id);
   // Objects: only the slots ever used (the rest of the region was never
   // touched, and reading it would make the kernel back it with pages).
   SlotIndex objects;
@@ -227,16 +243,10 @@ absl::StatusOr<std::unique_ptr<StateTable>> StateTable::Recover(UniqueFd fd,
       },
       &objects.free);
   if (!objects_read.ok()) return objects_read.status();
-  for (Slotted<v1::ObjectState>& read : *objects_read) {
-    state.next_object_handle = std::max(state.next_object_handle, read.id + 1);
-    if (!sessions.slot_of.contains(read.record.session_id())) {
-      StoreWord(table->ObjectSlot(read.slot), 0);
-      objects.free.push_back(read.slot);
-      continue;
-    }
-    objects.slot_of[read.id] = read.slot;
-    state.objects.push_back(std::move(read.record));
-  }
+  KeepThoseOfLiveSessions(
+      *std::move(objects_read), sessions.slot_of,
+      [&](uint32_t slot) { return table->ObjectSlot(slot); }, &objects.slot_of, &objects.free,
+      &state.objects, &state.next_object_handle);
   for (const v1::SessionState& session : state.sessions) {
     state.next_session_id = std::max(state.next_session_id, session.id() + 1);
   }
