@@ -429,14 +429,10 @@ TEST(CrashRecoveryTest, APutSentAgainAfterACrashOrATakeOverIsStoredOnce) {
   options.segment_size = kSegment;
   std::unique_ptr<DaemonProcess> daemon = StartDaemonOrDie(options);
   ASSERT_NE(daemon, nullptr);
-  auto stub = v1::Stash::NewStub(
-      grpc::CreateChannel(daemon->address(), grpc::InsecureChannelCredentials()));
-  v1::OpenSessionReply session;
-  {
-    grpc::ClientContext ctx;
-    ASSERT_TRUE(stub->OpenSession(&ctx, v1::OpenSessionRequest(), &session).ok());
-  }
-  const std::string& token = session.token();
+  RawStub raw = OpenRawSession(*daemon);
+  ASSERT_FALSE(raw.token.empty());
+  v1::Stash::Stub* stub = raw.stub.get();
+  const std::string& token = raw.token;
   const std::string bytes(1 << 20, 'p');  // one chunk (kMaxChunkBytes)
   v1::PutReply first, again, other;
   ASSERT_TRUE(RawPut(*stub, token, 7, bytes, &first).ok());

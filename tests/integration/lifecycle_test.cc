@@ -132,15 +132,11 @@ TEST(LifecycleTest, StreamStuckPastTheGracePeriodIsCancelled) {
   options.extra_args = {"--shutdown-grace-seconds", "1"};
   auto daemon = StartDaemonOrDie(options);
   ASSERT_NE(daemon, nullptr);
-  auto stub = v1::Stash::NewStub(
-      grpc::CreateChannel(daemon->address(), grpc::InsecureChannelCredentials()));
-  v1::OpenSessionReply session;
-  {
-    grpc::ClientContext ctx;
-    ASSERT_TRUE(stub->OpenSession(&ctx, v1::OpenSessionRequest(), &session).ok());
-  }
+  RawStub raw = OpenRawSession(*daemon);
+  ASSERT_FALSE(raw.token.empty());
+  v1::Stash::Stub* stub = raw.stub.get();
   grpc::ClientContext ctx;
-  ctx.AddMetadata("x-actstash-token", session.token());
+  ctx.AddMetadata("x-actstash-token", raw.token);
   v1::PutReply reply;
   auto writer = stub->Put(&ctx, &reply);
   v1::PutChunk header;

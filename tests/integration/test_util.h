@@ -15,7 +15,10 @@
 #include <vector>
 
 #include "actstash/client.h"
+#include "actstash/v1/stash.grpc.pb.h"
 #include "actstash/v1/stash.pb.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/security/credentials.h"
 #include "testing/built_binary.h"
 #include "testing/daemon_process.h"
 
@@ -83,6 +86,25 @@ inline std::unique_ptr<DaemonProcess> StartDaemonOrDie(DaemonProcessOptions opti
   absl::StatusOr<std::unique_ptr<DaemonProcess>> daemon = DaemonProcess::Start(options);
   EXPECT_TRUE(daemon.ok()) << daemon.status();
   return daemon.ok() ? *std::move(daemon) : nullptr;
+}
+
+// A session opened over a raw gRPC stub, for the calls and messages the
+// Client API never makes; `token` goes in each call's x-actstash-token.
+struct RawStub {
+  std::unique_ptr<v1::Stash::Stub> stub;
+  std::string token;  // empty when OpenSession failed (the test failed too)
+};
+
+inline RawStub OpenRawSession(const DaemonProcess& daemon) {
+  RawStub raw;
+  raw.stub =
+      v1::Stash::NewStub(grpc::CreateChannel(daemon.address(), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  v1::OpenSessionReply reply;
+  grpc::Status status = raw.stub->OpenSession(&ctx, v1::OpenSessionRequest(), &reply);
+  EXPECT_TRUE(status.ok()) << status.error_message();
+  raw.token = reply.token();
+  return raw;
 }
 
 inline std::unique_ptr<Client> ConnectOrDie(const DaemonProcess& daemon, uint64_t quota_bytes = 0,

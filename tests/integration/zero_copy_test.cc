@@ -255,13 +255,10 @@ struct RawSession {
 };
 
 RawSession OpenRaw(const DaemonProcess& daemon, bool attach) {
+  RawStub opened = OpenRawSession(daemon);
   RawSession raw;
-  raw.stub =
-      pb::Stash::NewStub(grpc::CreateChannel(daemon.address(), grpc::InsecureChannelCredentials()));
-  grpc::ClientContext ctx;
-  pb::OpenSessionReply reply;
-  EXPECT_TRUE(raw.stub->OpenSession(&ctx, pb::OpenSessionRequest(), &reply).ok());
-  raw.token = reply.token();
+  raw.stub = std::move(opened.stub);
+  raw.token = opened.token;
   if (attach) {
     auto channel = client_internal::AttachConnection::Connect(
         attach::AttachSocketPath(daemon.socket_path()), raw.token, std::chrono::seconds(5));
