@@ -1,11 +1,13 @@
 #include "server/base/service_manager.h"
 
 #include <fcntl.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -103,12 +105,47 @@ absl::Status ServiceNotifier::RemoveFds(absl::string_view name) const {
   return Notify(absl::StrCat("FDSTOREREMOVE=1\nFDNAME=", name));
 }
 
+absl::Status ServiceNotifier::Barrier(std::chrono::milliseconds timeout) const {
+  int ends[2];
+  if (pipe2(ends, O_CLOEXEC) != 0) {
+    return absl::InternalError(absl::StrCat("pipe for a barrier: ", std::strerror(errno)));
+  }
+  UniqueFd read_end(ends[0]);
+  {
+    UniqueFd write_end(ends[1]);
+    const int fds[] = {write_end.get()};
+    if (absl::Status s = Notify("BARRIER=1", fds); !s.ok()) return s;
+  }  // only the manager's copy of the write end is left
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    pollfd p{read_end.get(), 0, 0};  // POLLHUP is reported unasked
+    const int n = poll(&p, 1, static_cast<int>(std::max<int64_t>(left.count(), 0)));
+    if (n > 0) return absl::OkStatus();
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return absl::InternalError(absl::StrCat("poll: ", std::strerror(errno)));
+    return absl::DeadlineExceededError(absl::StrCat("the service manager at ", address_,
+                                                    " did not answer a barrier within ",
+                                                    timeout.count(), " ms"));
+  }
+}
+
 bool IsValidFdName(absl::string_view name) {
   if (name.empty() || name.size() > 255) return false;
   for (char c : name) {
     if (c < 0x20 || c > 0x7e || c == ':') return false;
   }
   return true;
+}
+
+bool FdsPassedToThisProcess() {
+  const char* pid_text = std::getenv("LISTEN_PID");
+  const char* count_text = std::getenv("LISTEN_FDS");
+  int64_t pid = 0;
+  int64_t count = 0;
+  return pid_text != nullptr && count_text != nullptr && absl::SimpleAtoi(pid_text, &pid) &&
+         absl::SimpleAtoi(count_text, &count) && pid == getpid() && count > 0;
 }
 
 absl::StatusOr<std::vector<PassedFd>> TakePassedFds() {

@@ -5,7 +5,10 @@
 //   $NOTIFY_SOCKET (a path, or "@name" in the abstract namespace).
 //   READY=1 says the service serves; FDSTORE=1 with FDNAME=<name> and fds
 //   (SCM_RIGHTS) asks the manager to keep those fds for the service's next
-//   start; FDSTOREREMOVE=1 with FDNAME=<name> drops the kept fds of a name.
+//   start; FDSTOREREMOVE=1 with FDNAME=<name> drops the kept fds of a name;
+//   MAINPID=<pid> makes another process of the service its main one (a
+//   take-over's successor); BARRIER=1 with one fd: the manager closes it
+//   once it has handled what came before.
 // - passed fds: at start, $LISTEN_FDS fds from fd 3 on, named by
 //   $LISTEN_FDNAMES (colon-separated), meant for the process $LISTEN_PID.
 //
@@ -15,6 +18,7 @@
 #ifndef ACTSTASH_SERVER_BASE_SERVICE_MANAGER_H_
 #define ACTSTASH_SERVER_BASE_SERVICE_MANAGER_H_
 
+#include <chrono>
 #include <memory>
 #include <string>
 #include <vector>
@@ -44,6 +48,10 @@ class ServiceNotifier {
   absl::Status StoreFd(absl::string_view name, int fd) const;
   // FDSTOREREMOVE=1, FDNAME=`name`.
   absl::Status RemoveFds(absl::string_view name) const;
+  // BARRIER=1 (sd_notify_barrier): returns once the manager has handled
+  // every notification sent before, e.g. a MAINPID= that must be in effect
+  // before this process exits. DEADLINE_EXCEEDED after `timeout`.
+  absl::Status Barrier(std::chrono::milliseconds timeout) const;
 
   const std::string& address() const { return address_; }
 
@@ -68,6 +76,9 @@ struct PassedFd {
 // them close-on-exec and unsets the three variables (so that no child sees
 // them). Empty when none were passed; INVALID_ARGUMENT for malformed values.
 absl::StatusOr<std::vector<PassedFd>> TakePassedFds();
+// Whether $LISTEN_PID names this process and $LISTEN_FDS is positive (fds
+// were passed and not taken yet).
+bool FdsPassedToThisProcess();
 
 }  // namespace actstash::server
 

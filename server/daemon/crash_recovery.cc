@@ -230,7 +230,7 @@ void DaemonJournal::LeasedSegmentsRenewed(uint32_t first, uint32_t count) {
 }
 
 absl::Status DaemonJournal::KeepForRestart(const std::vector<bool>& reused_segments,
-                                           bool table_reused,
+                                           bool store_table,
                                            const std::vector<std::string>& dropped_names) {
   // systemd 254+ says how many fds it keeps ($FDSTORE, FileDescriptorStoreMax):
   // one dropped silently would leave a stale memfd under its name.
@@ -260,15 +260,19 @@ absl::Status DaemonJournal::KeepForRestart(const std::vector<bool>& reused_segme
     table_->SegmentsRenewed(i, 1);
     ++stored;
   }
-  if (!table_reused) {
-    if (absl::Status s = notifier_.RemoveFds(kStateFdName); !s.ok()) return s;
-    if (absl::Status s = notifier_.StoreFd(kStateFdName, table_->fd()); !s.ok()) return s;
+  if (store_table) {
+    if (absl::Status s = StoreTable(); !s.ok()) return s;
   }
   spdlog::info(
       "service manager ({}): keeps the state table and the pool's segments ({} stored now) for "
       "a restart after a crash",
       notifier_.address(), stored);
   return absl::OkStatus();
+}
+
+absl::Status DaemonJournal::StoreTable() const {
+  if (absl::Status s = notifier_.RemoveFds(kStateFdName); !s.ok()) return s;
+  return notifier_.StoreFd(kStateFdName, table_->fd());
 }
 
 void DaemonJournal::GiveUp() {

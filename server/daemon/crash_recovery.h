@@ -110,10 +110,13 @@ class DaemonJournal final : public StateJournal {
   absl::Status StoreSegment(uint32_t segment) const;
   // At start, before anything is served: drops the kept fds of
   // `dropped_names`, stores every segment not in `reused_segments` (marking
-  // each kept once stored), then the table unless `table_reused`. The first
+  // each kept once stored), then the table when `store_table`. The first
   // failure is returned (GiveUp then).
-  absl::Status KeepForRestart(const std::vector<bool>& reused_segments, bool table_reused,
+  absl::Status KeepForRestart(const std::vector<bool>& reused_segments, bool store_table,
                               const std::vector<std::string>& dropped_names);
+  // Replaces the kept table by this one (a take-over's successor, once its
+  // predecessor is gone: until then the store keeps the predecessor's).
+  absl::Status StoreTable() const;
   // Recovery cannot be promised: the table is retired and dropped from the
   // store (the next start is a fresh one).
   void GiveUp();

@@ -273,16 +273,22 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config
     } else if (config.take_over == Tristate::kAuto && absl::IsUnavailable(received.status())) {
       spdlog::info("take-over (auto): {}; starting afresh",
                    std::string(received.status().message()));
+    } else if (absl::IsUnavailable(received.status()) && FdsPassedToThisProcess()) {
+      // A restart after a crash of a daemon that was itself a successor:
+      // its command line still says --take-over, and what is kept is the
+      // way back.
+      spdlog::info("take-over: {}; the service manager passed kept fds: recovering from them",
+                   std::string(received.status().message()));
     } else {
       return received.status();
     }
   }
   Parts parts;
   Recovery recovery;
+  absl::StatusOr<std::unique_ptr<ServiceNotifier>> notifier = ServiceNotifier::FromEnvironment();
+  if (!notifier.ok()) return notifier.status();
+  parts.notifier = *std::move(notifier);
   if (!taken) {
-    absl::StatusOr<std::unique_ptr<ServiceNotifier>> notifier = ServiceNotifier::FromEnvironment();
-    if (!notifier.ok()) return notifier.status();
-    parts.notifier = *std::move(notifier);
     absl::StatusOr<std::vector<PassedFd>> passed = TakePassedFds();
     if (!passed.ok()) {
       spdlog::warn("recovery: {}; starting afresh", passed.status().ToString());
@@ -323,8 +329,15 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config
       !s.ok()) {
     return s;
   }
+  // A take-over's successor under a service manager goes on with a copy of
+  // its predecessor's table (handed_table: what that copy holds), or a
+  // fresh one it fills as it adopts; either replaces the kept table only
+  // once the predecessor is gone (the take-over may still fail until then).
+  std::optional<RecoveredState> handed_table;
+  bool drop_kept_table = false;  // after the take-over: no table of this daemon's is kept
   if (parts.notifier != nullptr) {
     std::unique_ptr<StateTable> table = std::move(recovery.table);
+    if (taken) table = CopyHandedTable(config, *taken, &handed_table);
     if (table == nullptr) {
       absl::StatusOr<std::unique_ptr<StateTable>> fresh = StateTable::Create(GeometryOf(config));
       if (!fresh.ok()) return fresh.status();
@@ -332,16 +345,22 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config
     }
     parts.journal = std::make_unique<DaemonJournal>(std::move(table), parts.notifier.get());
     parts.journal->SetPool(parts.pool.get());
+    // The copy's segments are the very memfds the store holds.
+    if (handed_table.has_value()) reused_segments.assign(reused_segments.size(), true);
     // Before anything is served: a lease granted from now on must find its
     // segments' memfds kept.
-    if (absl::Status s =
-            parts.journal->KeepForRestart(reused_segments, recovered, recovery.dropped_names);
+    if (absl::Status s = parts.journal->KeepForRestart(
+            reused_segments, /*store_table=*/!recovered && !taken, recovery.dropped_names);
         !s.ok()) {
       spdlog::error(
           "keeping the pool for a restart after a crash failed: {}; this daemon's sessions will "
           "not survive a crash (is FileDescriptorStoreMax at least {}?)",
           s.ToString(), GeometryOf(config).segments + 2);
-      parts.journal->GiveUp();
+      if (taken) {
+        drop_kept_table = true;  // the predecessor's, once it is gone
+      } else {
+        parts.journal->GiveUp();
+      }
       parts.journal.reset();
     }
   }
@@ -390,7 +409,19 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config
   std::unique_ptr<Daemon> daemon(new Daemon(config, std::move(parts)));
   UniqueFd handed_listener;
   if (taken) {
+    // A fresh table records the handed spill files with their fds, which
+    // the adoption moves into the spill tier.
+    std::vector<std::pair<v1::SpillFileState, UniqueFd>> spills_to_record;
+    if (daemon->journal_ != nullptr && !handed_table.has_value()) {
+      absl::StatusOr<std::vector<std::pair<v1::SpillFileState, UniqueFd>>> dups =
+          DupSpillFiles(*taken);
+      if (!dups.ok()) return dups.status();
+      spills_to_record = *std::move(dups);
+    }
     if (absl::Status s = daemon->AdoptState(&*taken); !s.ok()) return s;
+    if (daemon->journal_ != nullptr) {
+      daemon->RecordTakenOver(*taken, handed_table, std::move(spills_to_record));
+    }
     handed_listener = std::move(taken->fds[taken->state.handover_listener_fd()]);
     // The predecessor still holds its TCP and metrics ports until it exits:
     // wait for that only when this daemon needs them.
@@ -399,6 +430,21 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config
             &*taken, needs_ports ? std::chrono::seconds(30) : std::chrono::seconds(0));
         !s.ok() && needs_ports) {
       spdlog::warn("take-over: {}; serving anyway", s.ToString());
+    }
+    // The predecessor is gone: from now on this daemon's table is the one
+    // a restart after a crash must find.
+    if (daemon->journal_ != nullptr) {
+      if (absl::Status s = daemon->journal_->StoreTable(); !s.ok()) {
+        spdlog::error(
+            "keeping the state table for a restart after a crash failed: {}; this daemon's "
+            "sessions will not survive a crash",
+            s.ToString());
+        daemon->journal_->GiveUp();
+      } else {
+        spdlog::info("take-over: the service manager keeps this daemon's state table from now on");
+      }
+    } else if (drop_kept_table) {
+      (void)daemon->notifier_->RemoveFds(kStateFdName);
     }
     if (absl::Status s = ClaimSocketPath(config.socket_path); !s.ok()) return s;
   }

@@ -5,10 +5,12 @@
 #include <grpcpp/server.h>
 #include <sys/types.h>
 
+#include <atomic>
 #include <chrono>
 #include <memory>
 #include <optional>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -61,6 +63,11 @@ class Daemon {
   // cancels the rest, and removes the socket file. Idempotent.
   void Shutdown(std::chrono::milliseconds grace);
 
+  // `pid` is a successor this daemon started (server/daemon/successor.h):
+  // when it takes over, the service manager is told that it is the
+  // service's main process now (MAINPID=), and this one exits. Any thread.
+  void ExpectSuccessor(pid_t pid) { expected_successor_.store(pid); }
+
  private:
   // What can fail, made before the Daemon object (and owned by it afterwards).
   struct Parts {
@@ -108,6 +115,19 @@ class Daemon {
   // On the successor: the received sessions, leases and attach connections
   // into the parts, before anything is served.
   absl::Status AdoptState(TakenOver* taken);
+  // On a successor under a service manager, before the adoption: a copy of
+  // the predecessor's state table (`out`: what it holds), or null when none
+  // was handed or it does not fit `config` (logged; a fresh one is kept).
+  static std::unique_ptr<StateTable> CopyHandedTable(const DaemonConfig& config,
+                                                     const TakenOver& taken,
+                                                     std::optional<RecoveredState>* out);
+  // Duplicates of the handed spill files' fds, with their records.
+  static absl::StatusOr<std::vector<std::pair<v1::SpillFileState, UniqueFd>>> DupSpillFiles(
+      const TakenOver& taken);
+  // After the adoption, into the journal: what the table does not hold yet
+  // (the spill files of a fresh table, with `spills` from DupSpillFiles).
+  void RecordTakenOver(const TakenOver& taken, const std::optional<RecoveredState>& handed_table,
+                       std::vector<std::pair<v1::SpillFileState, UniqueFd>> spills);
   // One inline object of the handed state: its range of the pool (quota
   // reserved again) or its adopted spill file.
   // `spill_ids`: the spill files objects adopted so far hold.
@@ -179,7 +199,9 @@ class Daemon {
   std::unique_ptr<HandoverListener> handover_;
   // Between PrepareHandover and FinishHandover (take-over listener's thread).
   std::optional<AttachServer::Handed> frozen_;
-  uint32_t handovers_ = 0;  // take-overs this daemon's state went through
+  uint32_t handovers_ = 0;     // take-overs this daemon's state went through
+  pid_t taking_over_pid_ = 0;  // the successor being handed to (take-over thread)
+  std::atomic<pid_t> expected_successor_{0};
   // Start completed: a Shutdown from now on is a clean stop, which retires
   // the state table (a failed start leaves a recovered state for the next).
   bool started_ = false;

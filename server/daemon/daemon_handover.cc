@@ -62,6 +62,7 @@ absl::StatusOr<TakenOver> Daemon::ReceiveTakeOver(const DaemonConfig& config) {
   for (const v1::SpillFileState& file : state.spill_files()) {
     ok = ok && past_segments(file.fd());
   }
+  ok = ok && (!state.has_state_table_fd() || past_segments(state.state_table_fd()));
   if (!ok) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--take-over: the handed state does not fit (segments of ", state.segment_bytes(),
@@ -101,6 +102,7 @@ absl::Status Daemon::CheckHandover(const v1::TakeOverHello& hello) const {
 
 absl::StatusOr<HandoverPackage> Daemon::PrepareHandover(const v1::TakeOverHello& hello) {
   if (absl::Status s = CheckHandover(hello); !s.ok()) return s;
+  taking_over_pid_ = static_cast<pid_t>(hello.pid());
   const auto started = std::chrono::steady_clock::now();
   StopServing(
       std::chrono::milliseconds(static_cast<int64_t>(config_.shutdown_grace_seconds * 1000)),
@@ -164,6 +166,11 @@ absl::StatusOr<HandoverPackage> Daemon::PrepareHandover(const v1::TakeOverHello&
   absl::StatusOr<UniqueFd> handover_listener = handover_->DupListener();
   if (!handover_listener.ok()) return resume(handover_listener.status());
   state.set_handover_listener_fd(add_fd(*std::move(handover_listener)));
+  if (journal_ != nullptr) {
+    absl::StatusOr<UniqueFd> table = DupFd(journal_->table().fd(), "dup for the take-over");
+    if (!table.ok()) return resume(table.status());
+    state.set_state_table_fd(add_fd(*std::move(table)));
+  }
   absl::flat_hash_map<uint64_t, int32_t> attach_fd;
   for (auto& [session_id, fd] : frozen_->connections) {
     absl::StatusOr<UniqueFd> dup = DupFd(fd.get(), "dup for the take-over");
@@ -222,7 +229,22 @@ void Daemon::FinishHandover(bool adopted) {
   // destructors: leases freed here would renew, i.e. empty, segments the
   // successor serves). A pool this daemon took over may still be locking.
   pool_->FinishBackgroundWork();
-  if (config_.wait_after_take_over) {
+  // A successor this daemon started is the service's main process from now
+  // on: the manager must know before this one exits, or it would take the
+  // exit for the service's end and stop the successor with it.
+  const bool handed_main =
+      notifier_ != nullptr && taking_over_pid_ != 0 && taking_over_pid_ == expected_successor_;
+  if (handed_main) {
+    absl::Status told = notifier_->Notify(absl::StrCat("MAINPID=", taking_over_pid_));
+    if (told.ok()) told = notifier_->Barrier(std::chrono::seconds(5));
+    if (told.ok()) {
+      spdlog::info("the service manager tracks pid {} as the main process now", taking_over_pid_);
+    } else {
+      spdlog::error("telling the service manager that pid {} is the main process now: {}",
+                    taking_over_pid_, told.ToString());
+    }
+  }
+  if (config_.wait_after_take_over && !handed_main) {
     // A fresh image that holds nothing of this one (fds are closed there)
     // and waits for SIGTERM (server/daemon/main.cc).
     spdlog::info("handed over; waiting for SIGTERM");
@@ -300,6 +322,61 @@ absl::Status Daemon::AdoptState(TakenOver* taken) {
       state.sessions_size(), state.leases_size(), state.objects_size(), state.spill_files_size(),
       state.serving_pid(), handovers_);
   return absl::OkStatus();
+}
+
+std::unique_ptr<StateTable> Daemon::CopyHandedTable(const DaemonConfig& config,
+                                                    const TakenOver& taken,
+                                                    std::optional<RecoveredState>* out) {
+  if (!taken.state.has_state_table_fd()) {
+    spdlog::info(
+        "take-over: the serving daemon kept no state table for a restart after a crash; this one "
+        "keeps a new one");
+    return nullptr;
+  }
+  RecoveredState read;
+  absl::StatusOr<std::unique_ptr<StateTable>> copy =
+      StateTable::Copy(taken.fds[taken.state.state_table_fd()].get(), GeometryOf(config), &read);
+  if (!copy.ok()) {
+    spdlog::warn("take-over: the serving daemon's state table is not used ({}); a new one is kept",
+                 copy.status().ToString());
+    return nullptr;
+  }
+  out->emplace(std::move(read));
+  return *std::move(copy);
+}
+
+absl::StatusOr<std::vector<std::pair<v1::SpillFileState, UniqueFd>>> Daemon::DupSpillFiles(
+    const TakenOver& taken) {
+  std::vector<std::pair<v1::SpillFileState, UniqueFd>> out;
+  for (const v1::SpillFileState& file : taken.state.spill_files()) {
+    absl::StatusOr<UniqueFd> fd = DupFd(taken.fds[file.fd()].get(), "dup of a handed spill file");
+    if (!fd.ok()) return fd.status();
+    v1::SpillFileState recorded = file;
+    recorded.clear_fd();
+    out.emplace_back(std::move(recorded), *std::move(fd));
+  }
+  return out;
+}
+
+void Daemon::RecordTakenOver(const TakenOver& taken,
+                             const std::optional<RecoveredState>& handed_table,
+                             std::vector<std::pair<v1::SpillFileState, UniqueFd>> spills) {
+  if (handed_table.has_value()) {
+    // The copy records what the predecessor's table did, the store holds
+    // the same files: they leave both when they leave the tier.
+    journal_->SpillFilesRecovered(handed_table->spill_files);
+    return;
+  }
+  // The adoption recorded the sessions, leases and objects into the fresh
+  // table; the spill files go in with their fds (any earlier fd of a name
+  // is replaced), and no handle below the predecessor's is issued again.
+  for (auto& [file, fd] : spills) {
+    (void)notifier_->RemoveFds(SpillFdName(file.id()));
+    journal_->SpillFileKept(file, fd.get());
+  }
+  if (taken.state.next_object_handle() > 1) {
+    journal_->ObjectHandleIssued(taken.state.next_object_handle() - 1);
+  }
 }
 
 absl::Status Daemon::AdoptObject(

@@ -1,15 +1,20 @@
 // actstashd: see `actstashd --help` and README.md.
 #include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
-#include <chrono>
+#include <atomic>
 #include <cstdio>
+#include <string>
 #include <string_view>
 #include <thread>
+#include <vector>
 
+#include "absl/status/statusor.h"
 #include "common/mutex_mode.h"
 #include "server/daemon/config.h"
 #include "server/daemon/daemon.h"
+#include "server/daemon/successor.h"
 #include "spdlog/sinks/stdout_sinks.h"
 #include "spdlog/spdlog.h"
 
@@ -33,6 +38,39 @@ int WaitHandedOver() {
   return 0;
 }
 
+// SIGUSR2: starts a successor (successor.h), one at a time; a successor
+// that fails is reaped and logged, and this daemon serves on.
+void StartSuccessor(actstash::server::Daemon* daemon, const absl::StatusOr<std::string>& binary,
+                    const std::vector<std::string>& args, pid_t watched_parent) {
+  static std::atomic<bool> running{false};
+  if (!binary.ok()) {
+    spdlog::error("SIGUSR2: cannot start a successor: {}", binary.status().ToString());
+    return;
+  }
+  if (running.exchange(true)) {
+    spdlog::warn("SIGUSR2: a successor is starting already");
+    return;
+  }
+  absl::StatusOr<pid_t> pid = actstash::server::SpawnSuccessor(*binary, args, watched_parent);
+  if (!pid.ok()) {
+    running = false;
+    spdlog::error("SIGUSR2: {}; serving on", pid.status().ToString());
+    return;
+  }
+  daemon->ExpectSuccessor(*pid);
+  spdlog::info("SIGUSR2: started the successor {} (pid {}) to take over", *binary, *pid);
+  std::thread([pid = *pid] {
+    // Returns only when the take-over failed: this process exits otherwise.
+    int status = 0;
+    while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    }
+    spdlog::error("the successor (pid {}) {} {} before it took over; serving on", pid,
+                  WIFSIGNALED(status) ? "was killed by signal" : "exited with status",
+                  WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status));
+    running = false;
+  }).detach();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -41,6 +79,10 @@ int main(int argc, char** argv) {
   actstash::server::CommandLine command_line = actstash::server::ParseCommandLine(argc, argv);
   if (command_line.exit_code.has_value()) return *command_line.exit_code;
   const actstash::server::DaemonConfig& config = command_line.config;
+  // Found now: the path may name a new binary by the time a successor starts.
+  const absl::StatusOr<std::string> binary = actstash::server::OwnExecutable();
+  const std::vector<std::string> successor_args = actstash::server::SuccessorArguments(argc, argv);
+  const pid_t watched_parent = actstash::server::ParentToWatch();
 
   auto logger = spdlog::stderr_logger_mt("actstashd");
   logger->set_pattern("%Y-%m-%dT%H:%M:%S.%e %^%l%$ [%t] %v");
@@ -55,6 +97,7 @@ int main(int argc, char** argv) {
   sigemptyset(&signals);
   sigaddset(&signals, SIGTERM);
   sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGUSR2);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
@@ -64,19 +107,21 @@ int main(int argc, char** argv) {
     return 1;
   }
   if (config.exit_with_parent) {
-    // Polls rather than PR_SET_PDEATHSIG, which fires when the *thread* that
-    // started the daemon exits, not the trainer process. When the parent
-    // dies the daemon is re-parented, so getppid() changes.
-    const pid_t parent = getppid();
-    std::thread([parent] {
-      while (getppid() == parent) std::this_thread::sleep_for(std::chrono::milliseconds(100));
-      spdlog::info("parent process {} exited (exit_with_parent)", parent);
+    // Waits on the process rather than PR_SET_PDEATHSIG, which fires when
+    // the *thread* that started the daemon exits, not the trainer process.
+    // A successor watches its predecessor's parent (ParentToWatch).
+    std::thread([watched_parent] {
+      actstash::server::WaitForExit(watched_parent);
+      spdlog::info("parent process {} exited (exit_with_parent)", watched_parent);
       kill(getpid(), SIGTERM);
     }).detach();
   }
   spdlog::info("ready");
   int received = 0;
-  sigwait(&signals, &received);
+  while (sigwait(&signals, &received) == 0 && received == SIGUSR2) {
+    StartSuccessor(daemon->get(), binary, successor_args,
+                   config.exit_with_parent ? watched_parent : 0);
+  }
   spdlog::info("received {}, shutting down (grace {} s)",
                received == SIGTERM ? "SIGTERM" : "SIGINT", config.shutdown_grace_seconds);
   (*daemon)->Shutdown(

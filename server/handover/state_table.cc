@@ -105,8 +105,7 @@ StateTable::StateTable(UniqueFd fd, std::byte* base, size_t bytes, const TableGe
 
 StateTable::~StateTable() { munmap(base_, bytes_); }
 
-absl::StatusOr<std::unique_ptr<StateTable>> StateTable::Create(const TableGeometry& geometry) {
-  const size_t bytes = StateTableBytes(geometry);
+absl::StatusOr<UniqueFd> StateTable::NewTableFd(size_t bytes) {
   UniqueFd fd(memfd_create("actstash-state-table", MFD_CLOEXEC | MFD_ALLOW_SEALING));
   if (!fd.valid()) return ErrnoStatus("memfd_create for the state table", errno);
   if (ftruncate(fd.get(), static_cast<off_t>(bytes)) != 0) {
@@ -116,6 +115,14 @@ absl::StatusOr<std::unique_ptr<StateTable>> StateTable::Create(const TableGeomet
   if (fcntl(fd.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW) != 0) {
     return ErrnoStatus("sealing the state table's size", errno);
   }
+  return fd;
+}
+
+absl::StatusOr<std::unique_ptr<StateTable>> StateTable::Create(const TableGeometry& geometry) {
+  const size_t bytes = StateTableBytes(geometry);
+  absl::StatusOr<UniqueFd> made = NewTableFd(bytes);
+  if (!made.ok()) return made.status();
+  UniqueFd fd = *std::move(made);
   absl::StatusOr<std::byte*> base = MapTable(fd.get(), bytes);
   if (!base.ok()) return base.status();
   TableHeader header;

@@ -98,9 +98,19 @@ class StateTable final : public StateJournal {
   // another (overlapping runs, a run outside the pool, a repeated id):
   // nothing of such a table is trusted. A lease, spill file or object whose
   // session is gone (it was closing) is dropped from the table.
+  // `count_restart`: false when the table is not a crashed daemon's (Copy),
+  // so that RecoveredState::restarts counts only restarts.
   static absl::StatusOr<std::unique_ptr<StateTable>> Recover(UniqueFd fd,
                                                              const TableGeometry& geometry,
-                                                             RecoveredState* out);
+                                                             RecoveredState* out,
+                                                             bool count_restart = true);
+  // A copy, in a new memfd, of the table in `fd` (a serving daemon's, handed
+  // over in a take-over), read as Recover reads it: the successor records
+  // into the copy, so that the original stays exactly as its daemon left it
+  // should the take-over fail. Recover's errors; FAILED_PRECONDITION too
+  // when the file's size is not that of `geometry`.
+  static absl::StatusOr<std::unique_ptr<StateTable>> Copy(int fd, const TableGeometry& geometry,
+                                                          RecoveredState* out);
   ~StateTable() override;
   StateTable(const StateTable&) = delete;
   StateTable& operator=(const StateTable&) = delete;
@@ -134,6 +144,8 @@ class StateTable final : public StateJournal {
 
  private:
   StateTable(UniqueFd fd, std::byte* base, size_t bytes, const TableGeometry& geometry);
+  // A sealed-size memfd of `bytes`, zero-filled.
+  static absl::StatusOr<UniqueFd> NewTableFd(size_t bytes);
   std::byte* SessionSlot(uint32_t index) const;
   std::byte* LeaseSlot(uint32_t index) const;
   std::byte* SpillSlot(uint32_t index) const;

@@ -104,7 +104,8 @@ void KeepThoseOfLiveSessions(std::vector<Slotted<Record>> read,
 
 absl::StatusOr<std::unique_ptr<StateTable>> StateTable::Recover(UniqueFd fd,
                                                                 const TableGeometry& geometry,
-                                                                RecoveredState* out) {
+                                                                RecoveredState* out,
+                                                                bool count_restart) {
   const size_t bytes = StateTableBytes(geometry);
   struct stat st {};
   if (fstat(fd.get(), &st) != 0) return ErrnoStatus("fstat of the state table", errno);
@@ -256,9 +257,46 @@ absl::StatusOr<std::unique_ptr<StateTable>> StateTable::Recover(UniqueFd fd,
     table->spills_ = std::move(spills);
     table->objects_ = std::move(objects);
   }
-  __atomic_store_n(&HeaderOf(table->base_)->restarts, header.restarts + 1, __ATOMIC_RELEASE);
+  if (count_restart) {
+    __atomic_store_n(&HeaderOf(table->base_)->restarts, header.restarts + 1, __ATOMIC_RELEASE);
+  }
   *out = std::move(state);
   return table;
+}
+
+absl::StatusOr<std::unique_ptr<StateTable>> StateTable::Copy(int fd, const TableGeometry& geometry,
+                                                             RecoveredState* out) {
+  const size_t bytes = StateTableBytes(geometry);
+  struct stat st {};
+  if (fstat(fd, &st) != 0) return ErrnoStatus("fstat of the handed state table", errno);
+  if (static_cast<uint64_t>(st.st_size) != bytes) {
+    return absl::FailedPreconditionError(absl::StrCat("the handed state table is ", st.st_size,
+                                                      " bytes; one of this daemon's is ", bytes,
+                                                      " (the configuration changed)"));
+  }
+  absl::StatusOr<UniqueFd> copy = NewTableFd(bytes);
+  if (!copy.ok()) return copy.status();
+  // Only the ranges with data: most of a table is holes, never written.
+  std::vector<char> buffer(1 << 20);
+  off_t at = 0;
+  while (static_cast<size_t>(at) < bytes) {
+    const off_t data = lseek(fd, at, SEEK_DATA);
+    if (data < 0 && errno == ENXIO) break;  // nothing but holes from here
+    if (data < 0) return ErrnoStatus("seeking the handed state table's data", errno);
+    off_t hole = lseek(fd, data, SEEK_HOLE);
+    if (hole < 0) return ErrnoStatus("seeking the handed state table's holes", errno);
+    hole = std::min<off_t>(hole, static_cast<off_t>(bytes));
+    for (at = data; at < hole;) {
+      const size_t chunk = std::min<size_t>(buffer.size(), static_cast<size_t>(hole - at));
+      const ssize_t n = pread(fd, buffer.data(), chunk, at);
+      if (n <= 0) return ErrnoStatus("reading the handed state table", n < 0 ? errno : EIO);
+      if (pwrite(copy->get(), buffer.data(), static_cast<size_t>(n), at) != n) {
+        return ErrnoStatus("copying the handed state table", errno);
+      }
+      at += n;
+    }
+  }
+  return Recover(*std::move(copy), geometry, out, /*count_restart=*/false);
 }
 
 }  // namespace actstash::server

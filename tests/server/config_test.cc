@@ -15,6 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/address.h"
+#include "server/daemon/successor.h"
 #include "server/pool/memory_limits.h"
 
 namespace actstash::server {
@@ -158,6 +159,30 @@ TEST_F(ConfigTest, FlagsAcceptEqualsForm) {
   EXPECT_EQ(parsed.command_line.config.pool_bytes, 2 * kGiB);
   EXPECT_EQ(parsed.command_line.config.mlock, Tristate::kOff);
   EXPECT_EQ(parsed.command_line.config.max_sessions, 3u);
+}
+
+// A successor started on SIGUSR2 (server/daemon/successor.h) gets the
+// daemon's own arguments with --take-over, whatever the daemon's said, and
+// they parse, the TOML file's take_over overridden.
+TEST_F(ConfigTest, ASuccessorsArgumentsTakeOver) {
+  const std::string toml = WriteToml("take_over = \"off\"\n");
+  for (const std::vector<std::string>& daemon_args : std::vector<std::vector<std::string>>{
+           {"--pool-size", "1GiB", "--config", toml},
+           {"--take-over", "auto", "--pool-size", "1GiB", "--config", toml},
+           {"--take-over=auto", "--pool-size", "1GiB", "--handed-over", "--config", toml},
+           {"--take-over", "--pool-size", "1GiB", "--config", toml}}) {
+    std::vector<char*> argv = {const_cast<char*>("actstashd")};
+    for (const std::string& arg : daemon_args) argv.push_back(const_cast<char*>(arg.c_str()));
+    const std::vector<std::string> successor =
+        SuccessorArguments(static_cast<int>(argv.size()), argv.data());
+    EXPECT_EQ(successor, (std::vector<std::string>{"actstashd", "--pool-size", "1GiB", "--config",
+                                                   toml, "--take-over=on"}))
+        << daemon_args[0];
+    const Parsed parsed = ParseArgs({successor.begin() + 1, successor.end()});
+    ASSERT_FALSE(parsed.command_line.exit_code.has_value()) << parsed.err;
+    EXPECT_EQ(parsed.command_line.config.take_over, Tristate::kOn);
+    EXPECT_EQ(parsed.command_line.config.pool_bytes, kGiB);
+  }
 }
 
 TEST_F(ConfigTest, Tristates) {

@@ -13,6 +13,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -24,6 +25,7 @@
 #include "server/pool/host_pool.h"
 #include "server/sessions/lease_manager.h"
 #include "server/sessions/session_manager.h"
+#include "testing/fd_store.h"
 
 namespace actstash::server {
 namespace {
@@ -311,6 +313,54 @@ TEST(StateTableTest, ARecoveryReadsOnlyTheObjectSlotsEverUsed) {
       << "pages backed after a recovery";
 }
 
+// A take-over's successor records into a copy: the copy reads as the
+// original does, the original stays as its daemon left it, and neither
+// counts a restart.
+TEST(StateTableTest, ACopyReadsAsTheOriginalAndLeavesItAlone) {
+  absl::StatusOr<std::unique_ptr<StateTable>> table = StateTable::Create(kGeometry);
+  ASSERT_TRUE(table.ok()) << table.status();
+  (*table)->SessionOpened(SessionOf(5));
+  (*table)->SegmentsRenewed(0, kGeometry.segments);
+  (*table)->LeaseGranted(LeaseOf(7, 5, 2, 3));
+
+  RecoveredState copied;
+  absl::StatusOr<std::unique_ptr<StateTable>> copy =
+      StateTable::Copy((*table)->fd(), kGeometry, &copied);
+  ASSERT_TRUE(copy.ok()) << copy.status();
+  EXPECT_NE((*copy)->fd(), (*table)->fd());
+  ASSERT_EQ(copied.sessions.size(), 1u);
+  EXPECT_EQ(copied.sessions[0].id(), 5u);
+  ASSERT_EQ(copied.leases.size(), 1u);
+  EXPECT_EQ(copied.leases[0].id(), 7u);
+  EXPECT_TRUE(copied.kept[0] && copied.clean[0] && !copied.clean[2]);
+  EXPECT_EQ(copied.restarts, 0u);
+
+  // The copy's own records do not reach the original.
+  (*copy)->LeaseReleased(7, 2);
+  (*copy)->SessionClosed(5);
+  (*copy)->SessionOpened(SessionOf(6));
+  RecoveredState original;
+  absl::StatusOr<std::unique_ptr<StateTable>> back = Reopen(**table, &original);
+  ASSERT_TRUE(back.ok()) << back.status();
+  ASSERT_EQ(original.sessions.size(), 1u);
+  EXPECT_EQ(original.sessions[0].id(), 5u);
+  EXPECT_EQ(original.leases.size(), 1u);
+  EXPECT_EQ(original.restarts, 0u);  // the copy was not a restart
+  RecoveredState from_copy;
+  absl::StatusOr<std::unique_ptr<StateTable>> copy_back = Reopen(**copy, &from_copy);
+  ASSERT_TRUE(copy_back.ok()) << copy_back.status();
+  ASSERT_EQ(from_copy.sessions.size(), 1u);
+  EXPECT_EQ(from_copy.sessions[0].id(), 6u);
+  EXPECT_TRUE(from_copy.leases.empty());
+
+  // Another configuration's table is not copied.
+  TableGeometry other = kGeometry;
+  other.session_slots = 64;
+  RecoveredState ignored;
+  EXPECT_EQ(StateTable::Copy((*table)->fd(), other, &ignored).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
 TEST(StateTableTest, DamageIsDataLossAndOtherStatesArePreconditions) {
   absl::StatusOr<std::unique_ptr<StateTable>> table = StateTable::Create(kGeometry);
   ASSERT_TRUE(table.ok());
@@ -377,17 +427,26 @@ TEST(StateTableTest, ASlotWrittenHalfwayReadsAsFree) {
   EXPECT_TRUE(state.leases.empty());
 }
 
-TEST(ServiceManagerTest, NotificationsCarryTextAndFds) {
-  const std::string name = "@actstash-test-notify-" + std::to_string(getpid());
-  int server = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-  ASSERT_GE(server, 0);
-  UniqueFd server_fd(server);
+// A datagram socket bound to the abstract address `name` ("@..."); invalid
+// when it cannot be made.
+UniqueFd BindNotifySocket(const std::string& name) {
+  UniqueFd server(socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0));
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
   std::memcpy(addr.sun_path + 1, name.data() + 1, name.size() - 1);
-  ASSERT_EQ(bind(server, reinterpret_cast<sockaddr*>(&addr),
-                 static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + name.size())),
-            0);
+  if (!server.valid() ||
+      bind(server.get(), reinterpret_cast<sockaddr*>(&addr),
+           static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + name.size())) != 0) {
+    return UniqueFd();
+  }
+  return server;
+}
+
+TEST(ServiceManagerTest, NotificationsCarryTextAndFds) {
+  const std::string name = "@actstash-test-notify-" + std::to_string(getpid());
+  UniqueFd server_fd = BindNotifySocket(name);
+  ASSERT_TRUE(server_fd.valid());
+  const int server = server_fd.get();
   absl::StatusOr<std::unique_ptr<ServiceNotifier>> notifier = ServiceNotifier::ForAddress(name);
   ASSERT_TRUE(notifier.ok()) << notifier.status();
   ASSERT_TRUE((*notifier)->StoreFd("seg-3", server).ok());
@@ -414,6 +473,27 @@ TEST(ServiceManagerTest, NotificationsCarryTextAndFds) {
   EXPECT_TRUE(IsValidFdName("state"));
   EXPECT_EQ(ServiceNotifier::ForAddress("relative/path").status().code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// A barrier returns once the manager closed the fd that came with it,
+// i.e. handled everything sent before; not while the manager does not read.
+TEST(ServiceManagerTest, ABarrierWaitsUntilTheManagerHandledIt) {
+  const std::string name = "@actstash-test-barrier-" + std::to_string(getpid());
+  UniqueFd unread = BindNotifySocket(name);
+  ASSERT_TRUE(unread.valid());
+  absl::StatusOr<std::unique_ptr<ServiceNotifier>> notifier = ServiceNotifier::ForAddress(name);
+  ASSERT_TRUE(notifier.ok()) << notifier.status();
+  EXPECT_EQ((*notifier)->Barrier(std::chrono::milliseconds(100)).code(),
+            absl::StatusCode::kDeadlineExceeded);
+
+  // A manager that reads (and closes the fds it does not keep).
+  absl::StatusOr<std::unique_ptr<testing::FdStore>> store = testing::FdStore::Create();
+  ASSERT_TRUE(store.ok()) << store.status();
+  absl::StatusOr<std::unique_ptr<ServiceNotifier>> to_store =
+      ServiceNotifier::ForAddress((*store)->address());
+  ASSERT_TRUE(to_store.ok()) << to_store.status();
+  ASSERT_TRUE((*to_store)->Notify("MAINPID=4242").ok());
+  EXPECT_TRUE((*to_store)->Barrier(std::chrono::seconds(10)).ok());
 }
 
 TEST(ServiceManagerTest, PassedFdsAreTakenOnlyWhenMeantForThisProcess) {

@@ -2,12 +2,15 @@
 of actstashd's restart after a crash where systemd does not run.
 
 It implements what actstashd uses of systemd (see server/base/service_manager.h):
-the notify socket ($NOTIFY_SOCKET; READY=1, FDSTORE=1 with FDNAME=, and
-FDSTOREREMOVE=1), the file-descriptor store (fds kept across restarts; one
+the notify socket ($NOTIFY_SOCKET; READY=1, FDSTORE=1 with FDNAME=,
+FDSTOREREMOVE=1, MAINPID= and BARRIER=1, accepted from any process as with
+NotifyAccess=all), the file-descriptor store (fds kept across restarts; one
 that refers to a file already kept is dropped, as systemd does), and the
 passing of the kept fds at the next start ($LISTEN_FDS from fd 3,
-$LISTEN_FDNAMES, $LISTEN_PID). A process that exits is started again (as
-Restart=always) until stop().
+$LISTEN_FDNAMES, $LISTEN_PID). When the main process exits it is started
+again (as Restart=always) until stop(); after a MAINPID= the process named
+there is the main one (an upgrade in place: the one that sent it exits
+without a restart).
 
     sup = Supervisor([actstashd, "--socket", path, ...], log=file)
     sup.start(); sup.wait_ready()
@@ -61,6 +64,7 @@ class Supervisor:
         self._exits = []  # return codes, in order
         self._stopping = False
         self.proc = None
+        self._main_pid = None  # the main process when a MAINPID= moved it off self.proc
         self.messages = []  # every notification's text, in order
         self._threads = []
 
@@ -113,6 +117,13 @@ class Supervisor:
                 self._remove(fields.get("FDNAME", "stored"))
             if fields.get("READY") == "1":
                 self._ready += 1
+            if fields.get("MAINPID", "").isdigit():
+                pid = int(fields["MAINPID"])
+                self._main_pid = None if self.proc is not None and pid == self.proc.pid else pid
+            if fields.get("BARRIER") == "1":
+                for fd in fds:  # closed once everything before it is handled
+                    os.close(fd)
+                fds = []
             self._lock.notify_all()
         for fd in fds:  # fds sent with no FDSTORE=1
             os.close(fd)
@@ -155,14 +166,37 @@ class Supervisor:
                                 stderr=subprocess.STDOUT if self.log else None)
         with self._lock:
             self.proc = proc
+            self._main_pid = None
             self._starts += 1
             self._lock.notify_all()
+
+    @staticmethod
+    def _wait_pid(pid):
+        """Waits for a process that is not this one's child (a MAINPID)."""
+        try:
+            fd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            return
+        try:
+            select.select([fd], [], [])
+        finally:
+            os.close(fd)
 
     def _watch(self):
         while True:
             with self._lock:
                 proc = self.proc
             code = proc.wait()
+            self._drain()  # a MAINPID= it sent before exiting
+            with self._lock:
+                main = self._main_pid
+            if main is not None:
+                self._wait_pid(main)  # it may have named another since
+                self._drain()
+                with self._lock:
+                    if self._main_pid != main:
+                        continue
+                code = None  # not this supervisor's child: no exit code
             with self._lock:
                 self._exits.append(code)
                 self._lock.notify_all()
@@ -205,11 +239,15 @@ class Supervisor:
         with self._lock:
             return list(self._exits)
 
-    def kill(self, sig=signal.SIGKILL):
-        """Signals the running process (it is started again)."""
+    @property
+    def main_pid(self):
+        """The pid of the service's main process."""
         with self._lock:
-            proc = self.proc
-        proc.send_signal(sig)
+            return self._main_pid if self._main_pid is not None else self.proc.pid
+
+    def kill(self, sig=signal.SIGKILL):
+        """Signals the main process (it is started again when it exits)."""
+        os.kill(self.main_pid, sig)
 
     def corrupt(self, name, offset, data):
         """Writes `data` at `offset` into the kept fd called `name` (a memfd)."""
@@ -222,7 +260,10 @@ class Supervisor:
         with self._lock:
             self._stopping = True
             proc = self.proc
-        if proc is not None and proc.poll() is None:
+            main = self._main_pid
+        if main is not None:
+            self._stop_pid(main, timeout)
+        elif proc is not None and proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
             try:
                 proc.wait(timeout=timeout)
@@ -236,7 +277,27 @@ class Supervisor:
                 os.close(fd)
             self._store = []
         self._sock.close()
+        if main is not None:
+            return self._main_code
         return proc.returncode if proc is not None else None
+
+    def _stop_pid(self, pid, timeout):
+        """SIGTERM to a main process that is not this one's child, whose exit
+        code cannot be read: 0 when it exited within `timeout` (callers that
+        care check its log), else it is killed and None."""
+        self._main_code = None
+        try:
+            fd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            return
+        try:
+            os.kill(pid, signal.SIGTERM)
+            if select.select([fd], [], [], timeout)[0]:
+                self._main_code = 0
+            else:
+                signal.pidfd_send_signal(fd, signal.SIGKILL)
+        finally:
+            os.close(fd)
 
 
 class SupervisedDaemon:
