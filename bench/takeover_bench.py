@@ -20,8 +20,13 @@ With --crash the daemon runs under a service manager that keeps its fds
 that recovers the state; the gap is then from the SIGKILL to the restarted
 daemon's READY=1, and the trainers count their reattachments.
 
+With --reload the daemon runs under that service manager too and each
+replacement is an upgrade in place: SIGUSR2 (what `systemctl reload` sends),
+on which the daemon starts its successor itself; the gap is measured as for
+take-overs.
+
     python3 bench/takeover_bench.py [--trainers 4] [--handovers 20] [--interval 1.0]
-        [--stores mixed|zero-copy] [--crash]
+        [--stores mixed|zero-copy] [--crash | --reload]
 """
 import argparse
 import os
@@ -43,15 +48,16 @@ QUOTA = ("--quota", str(8 << 20))
 KINDS = [(), QUOTA, ("--inline",), ("--inline", *QUOTA)]
 
 
-def run(trainers, handovers, interval, dim, crash=False, mixed=False):
-    """One round; returns (gaps, trainer results)."""
+def run(trainers, handovers, interval, dim, crash=False, mixed=False, reload=False):
+    """One round; returns (gaps, trainer results, per take-over (objects, files))."""
     binary = os.environ.get("ACTSTASH_DAEMON_BINARY", BUILT_DAEMON)
     work = tempfile.mkdtemp(prefix="actstash-takeover-")
     extra = ()
     if mixed:
         os.mkdir(os.path.join(work, "spill"))
         extra = ("--spill-dir", os.path.join(work, "spill"))
-    daemon = (SupervisedDaemon(binary, "1GiB", segment="4MiB", prefix="actstash-bench-") if crash
+    daemon = (SupervisedDaemon(binary, "1GiB", segment="4MiB", extra=extra,
+                               prefix="actstash-bench-") if crash or reload
               else DaemonProcess(binary, "1GiB", segment="4MiB", extra=extra,
                                  prefix="actstash-bench-"))
     group = None
@@ -63,7 +69,8 @@ def run(trainers, handovers, interval, dim, crash=False, mixed=False):
         gaps = []
         time.sleep(interval)
         for _ in range(handovers):
-            gaps.append(daemon.crash() if crash else daemon.take_over())
+            gaps.append(daemon.crash() if crash else
+                        daemon.upgrade() if reload else daemon.take_over())
             time.sleep(interval)
         if not handovers:
             time.sleep(interval * 20)
@@ -85,6 +92,8 @@ def main():
     parser.add_argument("--dim", type=int, default=128)
     parser.add_argument("--crash", action="store_true",
                         help="SIGKILL and restart under a service manager instead")
+    parser.add_argument("--reload", action="store_true",
+                        help="upgrades in place (SIGUSR2) under a service manager instead")
     parser.add_argument("--stores", choices=("mixed", "zero-copy"), default=None,
                         help="mixed: zero-copy and inline, each with and without spilling "
                         "(default for take-overs; inline objects and spilled data do not "
@@ -93,12 +102,15 @@ def main():
     stores = args.stores or ("zero-copy" if args.crash else "mixed")
     if args.crash and stores == "mixed":
         parser.error("--crash keeps leased memory only: use --stores zero-copy")
+    if args.crash and args.reload:
+        parser.error("--crash or --reload, not both")
     mixed = stores == "mixed"
-    _, base, _ = run(args.trainers, 0, args.interval, args.dim, args.crash, mixed)
+    _, base, _ = run(args.trainers, 0, args.interval, args.dim, args.crash, mixed, args.reload)
     gaps, results, handed = run(args.trainers, args.handovers, args.interval, args.dim,
-                                args.crash, mixed)
+                                args.crash, mixed, args.reload)
     ms = sorted(1e3 * g for g in gaps)
-    what = "crashes (SIGKILL, restart)" if args.crash else "take-overs"
+    what = ("crashes (SIGKILL, restart)" if args.crash else
+            "upgrades in place (SIGUSR2)" if args.reload else "take-overs")
     print(f"{args.trainers} trainers ({stores} stores), {args.handovers} {what}, one every "
           f"{args.interval} s")
     gap = ("SIGKILL to the restarted daemon's READY=1" if args.crash
@@ -111,7 +123,7 @@ def main():
         print(f"handed per take-over: inline objects median {statistics.median(objects):g} "
               f"(max {objects[-1]}), spill files median {statistics.median(files):g} "
               f"(max {files[-1]})")
-    name = "crash" if args.crash else "take-over"
+    name = "crash" if args.crash else "reload" if args.reload else "take-over"
     print(f"{'':10}{'kind':>16}{'steps':>7}{'not bitwise':>13}{'offloaded':>11}{'fetched':>9}"
           f"{'source':>8}{'spilled MiB':>13}{'pauses':>8}{'reattach':>9}{'median ms':>11}"
           f"{'max ms':>9}")

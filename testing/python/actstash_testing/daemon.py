@@ -12,6 +12,19 @@ READY_TIMEOUT_S = 30
 STOP_TIMEOUT_S = 30
 
 
+def takeover_gap(text):
+    """Seconds between the first "take-over requested" line of `text` (an
+    actstashd log) and the first "listening on" line after it: how long the
+    socket served no call during that take-over."""
+    lines = text.splitlines()
+    asked = next(i for i, line in enumerate(lines) if "take-over requested" in line)
+    served = next(line for line in lines[asked:] if "listening on" in line)
+
+    def stamp(line):
+        return datetime.datetime.strptime(line.split()[0], "%Y-%m-%dT%H:%M:%S.%f")
+    return (stamp(served) - stamp(lines[asked])).total_seconds()
+
+
 class DaemonError(RuntimeError):
     """actstashd exited while starting, or did not get ready in time; the
     message carries its log."""
@@ -102,12 +115,7 @@ class DaemonProcess:
         if old.returncode != 0:
             raise DaemonError("the old daemon exited %d: %s" % (old.returncode, self.text()))
         self.proc = successor
-        new = self.text()[before:]
-
-        def stamp(text, marker):
-            line = next(line for line in text.splitlines() if marker in line)
-            return datetime.datetime.strptime(line.split()[0], "%Y-%m-%dT%H:%M:%S.%f")
-        return (stamp(new, "listening on") - stamp(new, "take-over requested")).total_seconds()
+        return takeover_gap(self.text()[before:])
 
     def kill(self, sig=signal.SIGKILL):
         """Sends `sig` if the process runs and waits (up to 30 s) for its exit;

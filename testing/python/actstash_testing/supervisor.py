@@ -336,6 +336,25 @@ class SupervisedDaemon:
         self.sup.wait_ready(after=ready)
         return time.perf_counter() - start
 
+    def upgrade(self, timeout=30):
+        """SIGUSR2 to the main process (an upgrade in place, as `systemctl
+        reload` sends it); returns once the successor said READY=1, the
+        supervisor tracks it and the predecessor said it exits: the seconds
+        the socket served no call (takeover_gap)."""
+        from actstash_testing.daemon import takeover_gap
+        old = self.sup.main_pid
+        ready = self.sup.ready_count
+        before = len(self.text())
+        self.sup.kill(signal.SIGUSR2)
+        self.sup.wait_ready(after=ready, timeout=timeout)
+        deadline = time.time() + timeout
+        while self.sup.main_pid == old or "handed over; exiting" not in self.text()[before:]:
+            if time.time() > deadline:
+                raise TimeoutError("no upgrade in place within %s s: %s" %
+                                   (timeout, self.text()[before:]))
+            time.sleep(0.01)
+        return takeover_gap(self.text()[before:])
+
     def stop(self):
         """SIGTERM (no restart); the last exit code. The directory is removed."""
         import shutil
