@@ -345,8 +345,13 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config
     }
     parts.journal = std::make_unique<DaemonJournal>(std::move(table), parts.notifier.get());
     parts.journal->SetPool(parts.pool.get());
-    // The copy's segments are the very memfds the store holds.
-    if (handed_table.has_value()) reused_segments.assign(reused_segments.size(), true);
+    // The segments the store holds are the very memfds handed over; those
+    // it does not (a store that failed) are stored now.
+    if (handed_table.has_value()) {
+      for (size_t i = 0; i < reused_segments.size() && i < handed_table->kept.size(); ++i) {
+        reused_segments[i] = handed_table->kept[i];
+      }
+    }
     // Before anything is served: a lease granted from now on must find its
     // segments' memfds kept.
     if (absl::Status s = parts.journal->KeepForRestart(
@@ -424,13 +429,24 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config
     }
     handed_listener = std::move(taken->fds[taken->state.handover_listener_fd()]);
     // The predecessor still holds its TCP and metrics ports until it exits:
-    // wait for that only when this daemon needs them.
+    // wait for that (its end of the connection closing, as when it execs
+    // with after_take_over = wait) when this daemon needs them, and before
+    // it changes what the service manager keeps: a confirmation that fails
+    // (the predecessor gave up waiting and serves again) leaves the store
+    // as the predecessor keeps it, and so does a socket path it still serves.
     const bool needs_ports = !config.listen_tcp.empty() || !config.metrics_address.empty();
-    if (absl::Status s = ConfirmTakeOver(
-            &*taken, needs_ports ? std::chrono::seconds(30) : std::chrono::seconds(0));
-        !s.ok() && needs_ports) {
-      spdlog::warn("take-over: {}; serving anyway", s.ToString());
+    const bool changes_store = daemon->journal_ != nullptr || drop_kept_table;
+    absl::Status confirmed = ConfirmTakeOver(
+        &*taken, needs_ports || changes_store ? std::chrono::seconds(30) : std::chrono::seconds(0));
+    if (!confirmed.ok() && changes_store) {
+      return absl::Status(confirmed.code(),
+                          absl::StrCat("take-over: ", confirmed.message(),
+                                       "; the service manager's fd store is left as it was"));
     }
+    if (!confirmed.ok() && needs_ports) {
+      spdlog::warn("take-over: {}; serving anyway", confirmed.ToString());
+    }
+    if (absl::Status s = ClaimSocketPath(config.socket_path); !s.ok()) return s;
     // The predecessor is gone: from now on this daemon's table is the one
     // a restart after a crash must find.
     if (daemon->journal_ != nullptr) {
@@ -446,7 +462,6 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config
     } else if (drop_kept_table) {
       (void)daemon->notifier_->RemoveFds(kStateFdName);
     }
-    if (absl::Status s = ClaimSocketPath(config.socket_path); !s.ok()) return s;
   }
   if (recovered) {
     if (absl::Status s = daemon->AdoptRecovered(&recovery); !s.ok()) return s;

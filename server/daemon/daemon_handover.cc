@@ -8,6 +8,7 @@
 // device pools (CUDA IPC memory belongs to the exporting process), spilled
 // data for a successor without a spill tier, another pool geometry.
 #include <fcntl.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -234,17 +235,33 @@ void Daemon::FinishHandover(bool adopted) {
   // exit for the service's end and stop the successor with it.
   const bool handed_main =
       notifier_ != nullptr && taking_over_pid_ != 0 && taking_over_pid_ == expected_successor_;
+  bool stay = config_.wait_after_take_over && !handed_main;
   if (handed_main) {
     absl::Status told = notifier_->Notify(absl::StrCat("MAINPID=", taking_over_pid_));
     if (told.ok()) told = notifier_->Barrier(std::chrono::seconds(5));
-    if (told.ok()) {
+    // The manager ignores a MAINPID of a process that is gone.
+    const bool alive = kill(taking_over_pid_, 0) == 0;
+    if (told.ok() && alive) {
       spdlog::info("the service manager tracks pid {} as the main process now", taking_over_pid_);
+    } else if (!alive) {
+      // Exiting 0 would end the service (and flush what the manager keeps):
+      // a failure makes it restart from what is kept.
+      spdlog::error("the successor (pid {}) is gone after it took over; exiting 1",
+                    taking_over_pid_);
+      spdlog::default_logger()->flush();
+      std::fflush(nullptr);
+      _exit(1);
     } else {
-      spdlog::error("telling the service manager that pid {} is the main process now: {}",
-                    taking_over_pid_, told.ToString());
+      // The manager still tracks this process: it stays, holding nothing,
+      // so that the service does not end while the successor serves.
+      spdlog::error(
+          "telling the service manager that pid {} is the main process now: {}; staying as the "
+          "main process, holding nothing",
+          taking_over_pid_, told.ToString());
+      stay = true;
     }
   }
-  if (config_.wait_after_take_over && !handed_main) {
+  if (stay) {
     // A fresh image that holds nothing of this one (fds are closed there)
     // and waits for SIGTERM (server/daemon/main.cc).
     spdlog::info("handed over; waiting for SIGTERM");

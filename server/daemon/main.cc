@@ -4,7 +4,9 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -41,8 +43,15 @@ int WaitHandedOver() {
 // SIGUSR2: starts a successor (successor.h), one at a time; a successor
 // that fails is reaped and logged, and this daemon serves on.
 void StartSuccessor(actstash::server::Daemon* daemon, const absl::StatusOr<std::string>& binary,
-                    const std::vector<std::string>& args, pid_t watched_parent) {
+                    const std::vector<std::string>& args, pid_t watched_parent,
+                    bool wait_after_take_over) {
   static std::atomic<bool> running{false};
+  if (getpid() == 1 && !wait_after_take_over) {
+    spdlog::error(
+        "SIGUSR2: actstashd is process 1 (a container's entrypoint), whose exit would end the "
+        "successor with it: not upgrading in place (run it with --after-take-over wait)");
+    return;
+  }
   if (!binary.ok()) {
     spdlog::error("SIGUSR2: cannot start a successor: {}", binary.status().ToString());
     return;
@@ -62,7 +71,12 @@ void StartSuccessor(actstash::server::Daemon* daemon, const absl::StatusOr<std::
   std::thread([pid = *pid] {
     // Returns only when the take-over failed: this process exits otherwise.
     int status = 0;
-    while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    pid_t waited = -1;
+    while ((waited = waitpid(pid, &status, 0)) < 0 && errno == EINTR) {
+    }
+    if (waited != pid) {
+      spdlog::error("waiting for the successor (pid {}): {}", pid, std::strerror(errno));
+      return;  // `running` stays set: no second successor beside one not known to be gone
     }
     spdlog::error("the successor (pid {}) {} {} before it took over; serving on", pid,
                   WIFSIGNALED(status) ? "was killed by signal" : "exited with status",
@@ -80,7 +94,7 @@ int main(int argc, char** argv) {
   if (command_line.exit_code.has_value()) return *command_line.exit_code;
   const actstash::server::DaemonConfig& config = command_line.config;
   // Found now: the path may name a new binary by the time a successor starts.
-  const absl::StatusOr<std::string> binary = actstash::server::OwnExecutable();
+  const absl::StatusOr<std::string> binary = actstash::server::OwnExecutable(argv[0]);
   const std::vector<std::string> successor_args = actstash::server::SuccessorArguments(argc, argv);
   const pid_t watched_parent = actstash::server::ParentToWatch();
 
@@ -120,7 +134,7 @@ int main(int argc, char** argv) {
   int received = 0;
   while (sigwait(&signals, &received) == 0 && received == SIGUSR2) {
     StartSuccessor(daemon->get(), binary, successor_args,
-                   config.exit_with_parent ? watched_parent : 0);
+                   config.exit_with_parent ? watched_parent : 0, config.wait_after_take_over);
   }
   spdlog::info("received {}, shutting down (grace {} s)",
                received == SIGTERM ? "SIGTERM" : "SIGINT", config.shutdown_grace_seconds);

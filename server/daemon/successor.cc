@@ -27,7 +27,16 @@ constexpr char kTakeOverValue[] = "--take-over=";
 
 }  // namespace
 
-absl::StatusOr<std::string> OwnExecutable() {
+absl::StatusOr<std::string> OwnExecutable(const char* argv0) {
+  if (argv0 != nullptr && std::strchr(argv0, '/') != nullptr) {
+    if (argv0[0] == '/') return std::string(argv0);
+    std::string cwd(4096, '\0');
+    if (getcwd(cwd.data(), cwd.size()) == nullptr) {
+      return absl::InternalError(absl::StrCat("getcwd: ", std::strerror(errno)));
+    }
+    cwd.resize(std::strlen(cwd.c_str()));
+    return absl::StrCat(cwd, "/", argv0);
+  }
   std::string path(4096, '\0');
   const ssize_t n = readlink("/proc/self/exe", path.data(), path.size());
   if (n <= 0 || static_cast<size_t>(n) >= path.size()) {
@@ -100,7 +109,7 @@ pid_t ParentToWatch() {
   pid_t pid = 0;
   if (const char* text = std::getenv(kWatchPidVariable); text != nullptr) {
     int parsed = 0;
-    if (absl::SimpleAtoi(text, &parsed) && parsed > 1) pid = parsed;
+    if (absl::SimpleAtoi(text, &parsed) && parsed >= 1) pid = parsed;
     unsetenv(kWatchPidVariable);
   }
   return pid != 0 ? pid : getppid();

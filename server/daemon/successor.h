@@ -23,9 +23,11 @@ namespace actstash::server {
 // predecessor, which exits.
 inline constexpr char kWatchPidVariable[] = "ACTSTASH_WATCH_PID";
 
-// The path this process's executable was started from (/proc/self/exe, read
-// at start: a binary replaced later is found there by the successor).
-absl::StatusOr<std::string> OwnExecutable();
+// The path this process's executable was started from, read at start: a
+// binary replaced later (or a symlink pointed elsewhere) is found there by
+// the successor. `argv0` made absolute when it names a path (has a '/'),
+// else /proc/self/exe.
+absl::StatusOr<std::string> OwnExecutable(const char* argv0);
 
 // `argv` without any --take-over (with its value) or --handed-over, plus
 // --take-over=on.

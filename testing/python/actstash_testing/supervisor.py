@@ -5,7 +5,8 @@ It implements what actstashd uses of systemd (see server/base/service_manager.h)
 the notify socket ($NOTIFY_SOCKET; READY=1, FDSTORE=1 with FDNAME=,
 FDSTOREREMOVE=1, MAINPID= and BARRIER=1, accepted from any process as with
 NotifyAccess=all), the file-descriptor store (fds kept across restarts; one
-that refers to a file already kept is dropped, as systemd does), and the
+that refers to a file already kept is dropped: systemd compares open file
+descriptions, this compares inodes), and the
 passing of the kept fds at the next start ($LISTEN_FDS from fd 3,
 $LISTEN_FDNAMES, $LISTEN_PID). When the main process exits it is started
 again (as Restart=always) until stop(); after a MAINPID= the process named
