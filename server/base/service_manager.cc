@@ -139,15 +139,6 @@ bool IsValidFdName(absl::string_view name) {
   return true;
 }
 
-bool FdsPassedToThisProcess() {
-  const char* pid_text = std::getenv("LISTEN_PID");
-  const char* count_text = std::getenv("LISTEN_FDS");
-  int64_t pid = 0;
-  int64_t count = 0;
-  return pid_text != nullptr && count_text != nullptr && absl::SimpleAtoi(pid_text, &pid) &&
-         absl::SimpleAtoi(count_text, &count) && pid == getpid() && count > 0;
-}
-
 absl::StatusOr<std::vector<PassedFd>> TakePassedFds() {
   const char* pid_text = std::getenv("LISTEN_PID");
   const char* count_text = std::getenv("LISTEN_FDS");

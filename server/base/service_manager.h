@@ -76,9 +76,6 @@ struct PassedFd {
 // them close-on-exec and unsets the three variables (so that no child sees
 // them). Empty when none were passed; INVALID_ARGUMENT for malformed values.
 absl::StatusOr<std::vector<PassedFd>> TakePassedFds();
-// Whether $LISTEN_PID names this process and $LISTEN_FDS is positive (fds
-// were passed and not taken yet).
-bool FdsPassedToThisProcess();
 
 }  // namespace actstash::server
 

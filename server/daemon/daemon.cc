@@ -265,6 +265,9 @@ Daemon::~Daemon() {
 absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config,
                                                       std::unique_ptr<DeviceMemory> device_memory) {
   spdlog::info("actstashd {} starting (pid {}); {}", kVersion, getpid(), DescribeCudaDevices());
+  // Taken first: a daemon restarted after a crash recovers from them even
+  // when its command line says --take-over (it was a successor itself).
+  absl::StatusOr<std::vector<PassedFd>> passed = TakePassedFds();
   std::optional<TakenOver> taken;
   if (config.take_over != Tristate::kOff) {
     absl::StatusOr<TakenOver> received = ReceiveTakeOver(config);
@@ -273,10 +276,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config
     } else if (config.take_over == Tristate::kAuto && absl::IsUnavailable(received.status())) {
       spdlog::info("take-over (auto): {}; starting afresh",
                    std::string(received.status().message()));
-    } else if (absl::IsUnavailable(received.status()) && FdsPassedToThisProcess()) {
-      // A restart after a crash of a daemon that was itself a successor:
-      // its command line still says --take-over, and what is kept is the
-      // way back.
+    } else if (absl::IsUnavailable(received.status()) && passed.ok() && !passed->empty()) {
       spdlog::info("take-over: {}; the service manager passed kept fds: recovering from them",
                    std::string(received.status().message()));
     } else {
@@ -289,7 +289,6 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config
   if (!notifier.ok()) return notifier.status();
   parts.notifier = *std::move(notifier);
   if (!taken) {
-    absl::StatusOr<std::vector<PassedFd>> passed = TakePassedFds();
     if (!passed.ok()) {
       spdlog::warn("recovery: {}; starting afresh", passed.status().ToString());
     } else if (!passed->empty() && parts.notifier == nullptr) {
