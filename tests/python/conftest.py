@@ -26,6 +26,15 @@ sys.path.insert(0, EXAMPLES)
 PACKAGE_ENV = {} if INSTALLED else {"PYTHONPATH": BUILD_PYTHON}
 
 
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers",
+        "torch_agnostic: what the test checks (the daemon's take-over, restart and spill "
+        "tier, the package's layout) does not depend on torch's version, so CI runs it "
+        "under one torch only (scripts/test's) and leaves it out of the lanes under "
+        "pip's torch (`-m 'not torch_agnostic'`)")
+
+
 def daemon_binary():
     if not INSTALLED:
         return BUILT_DAEMON

@@ -18,6 +18,9 @@ from actstash import _auto
 from actstash_testing.training import bitwise_equal, cloned_grads
 from conftest import EXAMPLES, PACKAGE_ENV, TESTING_PYTHON, Daemon
 
+# What this file tests does not depend on torch's version (conftest.py).
+pytestmark = pytest.mark.torch_agnostic
+
 NODE_BPS = 40e6  # slower than any probe of this machine: the share decides the rates
 
 

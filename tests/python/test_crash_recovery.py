@@ -19,6 +19,9 @@ from conftest import (PACKAGE_ENV, assert_trained_bitwise, daemon_binary, pool_s
 from actstash_testing.supervisor import SupervisedDaemon
 from actstash_testing.trainers import Trainers
 
+# What this file tests does not depend on torch's version (conftest.py).
+pytestmark = pytest.mark.torch_agnostic
+
 # zero-copy, zero-copy under a quota that makes its blocks spill, inline
 # objects under a quota that makes them spill
 QUOTA = ("--quota", str(8 << 20))

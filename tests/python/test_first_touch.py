@@ -18,6 +18,9 @@ import pytest
 
 from conftest import PACKAGE_ENV
 
+# What this file tests does not depend on torch's version (conftest.py).
+pytestmark = pytest.mark.torch_agnostic
+
 PAGE = os.sysconf("SC_PAGE_SIZE")
 # glibc: fixed thresholds (no dynamic mmap threshold), no trimming, a padded heap.
 KEEP_FREED = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD_": str(4 << 30),

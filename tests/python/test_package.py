@@ -17,6 +17,9 @@ import actstash
 from actstash import _daemon
 from conftest import BUILD, INSTALLED, PACKAGE_ENV, ROOT
 
+# What this file tests does not depend on torch's version (conftest.py).
+pytestmark = pytest.mark.torch_agnostic
+
 
 def _pid_alive(pid):
     try:

@@ -17,6 +17,9 @@ from actstash_testing.training import cloned_grads, spill_batch, spill_gpt
 from conftest import Daemon, PACKAGE_ENV, ROOT
 from gpt import GPT, loss_fn
 
+# What this file tests does not depend on torch's version (conftest.py).
+pytestmark = pytest.mark.torch_agnostic
+
 torch.set_num_threads(1)
 POOL = 64 << 20
 

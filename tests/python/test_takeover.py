@@ -9,9 +9,13 @@ import os
 import re
 import time
 
+import pytest
 
 from conftest import PACKAGE_ENV, Daemon, assert_trained_bitwise, wait_pool_empty
 from actstash_testing.trainers import Trainers
+
+# What this file tests does not depend on torch's version (conftest.py).
+pytestmark = pytest.mark.torch_agnostic
 
 QUOTA = ("--quota", str(8 << 20))
 # zero-copy, zero-copy spilling, inline, inline spilling

@@ -14,10 +14,15 @@ import random
 import re
 import time
 
+import pytest
+
 from conftest import (PACKAGE_ENV, Daemon, assert_trained_bitwise, daemon_binary,
                       wait_pool_empty)
 from actstash_testing.supervisor import SupervisedDaemon, Supervisor
 from actstash_testing.trainers import Trainers
+
+# What this file tests does not depend on torch's version (conftest.py).
+pytestmark = pytest.mark.torch_agnostic
 
 # zero-copy, zero-copy under a quota that makes its blocks spill, inline
 # objects under a quota that makes them spill
