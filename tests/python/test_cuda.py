@@ -206,3 +206,40 @@ def test_auto_plan_on_cuda_is_bitwise_and_within_budget(daemon):
     finally:
         actstash.unwrap(model)
         stash.close()
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_offload_adamw_on_cuda_parameters_is_bitwise_the_host_step(daemon, dtype):
+    """OffloadAdamW on CUDA parameters (the device path): gradients to the pool as
+    each becomes final, the step on the host, parameters back before the next
+    forward, with a compute stream slowed before every forward. Each step's
+    parameters are bitwise torch.optim.AdamW(foreach=False) on host copies stepped
+    with the same (clipped, accumulated) gradients, on fp32 masters for bf16."""
+    from actstash.optim import OffloadAdamW
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(256, 512), nn.GELU(), nn.Linear(512, 256)).cuda().to(dtype)
+    masters = [p.detach().float().cpu() for p in model.parameters()]
+    reference = torch.optim.AdamW(masters, lr=1e-3, weight_decay=0.1, foreach=False)
+    stash = actstash.connect(daemon.socket)
+    try:
+        opt = OffloadAdamW(model.parameters(), stash, lr=1e-3, weight_decay=0.1)
+        assert stash.stats()["optimizer_state_bytes"] >= opt.offloaded_bytes > 0
+        before = [p.detach().cpu() for p in model.parameters()]
+        g = torch.Generator(device="cuda").manual_seed(1)
+        for step in range(5):
+            for micro in range(2):
+                torch.cuda._sleep(2_000_000)  # the forward's kernels start late
+                x = torch.randn(64, 256, device="cuda", generator=g).to(dtype)
+                (model(x).float().square().mean() / 2).backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            for m, p in zip(masters, model.parameters()):
+                m.grad = p.grad.detach().float().cpu()
+            reference.step()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            for m, p in zip(masters, model.parameters()):
+                assert torch.equal(m.to(dtype), p.detach().cpu()), step
+        assert any(not torch.equal(b, p.detach().cpu()) for b, p in zip(before, model.parameters()))
+    finally:
+        stash.close()

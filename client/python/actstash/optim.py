@@ -19,18 +19,29 @@ per step; amsgrad and maximize are not offered there. For bf16 parameters it
 reads the bf16 gradients and writes the parameters in the same pass as the
 masters.
 
-Parameters must be dense, contiguous and on the CPU (a CPU trainer; the GPU
-path is not built yet), fp32, bf16 or fp16. A bf16 or fp16 parameter gets an
-fp32 master weight in the pool beside its fp32 moments (state key
-"master_weight"): the step runs on the master with the gradient cast to fp32,
-then rounds the master into the parameter, the mixed-precision recipe of
-Megatron and DeepSpeed. In the default mode that is bitwise what
+Parameters must be dense, contiguous, fp32, bf16 or fp16, all on the CPU or all
+on one CUDA device. On a device (the device path), the pool also holds a host
+copy of each parameter and of its gradient: as soon as a gradient is final
+(register_post_accumulate_grad_hook, torch >= 2.1) it is copied to the host on a
+side stream while backward goes on, and the next accumulation into it waits for
+that copy on the device, not on the CPU; step() waits for the copies (copying
+again what changed since, as clip_grad_norm_ changes it), steps on the host as
+on a CPU trainer, and copies the new parameters back on the side stream, which
+the trainer's stream waits for before the next forward. The pool is registered
+with CUDA on a GPU node, so these copies are asynchronous.
+
+A bf16 or fp16 parameter gets an fp32 master weight in the pool beside its fp32
+moments (state key "master_weight"): the step runs on the master with the
+gradient cast to fp32, then rounds the master into the parameter, the
+mixed-precision recipe of Megatron and DeepSpeed. In the default mode that is bitwise what
 torch.optim.AdamW(foreach=False) does to fp32 copies of the parameters given
 the cast gradients, followed by param.copy_(master).
 `fraction` < 1 keeps the states of the last parameters (by bytes) in the
-process, as Megatron's optimizer offload fraction does.
+process, as Megatron's optimizer offload fraction does (on a device: on the
+device, stepped there by torch; fp32 parameters only).
 """
 import ctypes
+import weakref
 
 import torch
 
@@ -79,7 +90,8 @@ def _scalar_dtype():
 
 class OffloadAdamW(torch.optim.AdamW):
     def __init__(self, params, stash, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2,
-                 amsgrad=False, *, mode="exact", fraction=1.0, threads=None, **kwargs):
+                 amsgrad=False, *, mode="exact", fraction=1.0, threads=None, _copies=None,
+                 **kwargs):
         if mode not in ("exact", "fast"):
             raise ValueError("mode must be 'exact' or 'fast'")
         if not 0.0 <= fraction <= 1.0:
@@ -99,7 +111,13 @@ class OffloadAdamW(torch.optim.AdamW):
         self._mode = mode
         self._threads = threads if threads is not None else torch.get_num_threads()
         params = [p for group in self.param_groups for p in group["params"]]
-        _check(params)
+        # The device path's copies: CUDA's for CUDA parameters; tests pass a simulated
+        # device (actstash_testing.sim_device) that treats CPU parameters as on one.
+        self._copies = _copies
+        _check(params, simulated=_copies is not None)
+        if self._copies is None and params and params[0].device.type == "cuda":
+            from actstash._device_copies import CudaCopies
+            self._copies = CudaCopies(params[0].device)
         if not client.attached:
             raise _lib.StashError("OffloadAdamW: the states go to leased pool memory, which needs "
                                   "an attached client (a local daemon on a Unix socket): "
@@ -111,7 +129,18 @@ class OffloadAdamW(torch.optim.AdamW):
 
         # States are fp32: 4 bytes per element and key, whatever the parameter's dtype.
         need = {p: 4 * p.numel() * len(keys_of(p)) for p in params}
+        if self._copies is not None:  # and the host copies of the parameter and its gradient
+            need = {p: n + 2 * p.numel() * p.element_size() for p, n in need.items()}
         budget = fraction * sum(need.values())
+        pooled_ones, taken = set(), 0
+        for p in params:  # which are pooled, before anything is reserved
+            if taken + need[p] <= budget + 0.5:
+                pooled_ones.add(p)
+                taken += need[p]
+            elif self._copies is not None and p.dtype in _LOW_PRECISION:
+                raise ValueError("OffloadAdamW: fraction < 1 with bf16/fp16 parameters on a "
+                                 "device is not supported (their master weights would stay on "
+                                 "the device); use fraction=1.0")
         self._pooled = []
         self._masters = {}  # bf16/fp16 parameter -> its fp32 master weight
         self._scratch = None  # their gradients cast to fp32 (_fp32_grad)
@@ -120,15 +149,25 @@ class OffloadAdamW(torch.optim.AdamW):
         # values than its master's seeds its master again before the next step,
         # rather than being overwritten by it.
         self._versions = {}
-        taken = 0
         buffers = []
+        self._host = {}        # device path: parameter -> its host copy in the pool
+        self._host_grads = {}  # device path: parameter -> its gradient's host copy in the pool
+        self._pending = {}     # device path: parameter -> (event, gradient, version) of its copy
+        self._hooks = []
         try:
             for p in params:
-                pooled = taken + need[p] <= budget + 0.5
+                pooled = p in pooled_ones
                 if not pooled and p.dtype not in _LOW_PRECISION:
                     continue  # torch creates its states at the first step
                 state = {"step": torch.tensor(0.0, dtype=_scalar_dtype())}
                 like = torch.empty(p.shape, dtype=torch.float32, device="meta")
+                if self._copies is not None and pooled:  # the host copies of p and its gradient
+                    like_p = torch.empty(p.shape, dtype=p.dtype, device="meta")
+                    for into in (self._host, self._host_grads):
+                        buffer = _PoolBuffer(client, max(p.numel() * p.element_size(), 1))
+                        buffers.append(buffer)
+                        into[p] = buffer.tensor(like_p)
+                    self._host[p].copy_(p.detach())
                 for key in keys_of(p):
                     if pooled:
                         buffer = _PoolBuffer(client, max(4 * p.numel(), 1))
@@ -137,30 +176,71 @@ class OffloadAdamW(torch.optim.AdamW):
                     else:
                         state[key] = torch.empty(p.shape, dtype=torch.float32)
                     if key == _MASTER:
-                        state[key].copy_(p.detach())
+                        state[key].copy_(self._host.get(p, p).detach())
                         self._masters[p] = state[key]
                         self._versions[p] = p._version
                     else:
                         state[key].zero_()
                 self.state[p] = state
                 if pooled:
-                    taken += need[p]
                     self._pooled.append(p)
         except _lib.StashFull as full:
             self.state.clear()
             self._pooled = []
             self._masters = {}
+            self._host, self._host_grads = {}, {}
             del buffers  # every reservation goes back with its views
             raise _lib.StashFull(
                 f"OffloadAdamW: the states need {budget:,.0f} bytes of pool memory (fp32 "
-                f"moments, and master weights for bf16/fp16 parameters); the session cannot "
-                f"hold them ({full}); nothing was kept") from None
+                f"moments, master weights for bf16/fp16 parameters, and on a device the host "
+                f"copies of the parameters and gradients); the session cannot hold them "
+                f"({full}); nothing was kept") from None
+        for p in self._host:
+            self._versions[p] = p._version
+            if hasattr(p, "register_post_accumulate_grad_hook"):  # torch >= 2.1
+                before, after = self._device_hooks(p)
+                self._hooks.append(p.register_hook(before))
+                self._hooks.append(p.register_post_accumulate_grad_hook(after))
 
     @property
     def offloaded_bytes(self):
-        """Bytes of this optimizer's state in the pool."""
-        return sum(t.numel() * t.element_size() for p in self._pooled
-                   for key, t in self.state[p].items() if key != "step")
+        """Bytes of this optimizer's state in the pool (on the device path, with the host
+        copies of the parameters and their gradients)."""
+        copies = list(self._host.values()) + list(self._host_grads.values())
+        return sum(t.numel() * t.element_size() for t in copies) + sum(
+            t.numel() * t.element_size() for p in self._pooled
+            for key, t in self.state[p].items() if key != "step")
+
+    def _device_hooks(self, p):
+        """p's two hooks on the device path; they hold the optimizer weakly (a parameter
+        outlives its optimizer often enough). Before: autograd is about to accumulate a
+        new gradient into p.grad, which the side stream may still be copying to the host,
+        so the trainer's stream waits for that copy first (the CPU does not). After
+        (register_post_accumulate_grad_hook): _grad_to_host."""
+        this = weakref.ref(self)
+
+        def before(grad):
+            optimizer = this()
+            pending = optimizer._pending.get(p) if optimizer is not None else None
+            if pending is not None:
+                optimizer._copies.wait(optimizer._copies.current(), pending[0])
+
+        def after(param):
+            optimizer = this()
+            if optimizer is not None and param in optimizer._host_grads:
+                optimizer._grad_to_host(param)
+        return before, after
+
+    def _grad_to_host(self, p):
+        """register_post_accumulate_grad_hook: p.grad is final for this backward; its
+        copy to the host starts on the side stream once the trainer's stream has
+        produced it."""
+        c, grad = self._copies, p.grad
+        side = c.side()
+        c.wait(side, c.record(c.current()))
+        c.keep(grad, side)
+        c.copy(self._host_grads[p], grad, side)
+        self._pending[p] = (c.record(side), grad, grad._version)
 
     def load_state_dict(self, state_dict):
         """torch's load_state_dict, then the loaded states go into this optimizer's fp32
@@ -217,6 +297,9 @@ class OffloadAdamW(torch.optim.AdamW):
             for p in group["params"]:
                 if p.grad is not None and p.grad.is_sparse:
                     raise RuntimeError("OffloadAdamW does not support sparse gradients")
+        if self._host:
+            self._step_device()
+            return loss
         for p, master in self._masters.items():
             if p._version != self._versions[p]:
                 # Changed since its master was written into it: unless it still holds
@@ -230,6 +313,84 @@ class OffloadAdamW(torch.optim.AdamW):
         else:
             self._step_fast()
         return loss
+
+    def _step_device(self):
+        """The device path's step: the gradients' copies to the host finished (or made
+        now), the step on the host copies, the new parameters copied back."""
+        c = self._copies
+        current, side = c.current(), c.side()
+        hosted = list(self._host)
+        for p in hosted:
+            pending, grad = self._pending.pop(p, None), p.grad
+            if grad is None or (pending is not None and pending[1] is grad
+                                and pending[2] == grad._version):
+                continue
+            # Not copied by the hook (torch < 2.1, a gradient set by hand) or changed
+            # since (clip_grad_norm_): copied after what the trainer's stream queued.
+            c.wait(side, c.record(current))
+            c.keep(grad, side)
+            c.copy(self._host_grads[p], grad, side)
+        # A parameter changed on the device since its host copy was written into it (a
+        # checkpoint loaded, a manual edit): the host copy, and its master, follow it.
+        changed = [p for p in hosted if p._version != self._versions[p]]
+        if changed:
+            c.wait(side, c.record(current))
+            for p in changed:
+                c.copy(self._host[p], p.detach(), side)
+        # The side stream runs in order: this covers every copy above and the previous
+        # step's copies to the device, which read the host copies about to be written.
+        c.sync(c.record(side))
+        for p in changed:
+            master = self._masters.get(p)
+            if master is not None and not torch.equal(self._host[p], master.to(p.dtype)):
+                master.copy_(self._host[p])
+            self._versions[p] = p._version
+        self._step_on_host(hosted)
+        # Back to the device, after the trainer's stream is done with the old values;
+        # the trainer's stream waits for them before it runs anything more (the next
+        # forward), the CPU does not.
+        c.wait(side, c.record(current))
+        for p in hosted:
+            if p.grad is not None:
+                c.copy(p.detach(), self._host[p], side)
+                self._versions[p] = p._version
+        c.wait(current, c.record(side))
+        rest = [[p for p in group["params"] if p not in self._host] for group in self.param_groups]
+        if any(rest):  # fraction < 1: the others' states are on the device, torch steps them
+            kept = [group["params"] for group in self.param_groups]
+            try:
+                for group, params in zip(self.param_groups, rest):
+                    group["params"] = params
+                self._torch_step()
+            finally:
+                for group, params in zip(self.param_groups, kept):
+                    group["params"] = params
+
+    def _step_on_host(self, hosted):
+        """The CPU trainer's step (exact or fast) on the host copies of `hosted`, their
+        states and gradients' copies standing in for the device parameters'."""
+        kept = [group["params"] for group in self.param_groups]
+        masters, versions = self._masters, self._versions
+        host = self._host
+        try:
+            self._masters = {host[p]: m for p, m in masters.items() if p in host}
+            self._versions = {host[p]: host[p]._version for p in hosted}
+            for group, params in zip(self.param_groups, kept):
+                group["params"] = [host[p] for p in params if p in host]
+            for p in hosted:
+                self.state[host[p]] = self.state[p]  # the same dict: stepped in place
+                host[p].grad = self._host_grads[p] if p.grad is not None else None
+            if self._mode == "exact":
+                self._step_exact()
+            else:
+                self._step_fast()
+        finally:
+            for p in hosted:
+                host[p].grad = None
+                self.state.pop(host[p], None)
+            for group, params in zip(self.param_groups, kept):
+                group["params"] = params
+            self._masters, self._versions = masters, versions
 
     def _torch_step(self):
         """torch's AdamW.step without the hooks torch wraps around it (2.x runs the step
@@ -348,8 +509,13 @@ class OffloadAdamW(torch.optim.AdamW):
         return out
 
     def close(self):
-        """Moves the states into the process and gives the pool memory back; the
-        optimizer goes on working."""
+        """Moves the states (and on the device path the host copies) into the process and
+        gives the pool memory back; the optimizer goes on working."""
+        if self._host:
+            self._copies.sync(self._copies.record(self._copies.side()))
+            self._pending.clear()
+            self._host = {p: t.clone() for p, t in self._host.items()}
+            self._host_grads = {p: t.clone() for p, t in self._host_grads.items()}
         for p in self._pooled:
             state = self.state[p]
             for key in list(state):
@@ -360,9 +526,9 @@ class OffloadAdamW(torch.optim.AdamW):
         self._pooled = []
 
 
-def _check(params):
+def _check(params, simulated=False):
     """Every reason the parameters cannot have pooled states, before anything is
-    reserved."""
+    reserved. `simulated`: CPU parameters stand for a device's (tests)."""
     devices = {p.device for p in params}
     if len(devices) > 1:
         raise ValueError("OffloadAdamW: the parameters are on several devices ("
@@ -372,9 +538,8 @@ def _check(params):
         where = f"OffloadAdamW: parameter {i} ({tuple(p.shape)}, {p.dtype}, {p.device})"
         if p.is_sparse or p.layout != torch.strided:
             raise ValueError(where + " is sparse: not supported")
-        if p.device.type != "cpu":
-            raise ValueError(where + " is not on the CPU: the GPU path (states in the pool, "
-                             "gradients copied to it) is not built yet")
+        if p.device.type not in ("cpu", "cuda") or (simulated and p.device.type != "cpu"):
+            raise ValueError(where + " is neither on the CPU nor on a CUDA device")
         if p.dtype not in (torch.float32,) + _LOW_PRECISION:
             raise ValueError(where + " is not fp32, bf16 or fp16")
         if not p.is_contiguous():
