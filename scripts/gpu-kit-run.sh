@@ -9,8 +9,10 @@
 #         CUDA tensors, against this machine's torch), the registration
 #         probe, the CUDA pytest and a CPU pytest (the kit's package and
 #         daemon at work), the copy benchmark's quick mode
-#   full  (about 9 minutes at most): quick's phases, then the step benchmark
-#         (bench/gpu_step_bench.py), the full copy benchmark, and
+#   full  (its phases' limits add up to about 11 minutes; the first full run
+#         took under 3): quick's phases, then the step benchmark
+#         (bench/gpu_step_bench.py), the optimizer step on the device path
+#         (bench/gpu_optimizer_bench.py), the full copy benchmark, and
 #         compute-sanitizer memcheck over the copy-engine test when the
 #         machine has compute-sanitizer
 #
@@ -205,6 +207,8 @@ phase peers 60 torch peers
 if [ "$mode" = full ]; then
   phase step_bench 240 torch env PYTHONPATH="$out/peers-site" "$python" \
     "$kit/bench/gpu_step_bench.py" --csv "$out/step_bench.csv"
+  phase optimizer_bench 120 torch "$python" "$kit/bench/gpu_optimizer_bench.py" \
+    --csv "$out/optimizer_bench.csv"
   phase copy_bench_full 180 gpu "$build/bench/gpu_copy_bench"
   if command -v compute-sanitizer > /dev/null; then
     phase memcheck 120 gpu compute-sanitizer --tool memcheck --error-exitcode 1 \

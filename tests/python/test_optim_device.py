@@ -16,13 +16,39 @@ import torch
 import actstash
 from actstash.optim import OffloadAdamW
 from actstash_testing.sim_device import SimulatedCopies
+from gpt import loss_fn
 from test_optim import _MasterReference, _low_precision_model, _model, _train
 
 STEPS = 6
 MICRO = 4  # test_optim._train's micro-batches per step
 
 
-def _device_run(socket, model, copies, mode="exact", steps=STEPS):
+def _train_steps(model, opt, steps, clip=True, scaler=None, inf_at=None):
+    """test_optim._train's steps, optionally without clip_grad_norm_, or through a
+    GradScaler (an inf put into one gradient at step `inf_at`: the step is skipped)."""
+    if clip and scaler is None:
+        return _train(model, opt, steps)
+    for step in range(steps):
+        for micro in range(MICRO):
+            g = torch.Generator().manual_seed(1000 * step + micro)
+            idx = torch.randint(0, 128, (4, 33), generator=g)
+            loss = loss_fn(model, idx) / MICRO
+            (loss if scaler is None else scaler.scale(loss)).backward()
+        if step == inf_at:
+            with torch.no_grad():
+                next(model.parameters()).grad.view(-1)[0] = float("inf")
+        if scaler is None:
+            opt.step()
+        else:
+            if clip:
+                scaler.unscale_(opt)
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            scaler.step(opt)
+            scaler.update()
+        opt.zero_grad(set_to_none=True)
+
+
+def _device_run(socket, model, copies, mode="exact", steps=STEPS, **train):
     copies.device_addresses = {p.data_ptr() for p in model.parameters()}
     stash = actstash.connect(socket)
     try:
@@ -30,19 +56,23 @@ def _device_run(socket, model, copies, mode="exact", steps=STEPS):
                            _copies=copies)
         in_pool = stash.stats()["optimizer_state_bytes"]
         offloaded = opt.offloaded_bytes
-        _train(model, opt, steps)
+        _train_steps(model, opt, steps, **train)
         return opt, in_pool, offloaded
     finally:
         copies.close()
         stash.close()
 
 
+HOOKS = hasattr(torch.Tensor, "register_post_accumulate_grad_hook")
+
+
 def _bytes(model):
     return sum(p.numel() * p.element_size() for p in model.parameters())
 
 
+@pytest.mark.parametrize("clip", [True, False], ids=["clipped", "unclipped"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-def test_device_path_is_bitwise_torch_adamw_with_delayed_copies(fresh_daemon, dtype):
+def test_device_path_is_bitwise_torch_adamw_with_delayed_copies(fresh_daemon, dtype, clip):
     torch.set_num_threads(1)
     if dtype == torch.float32:
         plain = _model()
@@ -53,8 +83,8 @@ def test_device_path_is_bitwise_torch_adamw_with_delayed_copies(fresh_daemon, dt
         reference = _MasterReference(plain, lr=3e-3, weight_decay=0.1)
     ours = copy.deepcopy(plain)
     copies = SimulatedCopies(delay_s=0.002)
-    opt, in_pool, offloaded = _device_run(fresh_daemon.socket, ours, copies)
-    _train(plain, reference, STEPS)
+    opt, in_pool, offloaded = _device_run(fresh_daemon.socket, ours, copies, clip=clip)
+    _train_steps(plain, reference, STEPS, clip=clip)
     for a, b in zip(plain.parameters(), ours.parameters()):
         assert b.dtype == dtype
         assert torch.equal(a, b)
@@ -65,12 +95,15 @@ def test_device_path_is_bitwise_torch_adamw_with_delayed_copies(fresh_daemon, dt
     assert offloaded == expected
     assert in_pool >= expected
     # Every step's gradients went to the host and its parameters came back. The hooks
-    # copy each micro-batch's accumulated gradient; clip_grad_norm_ changes them after,
-    # so the step copies them again.
-    per_step = (MICRO + 1) if hasattr(torch.Tensor, "register_post_accumulate_grad_hook") else 1
-    assert copies.bytes_to_host >= STEPS * per_step * _bytes(ours)
+    # copy each micro-batch's accumulated gradient during backward, and the step uses
+    # the last ones; clip_grad_norm_ changes them after, so the step copies them again.
+    # Without the hooks (torch 1.13) the step copies them.
+    per_step = (MICRO + (1 if clip else 0)) if HOOKS else 1
+    assert copies.bytes_to_host == STEPS * per_step * _bytes(ours)
     assert copies.bytes_to_device == STEPS * _bytes(ours)
-    assert copies.waits >= STEPS  # the trainer's stream waited for the parameters each step
+    # The trainer's stream waited for the parameters each step (and, with the hooks,
+    # for each micro-batch's copy before the next accumulated into the gradient).
+    assert copies.waits == STEPS * (1 + (MICRO - 1) * len(list(ours.parameters())) * HOOKS)
 
 
 def test_without_the_waits_the_delayed_copies_give_other_numbers(fresh_daemon):
@@ -144,6 +177,41 @@ def test_device_path_fraction_steps_the_rest_on_the_device(fresh_daemon):
     finally:
         copies.close()
         stash.close()
+
+
+@pytest.mark.skipif(not hasattr(torch, "amp") or not hasattr(torch.amp, "GradScaler"),
+                    reason="torch.amp.GradScaler('cpu') needs torch >= 2.3")
+@pytest.mark.parametrize("device_path", [True, False], ids=["device", "cpu"])
+@pytest.mark.parametrize("clip", [False, True], ids=["scaled", "unscale_-then-clip"])
+def test_grad_scaler_steps_bitwise_and_skips_infs(fresh_daemon, device_path, clip):
+    """Under a GradScaler, OffloadAdamW unscales the gradients it steps with (on the
+    device path, the copies made during backward: GradScaler leaves the gradients
+    scaled for it), skips a step whose gradients hold an inf, and matches torch's
+    AdamW under the same scaler bitwise; an unscale_ before clipping is seen too."""
+    torch.set_num_threads(1)
+    plain = _model()
+    reference = torch.optim.AdamW(plain.parameters(), lr=3e-3, weight_decay=0.1, foreach=False)
+    ours = copy.deepcopy(plain)
+    scalers = [torch.amp.GradScaler("cpu", init_scale=2.0 ** 12) for _ in range(2)]
+    if device_path:
+        copies = SimulatedCopies(delay_s=0.002)
+        _device_run(fresh_daemon.socket, ours, copies, clip=clip, scaler=scalers[1], inf_at=2)
+        # The hooks' copies of every micro-batch, and again at each step that is not
+        # skipped when unscale_ and clipping changed the gradients since.
+        copied = STEPS * MICRO + (STEPS - 1) * clip if HOOKS else STEPS - 1
+        assert copies.bytes_to_host == copied * _bytes(ours)
+        assert copies.bytes_to_device == (STEPS - 1) * _bytes(ours)  # one step skipped
+    else:
+        stash = actstash.connect(fresh_daemon.socket)
+        try:
+            opt = OffloadAdamW(ours.parameters(), stash, lr=3e-3, weight_decay=0.1)
+            _train_steps(ours, opt, STEPS, clip=clip, scaler=scalers[1], inf_at=2)
+        finally:
+            stash.close()
+    _train_steps(plain, reference, STEPS, clip=clip, scaler=scalers[0], inf_at=2)
+    assert scalers[0].get_scale() == scalers[1].get_scale() < 2.0 ** 12  # the inf step
+    for a, b in zip(plain.parameters(), ours.parameters()):
+        assert torch.equal(a, b)
 
 
 def test_device_path_refuses_low_precision_fraction_with_nothing_kept(fresh_daemon):

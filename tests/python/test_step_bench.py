@@ -53,3 +53,23 @@ def test_step_bench_dry_run_runs_every_variant(tmp_path):
         assert llama["transformers ckpt+offload"]["bitwise"] == "True"
     else:
         assert "offload=" in llama["transformers ckpt+offload"]["skipped"]
+
+
+def test_optimizer_bench_dry_run_runs_every_variant(tmp_path):
+    """bench/gpu_optimizer_bench.py's own code on the CPU: torch's AdamW and
+    OffloadAdamW's device path (on the simulated device) train the same tiny GPT;
+    OffloadAdamW's states are in the pool, torch's are not."""
+    out_csv = tmp_path / "rows.csv"
+    env = dict(os.environ, ACTSTASH_DAEMON_BINARY=daemon_binary(), **PACKAGE_ENV)
+    proc = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "bench", "gpu_optimizer_bench.py"), "--cpu-dry-run",
+         "--csv", str(out_csv)], env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = {r["variant"]: r for r in csv.DictReader(open(out_csv))}
+    assert list(rows) == ["torch AdamW foreach", "torch AdamW foreach=False",
+                          "actstash OffloadAdamW exact", "actstash OffloadAdamW fast"]
+    for name, r in rows.items():
+        assert float(r["step_ms"]) > 0
+        assert (float(r["pool_mib"]) > 0) == name.startswith("actstash"), name
+    # The same training: torch's single-tensor step and OffloadAdamW's exact one agree.
+    assert rows["torch AdamW foreach=False"]["loss"] == rows["actstash OffloadAdamW exact"]["loss"]

@@ -89,6 +89,12 @@ def _scalar_dtype():
 
 
 class OffloadAdamW(torch.optim.AdamW):
+    # GradScaler.step() then leaves the gradients scaled and sets grad_scale and
+    # found_inf on the optimizer (as for torch's fused AdamW): step() unscales the
+    # copies it steps with, so that the device path's copies made during backward stay
+    # valid (GradScaler's own unscale_ changes gradients without a version bump).
+    _step_supports_amp_scaling = True
+
     def __init__(self, params, stash, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2,
                  amsgrad=False, *, mode="exact", fraction=1.0, threads=None, _copies=None,
                  **kwargs):
@@ -201,12 +207,17 @@ class OffloadAdamW(torch.optim.AdamW):
                 before, after = self._device_hooks(p)
                 self._hooks.append(p.register_hook(before))
                 self._hooks.append(p.register_post_accumulate_grad_hook(after))
+        if self._host:
+            # Dropped with copies in flight: they finish before the pool memory goes
+            # back (the buffers are freed after this runs), and the hooks go.
+            weakref.finalize(self, _drain, self._copies, self._hooks)
 
     @property
     def offloaded_bytes(self):
         """Bytes of this optimizer's state in the pool (on the device path, with the host
         copies of the parameters and their gradients)."""
-        copies = list(self._host.values()) + list(self._host_grads.values())
+        copies = [t for p in self._pooled for t in (self._host.get(p), self._host_grads.get(p))
+                  if t is not None]
         return sum(t.numel() * t.element_size() for t in copies) + sum(
             t.numel() * t.element_size() for p in self._pooled
             for key, t in self.state[p].items() if key != "step")
@@ -219,17 +230,24 @@ class OffloadAdamW(torch.optim.AdamW):
         (register_post_accumulate_grad_hook): _grad_to_host."""
         this = weakref.ref(self)
 
+        @torch.utils.hooks.unserializable_hook
         def before(grad):
             optimizer = this()
             pending = optimizer._pending.get(p) if optimizer is not None else None
             if pending is not None:
                 optimizer._copies.wait(optimizer._copies.current(), pending[0])
 
+        @torch.utils.hooks.unserializable_hook
         def after(param):
             optimizer = this()
-            if optimizer is not None and param in optimizer._host_grads:
+            if optimizer is not None and param in optimizer._host_grads and \
+                    not param.grad.is_sparse:  # step() refuses those, with its message
                 optimizer._grad_to_host(param)
         return before, after
+
+    def zero_grad(self, *args, **kwargs):  # torch's default set_to_none, whichever it is
+        super().zero_grad(*args, **kwargs)
+        self._pending.clear()  # those copies are of gradients that are gone or zeroed
 
     def _grad_to_host(self, p):
         """register_post_accumulate_grad_hook: p.grad is final for this backward; its
@@ -297,9 +315,25 @@ class OffloadAdamW(torch.optim.AdamW):
             for p in group["params"]:
                 if p.grad is not None and p.grad.is_sparse:
                     raise RuntimeError("OffloadAdamW does not support sparse gradients")
+        # Set by GradScaler.step() for this step only: grad_scale when the gradients
+        # are still scaled, None when its unscale_ has run (in place, no version bump).
+        grad_scale, found_inf = getattr(self, "grad_scale", None), getattr(self, "found_inf", None)
+        self.grad_scale = self.found_inf = None
+        if found_inf is not None and grad_scale is None:
+            self._pending.clear()  # unscaled on the device since the copies: copied again
+        if found_inf is not None and float(found_inf) != 0:
+            self._pending.clear()
+            return loss  # an inf or NaN gradient: skipped, as GradScaler skips torch's step
+        # GradScaler's unscale: each gradient times 1/scale rounded to fp32, once.
+        inv_scale = None if grad_scale is None else grad_scale.double().reciprocal().float()
         if self._host:
-            self._step_device()
+            self._step_device(inv_scale)
             return loss
+        if inv_scale is not None:
+            for group in self.param_groups:
+                for p in group["params"]:
+                    if p.grad is not None:
+                        p.grad.mul_(inv_scale.to(p.grad.device))
         for p, master in self._masters.items():
             if p._version != self._versions[p]:
                 # Changed since its master was written into it: unless it still holds
@@ -314,9 +348,10 @@ class OffloadAdamW(torch.optim.AdamW):
             self._step_fast()
         return loss
 
-    def _step_device(self):
+    def _step_device(self, inv_scale):
         """The device path's step: the gradients' copies to the host finished (or made
-        now), the step on the host copies, the new parameters copied back."""
+        now) and unscaled by `inv_scale` (GradScaler's, or None), the step on the host
+        copies, the new parameters copied back."""
         c = self._copies
         current, side = c.current(), c.side()
         hosted = list(self._host)
@@ -345,6 +380,10 @@ class OffloadAdamW(torch.optim.AdamW):
             if master is not None and not torch.equal(self._host[p], master.to(p.dtype)):
                 master.copy_(self._host[p])
             self._versions[p] = p._version
+        if inv_scale is not None:
+            for p in hosted:
+                if p.grad is not None:
+                    self._host_grads[p].mul_(inv_scale.cpu())
         self._step_on_host(hosted)
         # Back to the device, after the trainer's stream is done with the old values;
         # the trainer's stream waits for them before it runs anything more (the next
@@ -524,6 +563,12 @@ class OffloadAdamW(torch.optim.AdamW):
             if p in self._masters:
                 self._masters[p] = state[_MASTER]  # the step updates the one state_dict saves
         self._pooled = []
+
+
+def _drain(copies, hooks):
+    for handle in hooks:
+        handle.remove()
+    copies.sync(copies.record(copies.side()))
 
 
 def _check(params, simulated=False):

@@ -26,6 +26,8 @@ class _Current:
 class _Side:
     def __init__(self, delay_s):
         self.delay_s = delay_s
+        self.error = None  # the first exception a queued operation raised
+        self.closed = False
         self.queue = queue.Queue()
         self.thread = threading.Thread(target=self._run, name="sim-side-stream", daemon=True)
         self.thread.start()
@@ -35,7 +37,10 @@ class _Side:
             work = self.queue.get()
             if work is None:
                 return
-            work()
+            try:
+                work()
+            except BaseException as error:  # sync() raises it
+                self.error = self.error or error
 
 
 class SimulatedCopies:
@@ -59,14 +64,14 @@ class SimulatedCopies:
 
     def record(self, stream):
         event = _Event()
-        if stream is self._current:
+        if stream is self._current or stream.closed:
             event.done.set()
         else:
             stream.queue.put(event.done.set)
         return event
 
     def wait(self, stream, event):
-        if stream is self._current:
+        if stream is self._current or stream.closed:
             with self._lock:
                 self.waits += 1
             event.done.wait()
@@ -74,17 +79,22 @@ class SimulatedCopies:
             stream.queue.put(event.done.wait)
 
     def copy(self, dst, src, stream):
+        # As CUDA's non_blocking copy_: dst's version counter moves when the copy is
+        # queued, its bytes when the stream runs it.
+        _bump_version(dst)
+        target = dst.data
+
         def run():
             if stream.delay_s:
                 time.sleep(stream.delay_s)
-            dst.copy_(src)
+            target.copy_(src)
             with self._lock:
                 self.copies += 1
                 if dst.data_ptr() in self.device_addresses:
                     self.bytes_to_device += dst.numel() * dst.element_size()
                 else:
                     self.bytes_to_host += src.numel() * src.element_size()
-        if stream is self._current:
+        if stream is self._current or stream.closed:
             run()
         else:
             stream.queue.put(run)
@@ -94,7 +104,23 @@ class SimulatedCopies:
 
     def sync(self, event):
         event.done.wait()
+        if self._side.error is not None:
+            raise RuntimeError("a copy on the simulated side stream failed") \
+                from self._side.error
 
     def close(self):
+        """Ends the side stream's thread once it has run what is queued; what comes after
+        (an optimizer's finalizer) runs on the calling thread."""
         self._side.queue.put(None)
         self._side.thread.join()
+        self._side.closed = True
+
+
+def _bump_version(tensor):
+    import torch
+    increment = getattr(getattr(torch.autograd, "graph", None), "increment_version", None)
+    if increment is not None:  # torch >= 2.1
+        increment(tensor)
+    else:  # an in-place op on no element of a view of it moves the shared counter
+        with torch.no_grad():
+            tensor.view(-1)[:0].zero_()
