@@ -6,6 +6,8 @@
     memory    rss_anon() and PeakMeter: the resident anonymous memory a trainer
               holds, and its peak over a step
     training  gradients, bitwise comparison, the spill tier's GPT and batches
+    sim_device  SimulatedCopies: OffloadAdamW's device path on CPU tensors, its
+              side stream a thread that sleeps before each copy
 
 Nothing here is built: tests/python/conftest.py and each benchmark put this
 folder's parent (testing/python) on sys.path, from the source tree, so it is
