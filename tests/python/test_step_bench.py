@@ -12,14 +12,19 @@ import sys
 from conftest import PACKAGE_ENV, ROOT, daemon_binary
 
 
-def test_step_bench_dry_run_runs_every_variant(tmp_path):
+def _dry_run(bench, tmp_path, timeout):
+    """bench/<bench> --cpu-dry-run against the daemon under test: its CSV rows."""
     out_csv = tmp_path / "rows.csv"
     env = dict(os.environ, ACTSTASH_DAEMON_BINARY=daemon_binary(), **PACKAGE_ENV)
     proc = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "bench", "gpu_step_bench.py"), "--cpu-dry-run",
-         "--csv", str(out_csv)], env=env, capture_output=True, text=True, timeout=900)
+        [sys.executable, os.path.join(ROOT, "bench", bench), "--cpu-dry-run",
+         "--csv", str(out_csv)], env=env, capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    rows = {(r["model"], r["variant"]): r for r in csv.DictReader(open(out_csv))}
+    return list(csv.DictReader(open(out_csv)))
+
+
+def test_step_bench_dry_run_runs_every_variant(tmp_path):
+    rows = {(r["model"], r["variant"]): r for r in _dry_run("gpu_step_bench.py", tmp_path, 900)}
     gpt = [v for m, v in rows if m == "gpt"]
     assert gpt == ["plain", "torch.checkpoint", "save_on_cpu", "actstash offload",
                    "actstash ckpt+offload", "actstash auto (middle)"]
@@ -59,13 +64,7 @@ def test_optimizer_bench_dry_run_runs_every_variant(tmp_path):
     """bench/gpu_optimizer_bench.py's own code on the CPU: torch's AdamW and
     OffloadAdamW's device path (on the simulated device) train the same tiny GPT;
     OffloadAdamW's states are in the pool, torch's are not."""
-    out_csv = tmp_path / "rows.csv"
-    env = dict(os.environ, ACTSTASH_DAEMON_BINARY=daemon_binary(), **PACKAGE_ENV)
-    proc = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "bench", "gpu_optimizer_bench.py"), "--cpu-dry-run",
-         "--csv", str(out_csv)], env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    rows = {r["variant"]: r for r in csv.DictReader(open(out_csv))}
+    rows = {r["variant"]: r for r in _dry_run("gpu_optimizer_bench.py", tmp_path, 600)}
     assert list(rows) == ["torch AdamW foreach", "torch AdamW foreach=False",
                           "actstash OffloadAdamW exact", "actstash OffloadAdamW fast"]
     for name, r in rows.items():

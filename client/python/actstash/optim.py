@@ -40,6 +40,7 @@ the cast gradients, followed by param.copy_(master).
 process, as Megatron's optimizer offload fraction does (on a device: on the
 device, stepped there by torch; fp32 parameters only).
 """
+import contextlib
 import ctypes
 import weakref
 
@@ -250,15 +251,19 @@ class OffloadAdamW(torch.optim.AdamW):
         self._pending.clear()  # those copies are of gradients that are gone or zeroed
 
     def _grad_to_host(self, p):
-        """register_post_accumulate_grad_hook: p.grad is final for this backward; its
-        copy to the host starts on the side stream once the trainer's stream has
-        produced it."""
+        """register_post_accumulate_grad_hook: p.grad is final for this backward."""
+        grad = p.grad
+        self._pending[p] = (self._copy_grad(p), grad, grad._version)
+
+    def _copy_grad(self, p):
+        """Starts p.grad's copy to its host copy on the side stream, after what the
+        trainer's stream has queued (which produces it); returns the copy's event."""
         c, grad = self._copies, p.grad
         side = c.side()
         c.wait(side, c.record(c.current()))
         c.keep(grad, side)
         c.copy(self._host_grads[p], grad, side)
-        self._pending[p] = (c.record(side), grad, grad._version)
+        return c.record(side)
 
     def load_state_dict(self, state_dict):
         """torch's load_state_dict, then the loaded states go into this optimizer's fp32
@@ -361,10 +366,8 @@ class OffloadAdamW(torch.optim.AdamW):
                                 and pending[2] == grad._version):
                 continue
             # Not copied by the hook (torch < 2.1, a gradient set by hand) or changed
-            # since (clip_grad_norm_): copied after what the trainer's stream queued.
-            c.wait(side, c.record(current))
-            c.keep(grad, side)
-            c.copy(self._host_grads[p], grad, side)
+            # since (clip_grad_norm_).
+            self._copy_grad(p)
         # A parameter changed on the device since its host copy was written into it (a
         # checkpoint loaded, a manual edit): the host copy, and its master, follow it.
         changed = [p for p in hosted if p._version != self._versions[p]]
@@ -396,40 +399,45 @@ class OffloadAdamW(torch.optim.AdamW):
         c.wait(current, c.record(side))
         rest = [[p for p in group["params"] if p not in self._host] for group in self.param_groups]
         if any(rest):  # fraction < 1: the others' states are on the device, torch steps them
-            kept = [group["params"] for group in self.param_groups]
-            try:
+            with self._groups_kept():
                 for group, params in zip(self.param_groups, rest):
                     group["params"] = params
                 self._torch_step()
-            finally:
-                for group, params in zip(self.param_groups, kept):
-                    group["params"] = params
 
     def _step_on_host(self, hosted):
         """The CPU trainer's step (exact or fast) on the host copies of `hosted`, their
         states and gradients' copies standing in for the device parameters'."""
-        kept = [group["params"] for group in self.param_groups]
         masters, versions = self._masters, self._versions
         host = self._host
+        with self._groups_kept() as kept:
+            try:
+                self._masters = {host[p]: m for p, m in masters.items() if p in host}
+                self._versions = {host[p]: host[p]._version for p in hosted}
+                for group, params in zip(self.param_groups, kept):
+                    group["params"] = [host[p] for p in params if p in host]
+                for p in hosted:
+                    self.state[host[p]] = self.state[p]  # the same dict: stepped in place
+                    host[p].grad = self._host_grads[p] if p.grad is not None else None
+                if self._mode == "exact":
+                    self._step_exact()
+                else:
+                    self._step_fast()
+            finally:
+                for p in hosted:
+                    host[p].grad = None
+                    self.state.pop(host[p], None)
+                self._masters, self._versions = masters, versions
+
+    @contextlib.contextmanager
+    def _groups_kept(self):
+        """Yields each group's parameter list; the body may set group["params"] to
+        others for a call, and the lists are put back however it ends."""
+        kept = [group["params"] for group in self.param_groups]
         try:
-            self._masters = {host[p]: m for p, m in masters.items() if p in host}
-            self._versions = {host[p]: host[p]._version for p in hosted}
-            for group, params in zip(self.param_groups, kept):
-                group["params"] = [host[p] for p in params if p in host]
-            for p in hosted:
-                self.state[host[p]] = self.state[p]  # the same dict: stepped in place
-                host[p].grad = self._host_grads[p] if p.grad is not None else None
-            if self._mode == "exact":
-                self._step_exact()
-            else:
-                self._step_fast()
+            yield kept
         finally:
-            for p in hosted:
-                host[p].grad = None
-                self.state.pop(host[p], None)
             for group, params in zip(self.param_groups, kept):
                 group["params"] = params
-            self._masters, self._versions = masters, versions
 
     def _torch_step(self):
         """torch's AdamW.step without the hooks torch wraps around it (2.x runs the step
@@ -445,8 +453,7 @@ class OffloadAdamW(torch.optim.AdamW):
         (the group holding only it, its gradient cast to fp32 for that while)."""
         if not self._masters:
             return self._torch_step()
-        kept = [group["params"] for group in self.param_groups]
-        try:
+        with self._groups_kept() as kept:
             for group, params in zip(self.param_groups, kept):
                 group["params"] = [p for p in params if p not in self._masters]
             self._torch_step()
@@ -468,9 +475,6 @@ class OffloadAdamW(torch.optim.AdamW):
                         group["params"] = []
                     p.copy_(master)
                     self._versions[p] = p._version
-        finally:
-            for group, params in zip(self.param_groups, kept):
-                group["params"] = params
 
     def _step_fast(self):
         for group in self.param_groups:
