@@ -220,6 +220,21 @@ int actstash_client_release(actstash_client* c, uint64_t ticket, uint64_t nbytes
   return 0;
 }
 
+int actstash_client_park(actstash_client* c, uint64_t ticket) {
+  if (c == nullptr) return NullHandle();
+  // The size is not part of a ticket's identity.
+  if (absl::Status s = c->client->ParkState(actstash::Ticket{ticket, 0}); !s.ok()) return Fail(s);
+  return 0;
+}
+
+int actstash_client_locate(actstash_client* c, uint64_t ticket, uintptr_t* data) {
+  if (c == nullptr || data == nullptr) return NullHandle();
+  absl::StatusOr<void*> located = c->client->LocateState(actstash::Ticket{ticket, 0});
+  if (!located.ok()) return Fail(located.status());
+  *data = reinterpret_cast<uintptr_t>(*located);
+  return 0;
+}
+
 namespace {
 
 // Both AdamW entry points; `params_bf16` null for the fp32 one.

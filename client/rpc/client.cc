@@ -325,6 +325,25 @@ absl::Status Client::ReleaseState(const Ticket& ticket) {
   return released;
 }
 
+absl::Status Client::ParkState(const Ticket& ticket) {
+  uint64_t id = 0;
+  client_internal::LocalStore* store =
+      tiered_id::IsInline(ticket.id) ? nullptr : impl_->StoreOf(ticket.id, &id);
+  if (store == nullptr) return absl::NotFoundError(absl::StrCat("unknown ticket ", ticket.id));
+  return store->Park(id);
+}
+
+absl::StatusOr<void*> Client::LocateState(const Ticket& ticket) {
+  if (absl::Status s = impl_->CheckOpen(); !s.ok()) return s;
+  uint64_t id = 0;
+  client_internal::LocalStore* store =
+      tiered_id::IsInline(ticket.id) ? nullptr : impl_->StoreOf(ticket.id, &id);
+  if (store == nullptr) return absl::NotFoundError(absl::StrCat("unknown ticket ", ticket.id));
+  absl::StatusOr<client_internal::Located> located = store->Locate(id, /*count_fetch=*/false);
+  if (!located.ok()) return located.status();
+  return const_cast<std::byte*>(located->data);  // the caller's own state buffer
+}
+
 absl::StatusOr<Reservation> Client::ReserveOnDevice(size_t nbytes, uint32_t device) {
   if (absl::Status s = impl_->CheckOpen(); !s.ok()) return s;
   size_t index = 0;

@@ -342,7 +342,8 @@ void BlockSpiller::RestoreAhead(uint64_t seq) {
   }
 }
 
-absl::StatusOr<BlockSpiller::Placement> BlockSpiller::PinForRead(uint64_t ticket, bool locate) {
+absl::StatusOr<BlockSpiller::Placement> BlockSpiller::PinForRead(uint64_t ticket, bool locate,
+                                                                 bool count_fetch) {
   absl::MutexLock lock(&table_.mu());
   absl::StatusOr<Placement*> found = table_.Find(ticket);
   if (!found.ok()) return found.status();
@@ -360,8 +361,10 @@ absl::StatusOr<BlockSpiller::Placement> BlockSpiller::PinForRead(uint64_t ticket
   if (!locate || !placement.located) block->pins += 1;
   if (locate) placement.located = true;
   v1::ClientUsage& usage = table_.usage();
-  usage.set_fetches(usage.fetches() + 1);
-  usage.set_bytes_fetched(usage.bytes_fetched() + placement.size);
+  if (count_fetch) {
+    usage.set_fetches(usage.fetches() + 1);
+    usage.set_bytes_fetched(usage.bytes_fetched() + placement.size);
+  }
   if (usage.spilled_leases() > 0) RestoreAhead(placement.seq);
   return placement;
 }

@@ -58,9 +58,9 @@ class BlockSpiller {
       ABSL_LOCKS_EXCLUDED(table_.mu());
   // A ticket's placement once its block is resident (read back first when
   // spilled), pinned (pins + 1; once for a located ticket) for the caller,
-  // who unpins it after copying. Counts as a fetch. NOT_FOUND for an unknown
-  // or released ticket; the read-back's error.
-  absl::StatusOr<Placement> PinForRead(uint64_t ticket, bool locate)
+  // who unpins it after copying. Counts as a fetch when `count_fetch`.
+  // NOT_FOUND for an unknown or released ticket; the read-back's error.
+  absl::StatusOr<Placement> PinForRead(uint64_t ticket, bool locate, bool count_fetch = true)
       ABSL_LOCKS_EXCLUDED(table_.mu());
   // Stops the read-ahead thread (drops what is queued, joins). Idempotent.
   void Stop() { read_ahead_.Stop(); }

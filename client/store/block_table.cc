@@ -104,6 +104,17 @@ absl::Status BlockTable::MarkWritten(uint64_t ticket) {
   return absl::OkStatus();
 }
 
+absl::Status BlockTable::Park(uint64_t ticket) {
+  absl::StatusOr<Placement*> placement = Find(ticket);
+  if (!placement.ok()) return placement.status();
+  if (absl::Status s = MarkWritten(ticket); !s.ok()) return s;
+  if ((*placement)->located) {
+    (*placement)->located = false;
+    (*placement)->block->pins -= 1;
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<BlockTable::Placement> BlockTable::Remove(uint64_t ticket) {
   auto it = tickets_.find(ticket);
   if (it == tickets_.end()) return UnknownTicket(ticket);

@@ -113,6 +113,9 @@ class BlockTable {
   absl::StatusOr<const Placement*> Find(uint64_t ticket) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Marks the ticket's bytes written (its block may spill once all are).
   absl::Status MarkWritten(uint64_t ticket) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Marks the ticket written and drops its Locate pin, if any: its holder
+  // keeps no pointer into it, so its block may spill. NOT_FOUND as Find.
+  absl::Status Park(uint64_t ticket) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Removes the ticket and frees its place (unpinning its block if it was
   // located); returns where it was. The block stays, maybe empty: what
   // happens to it is the caller's policy. NOT_FOUND as Find.

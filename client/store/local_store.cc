@@ -94,10 +94,15 @@ absl::Status LocalStore::CheckNotReclaimed(uint64_t ticket, absl::string_view wh
   return absl::OkStatus();
 }
 
-absl::StatusOr<Located> LocalStore::Locate(uint64_t ticket) {
+absl::Status LocalStore::Park(uint64_t ticket) {
+  absl::MutexLock lock(&table_.mu());
+  return table_.Park(ticket);
+}
+
+absl::StatusOr<Located> LocalStore::Locate(uint64_t ticket, bool count_fetch) {
   const bool on_device = leases_.mapper().on_device();
   if (absl::Status s = CheckNotReclaimed(ticket, "Locate"); !s.ok()) return s;
-  absl::StatusOr<Placement> placement = spiller_.PinForRead(ticket, /*locate=*/true);
+  absl::StatusOr<Placement> placement = spiller_.PinForRead(ticket, /*locate=*/true, count_fetch);
   if (!placement.ok()) return placement.status();
   absl::MutexLock lock(&table_.mu());
   const Arena& arena = *placement->block->arena;  // pinned: stays until Release

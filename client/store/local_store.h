@@ -104,9 +104,11 @@ class LocalStore {
   // returned bytes (e.g. with an asynchronous device copy) and must not
   // Fetch or Locate the ticket before they are written. Same errors.
   absl::StatusOr<Placed> Reserve(size_t nbytes) ABSL_LOCKS_EXCLUDED(table_.mu());
-  // Where the ticket's bytes are, valid until its Release; counts as a
-  // fetch. NOT_FOUND for an unknown or released ticket.
-  absl::StatusOr<Located> Locate(uint64_t ticket) ABSL_LOCKS_EXCLUDED(table_.mu());
+  // Where the ticket's bytes are, valid until its Release or Park (read
+  // back first when spilled); counts as a fetch when `count_fetch`.
+  // NOT_FOUND for an unknown or released ticket.
+  absl::StatusOr<Located> Locate(uint64_t ticket, bool count_fetch = true)
+      ABSL_LOCKS_EXCLUDED(table_.mu());
   // Copies the ticket's bytes to `dst`. NOT_FOUND for an unknown or released
   // ticket, OUT_OF_RANGE when `capacity` is too small. Works after the daemon
   // went away: the memory is still mapped here.
@@ -116,6 +118,11 @@ class LocalStore {
   // Marks a Reserve'd ticket's bytes as written: from now on it may be
   // spilled (Store's are written at once). Never-marked tickets never spill.
   absl::Status MarkWritten(uint64_t ticket) ABSL_LOCKS_EXCLUDED(table_.mu());
+  // The caller keeps no pointer into the ticket's bytes any more (a
+  // Reserve's or a Locate's): they count as written, and the block may
+  // spill; Locate finds them again. For long-lived buffers used now and
+  // then (an optimizer's states between steps). NOT_FOUND as Locate.
+  absl::Status Park(uint64_t ticket) ABSL_LOCKS_EXCLUDED(table_.mu());
   // Frees the ticket's place; empty segments beyond the batch, and emptied
   // dedicated leases but the last, go back to the daemon.
   absl::Status Release(uint64_t ticket) ABSL_LOCKS_EXCLUDED(table_.mu());

@@ -240,6 +240,52 @@ TEST(LocalStoreSpillTest, LocatedBuffersStayWhereTheyWere) {
   for (const Held& h : more) ExpectBack(store, h);
 }
 
+// An optimizer's states: reserved, written in place, parked between steps.
+// Parked ones spill for others; located again, they come back with what was
+// written last, and a located one stays put until parked again.
+TEST(LocalStoreSpillTest, ParkedReservationsSpillAndComeBackWithTheirLastWrite) {
+  SpillingBackend backend(4);
+  LocalStore store(&backend, kSegment, 1, nullptr, false, 0);
+  std::vector<uint64_t> states;
+  for (int i = 0; i < 4; ++i) {
+    absl::StatusOr<Placed> placed = store.Reserve(kSegment / 2);
+    ASSERT_TRUE(placed.ok()) << placed.status();
+    std::memset(placed->data, 0x10 + i, kSegment / 2);
+    states.push_back(placed->ticket);
+  }
+  // A step: each located (not counted as a fetch), updated in place, parked.
+  for (int i = 0; i < 4; ++i) {
+    ASSERT_TRUE(store.Park(states[i]).ok());
+    absl::StatusOr<Located> located = store.Locate(states[i], /*count_fetch=*/false);
+    ASSERT_TRUE(located.ok()) << located.status();
+    EXPECT_EQ(static_cast<uint8_t>(located->data[0]), 0x10 + i);
+    std::memset(const_cast<std::byte*>(located->data), 0x20 + i, kSegment / 2);
+    if (i != 3) {  // the last one stays located
+      ASSERT_TRUE(store.Park(states[i]).ok());
+    }
+  }
+  EXPECT_EQ(store.usage().fetches(), 0u);
+  // Other buffers need the pool: the parked blocks spill, the located one not.
+  std::vector<Held> others = StoreMany(store, 6, kSegment / 2, 7);
+  ASSERT_EQ(others.size(), 6u);
+  EXPECT_GT(store.usage().spills(), 0u);
+  absl::StatusOr<Located> kept = store.Locate(states[3], false);
+  ASSERT_TRUE(kept.ok());
+  EXPECT_EQ(static_cast<uint8_t>(kept->data[kSegment / 2 - 1]), 0x23);
+  for (const Held& h : others) ASSERT_TRUE(store.Release(h.ticket).ok());
+  const uint64_t restores = store.usage().restores();
+  for (int i = 0; i < 3; ++i) {
+    absl::StatusOr<Located> back = store.Locate(states[i], false);
+    ASSERT_TRUE(back.ok()) << back.status();
+    for (size_t at : {size_t{0}, size_t{kSegment / 2 - 1}}) {
+      EXPECT_EQ(static_cast<uint8_t>(back->data[at]), 0x20 + i) << i;
+    }
+  }
+  EXPECT_GT(store.usage().restores(), restores);
+  EXPECT_EQ(store.Park(12345).code(), absl::StatusCode::kNotFound);
+  for (uint64_t ticket : states) ASSERT_TRUE(store.Release(ticket).ok());
+}
+
 TEST(LocalStoreSpillTest, FailedSpillKeepsEverythingAndSaysWhy) {
   SpillingBackend backend(4);
   LocalStore store(&backend, kSegment, 1, nullptr, false, 0);

@@ -48,12 +48,12 @@ def _train_steps(model, opt, steps, clip=True, scaler=None, inf_at=None):
         opt.zero_grad(set_to_none=True)
 
 
-def _device_run(socket, model, copies, mode="exact", steps=STEPS, **train):
+def _device_run(socket, model, copies, mode="exact", steps=STEPS, options=None, **train):
     copies.device_addresses = {p.data_ptr() for p in model.parameters()}
     stash = actstash.connect(socket)
     try:
         opt = OffloadAdamW(model.parameters(), stash, lr=3e-3, weight_decay=0.1, mode=mode,
-                           _copies=copies)
+                           _copies=copies, **(options or {}))
         in_pool = stash.stats()["optimizer_state_bytes"]
         offloaded = opt.offloaded_bytes
         _train_steps(model, opt, steps, **train)

@@ -34,8 +34,9 @@ extern "C" {
  * actstash_parse_size.
  * 5: actstash_client_copy_share_json.
  * 6: actstash_client_reserve/release, actstash_adamw_step.
- * 7: actstash_adamw_step_bf16. */
-#define ACTSTASH_C_API_VERSION 7
+ * 7: actstash_adamw_step_bf16.
+ * 8: actstash_client_park/locate. */
+#define ACTSTASH_C_API_VERSION 8
 
 #if defined(__GNUC__)
 #define ACTSTASH_API __attribute__((visibility("default")))
@@ -94,11 +95,18 @@ ACTSTASH_API int actstash_client_copy_share_json(actstash_client* client, double
 /* Long-lived buffers in the session's leased pool memory (optimizer state):
  * reserve places nbytes (attached clients only: FAILED_PRECONDITION
  * otherwise; RESOURCE_EXHAUSTED past the quota or the pool) and gives its
- * ticket and writable address, valid until released; the buffer is never
- * spilled. release gives it back (NOT_FOUND for an unknown ticket). */
+ * ticket and writable address, valid until released or parked; the buffer
+ * is never spilled unless parked. release gives it back (NOT_FOUND for an unknown ticket). */
 ACTSTASH_API int actstash_client_reserve(actstash_client* client, uint64_t nbytes, uint64_t* ticket,
                                          uintptr_t* data);
 ACTSTASH_API int actstash_client_release(actstash_client* client, uint64_t ticket, uint64_t nbytes);
+/* park: the caller keeps no pointer into a reserved buffer any more; under
+ * pool pressure it may be spilled to the daemon's disk. locate: its address
+ * now (read back first when spilled), valid until the next park or release.
+ * NOT_FOUND for an unknown ticket; locate: DATA_LOSS when a spilled copy
+ * cannot be read back. Client::ParkState / LocateState. */
+ACTSTASH_API int actstash_client_park(actstash_client* client, uint64_t ticket);
+ACTSTASH_API int actstash_client_locate(actstash_client* client, uint64_t ticket, uintptr_t* data);
 
 /* One AdamW step on the CPU over `count` fp32 tensors in place
  * (kernels/adamw.h: each operation rounded on its own, the same bits for

@@ -245,11 +245,19 @@ class Client {
   // finish the copies into and out of them before Close.
   absl::StatusOr<Reservation> ReserveOnDevice(size_t nbytes, uint32_t device);
   // Long-lived state in leased memory (an optimizer's moments and master
-  // weights): Reserve'd, never marked written, so never spilled, and
-  // counted apart from activations (ClientUsage.state_bytes, which the
-  // daemon's /metrics sums). ReleaseState gives one back (Release's errors).
+  // weights), counted apart from activations (ClientUsage.state_bytes,
+  // which the daemon's /metrics sums). Reserve'd and never spilled until
+  // parked. ReleaseState gives one back (Release's errors).
   absl::StatusOr<Reservation> ReserveState(size_t nbytes);
   absl::Status ReleaseState(const Ticket& ticket);
+  // ParkState: the caller keeps no pointer into a state buffer any more (the
+  // Reservation's data, or LocateState's): the spill tier may take its block
+  // under pool pressure. LocateState: where its bytes are now (read back
+  // first when spilled; counted as no fetch), valid until the next
+  // ParkState or ReleaseState. Both NOT_FOUND for an unknown ticket;
+  // LocateState has Locate's errors and a read-back's (DATA_LOSS).
+  absl::Status ParkState(const Ticket& ticket);
+  absl::StatusOr<void*> LocateState(const Ticket& ticket);
   // The daemon's device pools, as announced when the session opened.
   const std::vector<DevicePoolInfo>& device_pools() const;
   // Where a zero-copy ticket's bytes lie, for the caller to copy them out;

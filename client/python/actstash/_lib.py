@@ -50,7 +50,7 @@ def _declare(lib, name, restype, *argtypes):
     return fn
 
 
-_C_API_VERSION = 7  # settings JSON, describe_json, copy_share, reserve, adamw_step*; JSON below
+_C_API_VERSION = 8  # settings JSON, describe_json, copy_share, reserve/park/locate, adamw_step*
 if _declare(_c, "c_api_version", _int)() != _C_API_VERSION:
     raise ImportError(f"actstash: {_PATH} has C API version {_c.actstash_c_api_version()}, "
                       f"this package needs {_C_API_VERSION} (mixed installs?)")
@@ -69,6 +69,8 @@ client_copy_share_json = _declare(_c, "client_copy_share_json", _int, _vp, ctype
 client_reserve = _declare(_c, "client_reserve", _int, _vp, _u64, ctypes.POINTER(_u64),
                           ctypes.POINTER(ctypes.c_size_t))
 client_release = _declare(_c, "client_release", _int, _vp, _u64, _u64)
+client_park = _declare(_c, "client_park", _int, _vp, _u64)
+client_locate = _declare(_c, "client_locate", _int, _vp, _u64, ctypes.POINTER(ctypes.c_size_t))
 _d = ctypes.c_double
 _u64p = ctypes.POINTER(_u64)
 _uptrp = ctypes.POINTER(ctypes.c_size_t)
@@ -270,8 +272,8 @@ class Client:
 
     def reserve(self, nbytes):
         """A long-lived buffer of nbytes in the session's leased pool memory (never
-        spilled): (ticket, address). StashError when not attached; StashFull past the
-        quota or the pool."""
+        spilled unless parked): (ticket, address). StashError when not attached; StashFull
+        past the quota or the pool."""
         if self._handle is None:
             raise StashError("the session is closed")
         ticket, address = _u64(), ctypes.c_size_t()
@@ -280,6 +282,26 @@ class Client:
         if code:
             raise_for(code)
         return ticket.value, address.value
+
+    def park(self, ticket):
+        """The caller keeps no pointer into a reserve()d buffer any more: under pool
+        pressure it may go to the daemon's disk. locate() finds it again."""
+        if self._handle is None:
+            raise StashError("the session is closed")
+        code = client_park(self._handle, int(ticket))
+        if code:
+            raise_for(code)
+
+    def locate(self, ticket):
+        """A reserve()d buffer's address now (read back first when it was spilled), valid
+        until the next park() or release()."""
+        if self._handle is None:
+            raise StashError("the session is closed")
+        address = ctypes.c_size_t()
+        code = client_locate(self._handle, int(ticket), ctypes.byref(address))
+        if code:
+            raise_for(code)
+        return address.value
 
     def release(self, ticket, nbytes):
         """Gives a reserve()d buffer back."""

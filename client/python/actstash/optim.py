@@ -73,6 +73,17 @@ class _PoolBuffer:
         array._owner = self  # keeps the buffer while any view of it lives
         return torch.frombuffer(array, dtype=like.dtype, count=like.numel()).view(like.shape)
 
+    def park(self):
+        """No view of it is used until locate(): the spill tier may take it."""
+        self.client.park(self.ticket)
+        self.address = None
+
+    def locate(self):
+        """Its address now (read back first when spilled); views made before park() that
+        point elsewhere are stale."""
+        self.address = self.client.locate(self.ticket)
+        return self.address
+
 
 # What torch's AdamW keeps per parameter beside its step.
 _MOMENTS = ("exp_avg", "exp_avg_sq")
@@ -97,12 +108,14 @@ class OffloadAdamW(torch.optim.AdamW):
     _step_supports_amp_scaling = True
 
     def __init__(self, params, stash, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2,
-                 amsgrad=False, *, mode="exact", fraction=1.0, threads=None, _copies=None,
-                 **kwargs):
+                 amsgrad=False, *, mode="exact", fraction=1.0, threads=None, spill=None,
+                 spill_chunk_bytes=None, _copies=None, **kwargs):
         if mode not in ("exact", "fast"):
             raise ValueError("mode must be 'exact' or 'fast'")
         if not 0.0 <= fraction <= 1.0:
             raise ValueError("fraction must be in [0, 1]")
+        if spill not in (None, True, False):
+            raise ValueError("spill must be None, True or False")
         for option in ("capturable", "fused", "differentiable"):
             if kwargs.get(option):
                 raise ValueError(f"OffloadAdamW: {option}=True is not supported")
@@ -129,6 +142,10 @@ class OffloadAdamW(torch.optim.AdamW):
             raise _lib.StashError("OffloadAdamW: the states go to leased pool memory, which needs "
                                   "an attached client (a local daemon on a Unix socket): "
                                   + str(client.attach_error))
+        daemon = client.stats()
+        # Parked between steps (the spill tier may take them): by default when the daemon
+        # has one.
+        self._parking = spill if spill is not None else daemon["self"].get("spill") is not None
         moments = _MOMENTS + (("max_exp_avg_sq",) if amsgrad else ())
 
         def keys_of(p):
@@ -139,6 +156,9 @@ class OffloadAdamW(torch.optim.AdamW):
         if self._copies is not None:  # and the host copies of the parameter and its gradient
             need = {p: n + 2 * p.numel() * p.element_size() for p, n in need.items()}
         budget = fraction * sum(need.values())
+        if spill_chunk_bytes is None:  # small against the pool: the rest may hold others'
+            spill_chunk_bytes = max(min(256 << 20, daemon["pool"]["total_bytes"] // 8), 1)
+        self._chunk_bytes = int(spill_chunk_bytes)
         pooled_ones, taken = set(), 0
         for p in params:  # which are pooled, before anything is reserved
             if taken + need[p] <= budget + 0.5:
@@ -161,6 +181,10 @@ class OffloadAdamW(torch.optim.AdamW):
         self._host_grads = {}  # device path: parameter -> its gradient's host copy in the pool
         self._pending = {}     # device path: parameter -> (event, gradient, version) of its copy
         self._hooks = []
+        # Pooled parameter -> {state key: its _PoolBuffer}; the buffers' views made so far
+        # ((parameter, key) -> view; a parked buffer's view is stale until located again).
+        self._buffers = {}
+        self._views = {}
         try:
             for p in params:
                 pooled = p in pooled_ones
@@ -179,7 +203,8 @@ class OffloadAdamW(torch.optim.AdamW):
                     if pooled:
                         buffer = _PoolBuffer(client, max(4 * p.numel(), 1))
                         buffers.append(buffer)
-                        state[key] = buffer.tensor(like)
+                        self._buffers.setdefault(p, {})[key] = buffer
+                        state[key] = self._views[(p, key)] = buffer.tensor(like)
                     else:
                         state[key] = torch.empty(p.shape, dtype=torch.float32)
                     if key == _MASTER:
@@ -191,11 +216,14 @@ class OffloadAdamW(torch.optim.AdamW):
                 self.state[p] = state
                 if pooled:
                     self._pooled.append(p)
+                    if self._parking:  # written: the next ones may spill it
+                        self._park_states([p])
         except _lib.StashFull as full:
             self.state.clear()
             self._pooled = []
             self._masters = {}
             self._host, self._host_grads = {}, {}
+            self._buffers, self._views = {}, {}
             del buffers  # every reservation goes back with its views
             raise _lib.StashFull(
                 f"OffloadAdamW: the states need {budget:,.0f} bytes of pool memory (fp32 "
@@ -222,6 +250,85 @@ class OffloadAdamW(torch.optim.AdamW):
         return sum(t.numel() * t.element_size() for t in copies) + sum(
             t.numel() * t.element_size() for p in self._pooled
             for key, t in self.state[p].items() if key != "step")
+
+    def _park_states(self, params):
+        """Parks the pooled states of `params`: until located again the spill tier may
+        take them, and the state dicts hold meta tensors of their shapes (a read of one
+        fails rather than reading memory that holds something else by then)."""
+        for p in params:
+            for key, buffer in self._buffers.get(p, {}).items():
+                buffer.park()
+                placeholder = torch.empty(p.shape, dtype=torch.float32, device="meta")
+                self.state[p][key] = placeholder
+                if key == _MASTER:
+                    self._masters[p] = placeholder
+
+    def _locate_states(self, params):
+        """The pooled states of `params` back in memory (read back first where spilled)
+        and in the state dicts, until _park_states."""
+        for p in params:
+            for key, buffer in self._buffers.get(p, {}).items():
+                view = self._view(p, key, buffer.locate())
+                self.state[p][key] = view
+                if key == _MASTER:
+                    self._masters[p] = view
+
+    def _view(self, p, key, address=None):
+        """The fp32 view of p's pooled state `key` at `address` (its buffer's last one:
+        the view it has had since construction when nothing parks)."""
+        view = self._views.get((p, key))
+        if view is None or (address is not None and view.data_ptr() != address):
+            like = torch.empty(p.shape, dtype=torch.float32, device="meta")
+            view = self._views[(p, key)] = self._buffers[p][key].tensor(like)
+        return view
+
+    @contextlib.contextmanager
+    def _states_located(self, params):
+        if not self._parking:
+            yield
+            return
+        self._locate_states(params)
+        try:
+            yield
+        finally:
+            self._park_states(params)
+
+    def _chunks(self, params):
+        """`params` in the pieces a parking step locates at once: last first (their
+        states were reserved last, so a read-back of one reads the spilled ones before
+        it ahead), each at most spill_chunk_bytes of pooled states (or one parameter).
+        Without parking, all of them in their order. AdamW steps each parameter on its
+        own, so the pieces' order changes nothing in the results."""
+        if not self._parking:
+            return [list(params)]
+        chunks, chunk, size = [], [], 0
+        for p in reversed(list(params)):
+            nbytes = sum(4 * p.numel() for _ in self._buffers.get(p, ()))
+            if chunk and size + nbytes > self._chunk_bytes:
+                chunks.append(chunk)
+                chunk, size = [], 0
+            chunk.append(p)
+            size += nbytes
+        if chunk:
+            chunks.append(chunk)
+        return chunks
+
+    def state_dict(self):
+        """torch's state_dict. While the states are parked (spill), the pooled ones are
+        copied into the process, a piece at a time: the dict outlives the next step,
+        which may move them."""
+        saved = super().state_dict()
+        if not self._parking:
+            return saved
+        order = [p for group in self.param_groups for p in group["params"]]
+        index = {id(p): i for i, p in enumerate(order)}  # torch's numbering of them
+        for chunk in self._chunks([p for p in order if p in self._buffers]):
+            with self._states_located(chunk):
+                for p in chunk:
+                    saved["state"][index[id(p)]] = {
+                        key: value.clone() if key in self._buffers[p] else value
+                        for key, value in self.state[p].items()}
+        return saved
 
     def _device_hooks(self, p):
         """p's two hooks on the device path; they hold the optimizer weakly (a parameter
@@ -271,6 +378,8 @@ class OffloadAdamW(torch.optim.AdamW):
         cast to the parameter's dtype as torch casts them. A state saved by
         torch.optim.AdamW loads too; a bf16/fp16 parameter saved without a master weight
         gets one from the parameter."""
+        # Each state key's view or tensor (pooled ones by their buffers: a parked one's
+        # entry is a meta tensor of its shape until located).
         ours = {p: {k: v for k, v in self.state[p].items() if k != "step"}
                 for p in set(self._pooled) | set(self._masters)}
         saved = {}  # parameter -> the state it was saved with, uncast
@@ -286,21 +395,31 @@ class OffloadAdamW(torch.optim.AdamW):
                                      f"of shape {tuple(view.shape)} was saved with shape "
                                      f"{tuple(value.shape)}")
         super().load_state_dict(state_dict)
-        for p, views in ours.items():
-            state = self.state[p]
-            if "step" in state:  # torch 2.x may keep the caller's tensor: not stepped in place
-                state["step"] = state["step"].clone()
+        for chunk in self._chunks(list(ours)):
+            with self._states_located(chunk):
+                for p in chunk:
+                    self._load_one(p, ours[p], saved.get(p, {}))
+
+    def _load_one(self, p, views, source):
+        """p's state after torch's load_state_dict: its own step tensor, and `source`'s
+        values copied into p's fp32 buffers (located when parking)."""
+        state = self.state[p]
+        if "step" in state:  # torch 2.x may keep the caller's tensor: not stepped in place
+            state["step"] = state["step"].clone()
+        else:
+            state["step"] = torch.tensor(0.0, dtype=_scalar_dtype())
+        for key, view in views.items():
+            if key in self._buffers.get(p, {}):
+                view = self._view(p, key)
+            if key in source:
+                view.copy_(source[key])
+            elif key == _MASTER:
+                view.copy_(p.detach())
             else:
-                state["step"] = torch.tensor(0.0, dtype=_scalar_dtype())
-            source = saved.get(p, {})
-            for key, view in views.items():
-                if key in source:
-                    view.copy_(source[key])
-                elif key == _MASTER:
-                    view.copy_(p.detach())
-                else:
-                    view.zero_()
-                state[key] = view
+                view.zero_()
+            state[key] = view
+            if key == _MASTER:
+                self._masters[p] = view
 
     def add_param_group(self, param_group):
         if hasattr(self, "_masters"):  # torch's __init__ adds the first groups
@@ -339,19 +458,31 @@ class OffloadAdamW(torch.optim.AdamW):
                 for p in group["params"]:
                     if p.grad is not None:
                         p.grad.mul_(inv_scale.to(p.grad.device))
-        for p, master in self._masters.items():
-            if p._version != self._versions[p]:
-                # Changed since its master was written into it: unless it still holds
-                # the master rounded (the same checkpoint loaded again), the master
-                # follows the parameter.
-                if not torch.equal(p, master.to(p.dtype)):
-                    master.copy_(p)
-                self._versions[p] = p._version
-        if self._mode == "exact":
-            self._step_exact()
-        else:
-            self._step_fast()
+        for chunk in self._chunks([p for group in self.param_groups for p in group["params"]]):
+            with self._states_located(chunk):
+                for p in chunk:
+                    master = self._masters.get(p)
+                    if master is not None and p._version != self._versions[p]:
+                        # Changed since its master was written into it: unless it still
+                        # holds the master rounded (the same checkpoint loaded again),
+                        # the master follows the parameter.
+                        if not torch.equal(p, master.to(p.dtype)):
+                            master.copy_(p)
+                        self._versions[p] = p._version
+                self._step_some(chunk)
         return loss
+
+    def _step_some(self, params):
+        """The exact or fast step of `params` alone (the groups hold only those
+        meanwhile)."""
+        some = set(params)
+        with self._groups_kept() as kept:
+            for group, members in zip(self.param_groups, kept):
+                group["params"] = [p for p in members if p in some]
+            if self._mode == "exact":
+                self._step_exact()
+            else:
+                self._step_fast()
 
     def _step_device(self, inv_scale):
         """The device path's step: the gradients' copies to the host finished (or made
@@ -379,23 +510,29 @@ class OffloadAdamW(torch.optim.AdamW):
         # step's copies to the device, which read the host copies about to be written.
         c.sync(c.record(side))
         for p in changed:
-            master = self._masters.get(p)
-            if master is not None and not torch.equal(self._host[p], master.to(p.dtype)):
-                master.copy_(self._host[p])
             self._versions[p] = p._version
         if inv_scale is not None:
             for p in hosted:
                 if p.grad is not None:
                     self._host_grads[p].mul_(inv_scale.cpu())
-        self._step_on_host(hosted)
-        # Back to the device, after the trainer's stream is done with the old values;
-        # the trainer's stream waits for them before it runs anything more (the next
+        # Back to the device (a piece at a time when parking), after the trainer's stream
+        # is done with the old values (step() queues nothing on it meanwhile); the
+        # trainer's stream waits for them before it runs anything more (the next
         # forward), the CPU does not.
         c.wait(side, c.record(current))
-        for p in hosted:
-            if p.grad is not None:
-                c.copy(p.detach(), self._host[p], side)
-                self._versions[p] = p._version
+        changed = set(changed)
+        for chunk in self._chunks(hosted):
+            with self._states_located(chunk):
+                for p in changed.intersection(chunk):  # its master follows its host copy
+                    master = self._masters.get(p)
+                    if master is not None and not torch.equal(self._host[p],
+                                                              master.to(p.dtype)):
+                        master.copy_(self._host[p])
+                self._step_on_host(chunk)
+            for p in chunk:
+                if p.grad is not None:
+                    c.copy(p.detach(), self._host[p], side)
+                    self._versions[p] = p._version
         c.wait(current, c.record(side))
         rest = [[p for p in group["params"] if p not in self._host] for group in self.param_groups]
         if any(rest):  # fraction < 1: the others' states are on the device, torch steps them
@@ -408,13 +545,13 @@ class OffloadAdamW(torch.optim.AdamW):
         """The CPU trainer's step (exact or fast) on the host copies of `hosted`, their
         states and gradients' copies standing in for the device parameters'."""
         masters, versions = self._masters, self._versions
-        host = self._host
+        host, some = self._host, set(hosted)
         with self._groups_kept() as kept:
             try:
-                self._masters = {host[p]: m for p, m in masters.items() if p in host}
+                self._masters = {host[p]: m for p, m in masters.items() if p in some}
                 self._versions = {host[p]: host[p]._version for p in hosted}
                 for group, params in zip(self.param_groups, kept):
-                    group["params"] = [host[p] for p in params if p in host]
+                    group["params"] = [host[p] for p in params if p in some]
                 for p in hosted:
                     self.state[host[p]] = self.state[p]  # the same dict: stepped in place
                     host[p].grad = self._host_grads[p] if p.grad is not None else None
@@ -559,14 +696,21 @@ class OffloadAdamW(torch.optim.AdamW):
             self._pending.clear()
             self._host = {p: t.clone() for p, t in self._host.items()}
             self._host_grads = {p: t.clone() for p, t in self._host_grads.items()}
-        for p in self._pooled:
-            state = self.state[p]
-            for key in list(state):
-                if key != "step":
-                    state[key] = state[key].clone()
-            if p in self._masters:
-                self._masters[p] = state[_MASTER]  # the step updates the one state_dict saves
+        for chunk in self._chunks(self._pooled):  # when parking, a piece in memory at a time
+            if self._parking:
+                self._locate_states(chunk)
+            for p in chunk:
+                state = self.state[p]
+                for key in list(state):
+                    if key != "step":
+                        state[key] = state[key].clone()
+                if p in self._masters:
+                    self._masters[p] = state[_MASTER]  # the step updates the one saved
+                for buffer in self._buffers.get(p, {}).values() if self._parking else ():
+                    buffer.park()  # unpinned: what is left of it may spill until released
+        self._parking = False
         self._pooled = []
+        self._buffers, self._views = {}, {}
 
 
 def _drain(copies, hooks):
