@@ -10,6 +10,8 @@ import copy
 import ctypes
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 
 import pytest
@@ -18,13 +20,14 @@ import torch
 import actstash
 from actstash.optim import OffloadAdamW
 from actstash_testing.sim_device import SimulatedCopies
-from conftest import Daemon
-from gpt import GPT, loss_fn
+from conftest import EXAMPLES, PACKAGE_ENV, Daemon
+from optim_spill_run import big_model, train_step
 from test_optim import (STEPS, _MasterReference, _low_precision_model, _mapping_of, _model,
                         _state_bytes, _train)
 from test_optim_device import _device_run
 
 POOL = 48 << 20
+WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "optim_spill_run.py")
 
 
 @pytest.fixture(scope="module")
@@ -37,33 +40,10 @@ def spill_daemon():
     shutil.rmtree(spill_dir)
 
 
-def _big_model(seed):
-    # 3.2 M parameters: 25.6 MiB of fp32 moments, more than half the pool.
-    torch.manual_seed(seed)
-    return GPT(vocab=128, dim=256, heads=4, layers=4, context=32, dropout=0.0)
-
-
-def _step(model, opt, step, stash=None, micro=2):
-    """One optimizer step of `micro` accumulated micro-batches, clipped; the
-    activations offloaded to `stash` when given."""
-    for m in range(micro):
-        idx = torch.randint(0, 128, (4, 33), generator=torch.Generator().manual_seed(
-            1000 * step + m))
-        if stash is None:
-            loss = loss_fn(model, idx) / micro
-        else:
-            with stash.offload(min_bytes=0):
-                loss = loss_fn(model, idx) / micro
-        loss.backward()
-    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-    opt.step()
-    opt.zero_grad(set_to_none=True)
-
-
 def test_two_trainers_over_the_pool_spill_their_states_and_train_bitwise(spill_daemon):
     torch.set_num_threads(1)
     steps = 3
-    plains = [_big_model(10), _big_model(11)]
+    plains = [big_model(10), big_model(11)]
     ours = [copy.deepcopy(m) for m in plains]
     references = [torch.optim.AdamW(m.parameters(), lr=1e-3, weight_decay=0.1, foreach=False)
                   for m in plains]
@@ -86,11 +66,11 @@ def test_two_trainers_over_the_pool_spill_their_states_and_train_bitwise(spill_d
         opts = [first, second]
         for step in range(steps):
             for model, opt, stash in zip(ours, opts, stashes):
-                _step(model, opt, step, stash)
+                train_step(model, opt, step, stash)
                 assert opt.state[next(model.parameters())]["exp_avg"].is_meta  # parked
         for model, reference in zip(plains, references):
             for step in range(steps):
-                _step(model, reference, step)
+                train_step(model, reference, step)
         for plain, model in zip(plains, ours):
             for a, b in zip(plain.parameters(), model.parameters()):
                 assert torch.equal(a, b)
@@ -225,3 +205,34 @@ def test_park_and_locate_of_the_client(spill_daemon):
             client.locate(ticket)
     finally:
         stash.close()
+
+
+def test_two_trainer_processes_at_once_spill_and_train_bitwise(spill_daemon, tmp_path):
+    """The same two trainers as processes stepping at the same time (DDP's ranks do):
+    each spills and reads back its own states while the other holds the rest of the
+    pool, and neither waits for the other to finish."""
+    steps = 3
+    ready = tmp_path / "ready"
+    ready.mkdir()
+    env = dict(os.environ, **PACKAGE_ENV, ACTSTASH_ADDRESS=spill_daemon.socket)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [env.get("PYTHONPATH"), EXAMPLES]))
+    runs = [subprocess.Popen([sys.executable, WORKER, str(seed), str(steps), str(ready),
+                              str(tmp_path / f"{seed}.pt")], env=env, stderr=subprocess.PIPE,
+                             text=True) for seed in (20, 21)]
+    for run in runs:
+        _, err = run.communicate(timeout=300)
+        assert run.returncode == 0, err
+    torch.set_num_threads(1)
+    for seed in (20, 21):
+        result = torch.load(tmp_path / f"{seed}.pt")
+        plain = big_model(seed)
+        reference = torch.optim.AdamW(plain.parameters(), lr=1e-3, weight_decay=0.1,
+                                      foreach=False)
+        for step in range(steps):
+            train_step(plain, reference, step)
+        for a, b in zip(plain.parameters(), result["params"]):
+            assert torch.equal(a, b)
+        s = result["stats"]
+        assert result["parked"]
+        assert s["optimizer_state_bytes"] == _state_bytes(plain), s
+        assert s["bytes_spilled"] > 0 and s["bytes_restored"] > 0, s
