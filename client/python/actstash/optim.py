@@ -39,6 +39,13 @@ the cast gradients, followed by param.copy_(master).
 `fraction` < 1 keeps the states of the last parameters (by bytes) in the
 process, as Megatron's optimizer offload fraction does (on a device: on the
 device, stepped there by torch; fp32 parameters only).
+
+spill=None (the default) parks the pooled states between steps when the daemon has a
+spill tier (spill=True: always; False: never): under pool pressure the tier may take
+them, as it takes activations. Parked, opt.state[p] holds meta tensors of their
+shapes (state_dict() gives the values, copied into the process); step() reads them
+back spill_chunk_bytes at a time (default: an eighth of the pool, at most 256 MiB),
+last parameters first, and parks them again.
 """
 import contextlib
 import ctypes
