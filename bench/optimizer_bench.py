@@ -21,6 +21,14 @@ gradients cast to fp32, then rounded into the parameters (what a mixed-
 precision trainer does by hand, and what OffloadAdamW does with its masters in
 the pool); DeepSpeedCPUAdam is not measured there.
 
+Two more OffloadAdamW rows: "fast (parked)" parks its states between steps
+(spill=True on a daemon without a spill tier: the cost of locating and parking
+them a piece at a time, nothing spilled), and "fast (half on disk)" runs on a
+second daemon with a spill tier (--spill-dir under the temporary directory) and
+a pool of half the states: every step reads spilled states back and spills
+others (the tier's files go through the page cache; the daemon's spill counts
+are printed).
+
 Last, the trainer's own memory: RssAnon (/proc/self/statm: resident minus
 shared) of a child process holding the parameters and gradients after one
 step of torch's AdamW, and of one with OffloadAdamW (its states are the
@@ -32,9 +40,11 @@ glibc's mmap threshold at 128 KiB, so that freed temporaries are not counted.
 """
 import argparse
 import os
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -167,6 +177,9 @@ def main():
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="fp32",
                         help="the parameters' and gradients' dtype (bf16: fp32 master weights)")
+    parser.add_argument("--no-spill", action="store_true",
+                        help="skip the half-on-disk row (its daemon's files hold half the "
+                             "states)")
     parser.add_argument("--no-rss", action="store_true",
                         help="skip the RssAnon children (they hold the parameters again)")
     args = parser.parse_args()
@@ -186,6 +199,7 @@ def main():
                            prefix="actstash-optim-bench-")
     stash = actstash.connect(daemon.socket, quota=room)
     rows = []
+    spilling = spill_stash = None
     try:
         torch_adamw = MasterWeights if masters else torch.optim.AdamW
         variants = [
@@ -201,7 +215,19 @@ def main():
                       lambda ps: OffloadAdamW(ps, stash, mode="exact", **hyper)),
                      ("actstash fast (pool)",
                       lambda ps: OffloadAdamW(ps, stash, mode="fast", threads=args.threads,
-                                              **hyper))]
+                                              **hyper)),
+                     ("actstash fast (parked)",
+                      lambda ps: OffloadAdamW(ps, stash, mode="fast", threads=args.threads,
+                                              spill=True, **hyper))]
+        if not args.no_spill:
+            spill_dir = tempfile.mkdtemp(prefix="actstash-optim-bench-spill-")
+            spilling = DaemonProcess(daemon.args[0], str(max(state_bytes // 2, 64 << 20)),
+                                     segment="8MiB", extra=("--spill-dir", spill_dir),
+                                     prefix="actstash-optim-bench-spill-")
+            spill_stash = actstash.connect(spilling.socket)
+            variants.append(("actstash fast (half on disk)",
+                             lambda ps: OffloadAdamW(ps, spill_stash, mode="fast",
+                                                     threads=args.threads, **hyper)))
         ds_class, ds_why = (None, "not with master weights here") if masters else deepspeed_adam()
         if ds_class is not None:
             variants.append(("DeepSpeedCPUAdam", lambda ps: ds_class(ps, adamw_mode=True,
@@ -213,6 +239,8 @@ def main():
             opt = make(params)
             seconds = time_steps(opt, args.repeats)
             rows.append((name, seconds))
+            if "on disk" in name:
+                spill_stats = spill_stash.stats()
             del opt, params
         gbps = memcpy_gbps(4 * total, args.repeats)
         inplace = inplace_add_gbps(4 * total, args.repeats)
@@ -221,6 +249,11 @@ def main():
             rss_offload = rss_of(daemon.socket, total, per_tensor, True, args.dtype)
     finally:
         stash.close()
+        if spill_stash is not None:
+            spill_stash.close()
+        if spilling is not None:
+            spilling.stop()
+            shutil.rmtree(spill_dir, ignore_errors=True)
         daemon.stop()
     by_name = dict(rows)
     base = by_name["torch foreach=True"]
@@ -230,7 +263,7 @@ def main():
           f"torch {torch.__version__}; medians of {args.repeats}")
     print(f"memcpy of {4 * total / 2**20:.0f} MiB: {gbps:.1f} GB/s (read + written); "
           f"in-place a += b: {inplace:.1f} GB/s")
-    print(f"{'variant':24}{'ms/step':>10}{'Mparams/s':>11}{'GB/s':>8}{'/a+=b':>9}"
+    print(f"{'variant':30}{'ms/step':>10}{'Mparams/s':>11}{'GB/s':>8}{'/a+=b':>9}"
           f"{'vs foreach':>12}{'vs DeepSpeed':>14}")
     for name, seconds in rows:
         # fp32: read p, g, m, v (16 bytes), write p, m, v (12); with masters: read the
@@ -238,8 +271,13 @@ def main():
         # gradient's temporary not counted.
         moved = 28 * total / seconds / 1e9
         vs_ds = f"{ds / seconds:>14.2f}" if ds else f"{'-':>14}"
-        print(f"{name:24}{1e3 * seconds:>10.1f}{total / seconds / 1e6:>11.1f}{moved:>8.1f}"
+        print(f"{name:30}{1e3 * seconds:>10.1f}{total / seconds / 1e6:>11.1f}{moved:>8.1f}"
               f"{moved / inplace:>9.2f}{base / seconds:>12.2f}{vs_ds}")
+    if not args.no_spill:
+        steps = args.repeats + 1
+        print(f"half on disk: {spill_stats['bytes_spilled'] / steps / 2**20:,.0f} MiB spilled and "
+              f"{spill_stats['bytes_restored'] / steps / 2**20:,.0f} MiB read back per step "
+              f"(of {state_bytes / 2**20:,.0f} MiB of states)")
     if args.no_rss:
         return
     print(f"trainer RssAnon after one step: torch AdamW {rss_plain / 2**20:,.0f} MiB, "
