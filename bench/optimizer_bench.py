@@ -26,8 +26,8 @@ Two more OffloadAdamW rows: "fast (parked)" parks its states between steps
 them a piece at a time, nothing spilled), and "fast (half on disk)" runs on a
 second daemon with a spill tier (--spill-dir under the temporary directory) and
 a pool of half the states: every step reads spilled states back and spills
-others (the tier's files go through the page cache; the daemon's spill counts
-are printed).
+others (the tier writes and reads its files with O_DIRECT: the disk's speed;
+what it moved per step is printed).
 
 Last, the trainer's own memory: RssAnon (/proc/self/statm: resident minus
 shared) of a child process holding the parameters and gradients after one

@@ -155,6 +155,7 @@ char* actstash_client_info_json(actstash_client* c) {
   w.Field("quota", client.quota_bytes());
   w.Field("address", client.address());
   w.Field("attached", client.attached());
+  w.Field("can_spill", client.can_spill());
   w.Field("daemon_pauses", client.daemon_pauses());
   w.Field("daemon_reattaches", client.daemon_reattaches());
   w.Field("attach_error", std::string(client.attach_status().message()));

@@ -339,7 +339,8 @@ absl::StatusOr<void*> Client::LocateState(const Ticket& ticket) {
   client_internal::LocalStore* store =
       tiered_id::IsInline(ticket.id) ? nullptr : impl_->StoreOf(ticket.id, &id);
   if (store == nullptr) return absl::NotFoundError(absl::StrCat("unknown ticket ", ticket.id));
-  absl::StatusOr<client_internal::Located> located = store->Locate(id, /*count_fetch=*/false);
+  absl::StatusOr<client_internal::Located> located =
+      store->Locate(id, client_internal::ReadKind::kState);
   if (!located.ok()) return located.status();
   return const_cast<std::byte*>(located->data);  // the caller's own state buffer
 }
@@ -405,6 +406,9 @@ absl::Status Client::Release(const Ticket& ticket) {
 }
 
 bool Client::attached() const { return impl_->local != nullptr; }
+bool Client::can_spill() const {
+  return attached() && impl_->spill_enabled && impl_->options.spill;
+}
 absl::Status Client::attach_status() const { return impl_->attach_status; }
 
 absl::Status Client::pin_status() const {

@@ -331,10 +331,11 @@ bool BlockSpiller::ReadBackBeforeRestart(const Block& block, const Arena& arena)
          Xxh3(arena.base, arena.bytes) == block.spill_checksum;
 }
 
-void BlockSpiller::RestoreAhead(uint64_t seq) {
+void BlockSpiller::RestoreAhead(uint64_t seq, ReadKind kind) {
   if (restore_ahead_ == 0) return;
   while (table_.ahead() < restore_ahead_) {
-    Block* next = table_.NewestSpilledBefore(seq);
+    Block* next =
+        kind == ReadKind::kState ? table_.OldestSpilledAfter(seq) : table_.NewestSpilledBefore(seq);
     if (next == nullptr) return;
     table_.Move(next, BlockEvent::kRestore);  // a reader now waits for the read-back
     table_.MarkAhead(next);
@@ -343,7 +344,7 @@ void BlockSpiller::RestoreAhead(uint64_t seq) {
 }
 
 absl::StatusOr<BlockSpiller::Placement> BlockSpiller::PinForRead(uint64_t ticket, bool locate,
-                                                                 bool count_fetch) {
+                                                                 ReadKind kind) {
   absl::MutexLock lock(&table_.mu());
   absl::StatusOr<Placement*> found = table_.Find(ticket);
   if (!found.ok()) return found.status();
@@ -361,11 +362,11 @@ absl::StatusOr<BlockSpiller::Placement> BlockSpiller::PinForRead(uint64_t ticket
   if (!locate || !placement.located) block->pins += 1;
   if (locate) placement.located = true;
   v1::ClientUsage& usage = table_.usage();
-  if (count_fetch) {
+  if (kind == ReadKind::kActivation) {
     usage.set_fetches(usage.fetches() + 1);
     usage.set_bytes_fetched(usage.bytes_fetched() + placement.size);
   }
-  if (usage.spilled_leases() > 0) RestoreAhead(placement.seq);
+  if (usage.spilled_leases() > 0) RestoreAhead(placement.seq, kind);
   return placement;
 }
 

@@ -30,6 +30,17 @@
 
 namespace actstash::client_internal {
 
+// Who reads a buffer, which decides what is read back ahead of it and what
+// is counted.
+enum class ReadKind {
+  // Backward reading activations: a fetch; the spilled blocks stored just
+  // before it are read ahead (backward reads them next).
+  kActivation,
+  // An optimizer's step reading its long-lived states: no fetch; the blocks
+  // stored just after it are read ahead (the step goes in store order).
+  kState,
+};
+
 class BlockSpiller {
  public:
   using Arena = BlockTable::Arena;
@@ -58,9 +69,10 @@ class BlockSpiller {
       ABSL_LOCKS_EXCLUDED(table_.mu());
   // A ticket's placement once its block is resident (read back first when
   // spilled), pinned (pins + 1; once for a located ticket) for the caller,
-  // who unpins it after copying. Counts as a fetch when `count_fetch`.
+  // who unpins it after copying; reads ahead and counts as `kind` says.
   // NOT_FOUND for an unknown or released ticket; the read-back's error.
-  absl::StatusOr<Placement> PinForRead(uint64_t ticket, bool locate, bool count_fetch = true)
+  absl::StatusOr<Placement> PinForRead(uint64_t ticket, bool locate,
+                                       ReadKind kind = ReadKind::kActivation)
       ABSL_LOCKS_EXCLUDED(table_.mu());
   // Stops the read-ahead thread (drops what is queued, joins). Idempotent.
   void Stop() { read_ahead_.Stop(); }
@@ -98,9 +110,10 @@ class BlockSpiller {
   // read it back before it restarted. Reads the arena's bytes (the block is
   // kRestoring: nothing writes them).
   static bool ReadBackBeforeRestart(const Block& block, const Arena& arena);
-  // Queues read-backs of the spilled blocks stored just before `seq` (no
-  // spilling for a read ahead: it uses memory that is free).
-  void RestoreAhead(uint64_t seq) ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_.mu());
+  // Queues read-backs of the spilled blocks stored just before `seq` (just
+  // after it for kState), no spilling for a read ahead: it uses memory
+  // that is free.
+  void RestoreAhead(uint64_t seq, ReadKind kind) ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_.mu());
 
   BlockTable& table_;
   ArenaLeases& leases_;

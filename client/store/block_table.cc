@@ -207,6 +207,17 @@ BlockTable::Block* BlockTable::NewestSpilledBefore(uint64_t seq) const {
   return next;
 }
 
+BlockTable::Block* BlockTable::OldestSpilledAfter(uint64_t seq) const {
+  Block* next = nullptr;
+  for (const auto& [ptr, block] : blocks_) {
+    if (block->state == BlockState::kSpilled && block->last_seq > seq &&
+        (next == nullptr || block->last_seq < next->last_seq)) {
+      next = ptr;
+    }
+  }
+  return next;
+}
+
 void BlockTable::MarkAhead(Block* block) {
   if (block->ahead) return;
   block->ahead = true;

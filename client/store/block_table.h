@@ -140,6 +140,9 @@ class BlockTable {
   // The spilled block stored last before `seq` (backward reads it next), or
   // null.
   Block* NewestSpilledBefore(uint64_t seq) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The spilled block stored first after `seq` (a reader in store order, an
+  // optimizer's step, reads it next), or null.
+  Block* OldestSpilledAfter(uint64_t seq) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Blocks read back ahead of need and not read since. A mark is cleared by
   // a reader (ClearAhead), or when the block leaves memory unread (Move,

@@ -99,10 +99,10 @@ absl::Status LocalStore::Park(uint64_t ticket) {
   return table_.Park(ticket);
 }
 
-absl::StatusOr<Located> LocalStore::Locate(uint64_t ticket, bool count_fetch) {
+absl::StatusOr<Located> LocalStore::Locate(uint64_t ticket, ReadKind kind) {
   const bool on_device = leases_.mapper().on_device();
   if (absl::Status s = CheckNotReclaimed(ticket, "Locate"); !s.ok()) return s;
-  absl::StatusOr<Placement> placement = spiller_.PinForRead(ticket, /*locate=*/true, count_fetch);
+  absl::StatusOr<Placement> placement = spiller_.PinForRead(ticket, /*locate=*/true, kind);
   if (!placement.ok()) return placement.status();
   absl::MutexLock lock(&table_.mu());
   const Arena& arena = *placement->block->arena;  // pinned: stays until Release

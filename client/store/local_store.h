@@ -105,9 +105,10 @@ class LocalStore {
   // Fetch or Locate the ticket before they are written. Same errors.
   absl::StatusOr<Placed> Reserve(size_t nbytes) ABSL_LOCKS_EXCLUDED(table_.mu());
   // Where the ticket's bytes are, valid until its Release or Park (read
-  // back first when spilled); counts as a fetch when `count_fetch`.
-  // NOT_FOUND for an unknown or released ticket.
-  absl::StatusOr<Located> Locate(uint64_t ticket, bool count_fetch = true)
+  // back first when spilled); `kind` decides what is read back ahead and
+  // whether it counts as a fetch (BlockSpiller::ReadKind). NOT_FOUND for an
+  // unknown or released ticket.
+  absl::StatusOr<Located> Locate(uint64_t ticket, ReadKind kind = ReadKind::kActivation)
       ABSL_LOCKS_EXCLUDED(table_.mu());
   // Copies the ticket's bytes to `dst`. NOT_FOUND for an unknown or released
   // ticket, OUT_OF_RANGE when `capacity` is too small. Works after the daemon

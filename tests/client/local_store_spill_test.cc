@@ -254,12 +254,14 @@ TEST(LocalStoreSpillTest, ParkedReservationsSpillAndComeBackWithTheirLastWrite) 
     states.push_back(placed->ticket);
   }
   // A step: each located (not counted as a fetch), updated in place, parked.
+  const std::byte* last = nullptr;
   for (int i = 0; i < 4; ++i) {
     ASSERT_TRUE(store.Park(states[i]).ok());
-    absl::StatusOr<Located> located = store.Locate(states[i], /*count_fetch=*/false);
+    absl::StatusOr<Located> located = store.Locate(states[i], ReadKind::kState);
     ASSERT_TRUE(located.ok()) << located.status();
     EXPECT_EQ(static_cast<uint8_t>(located->data[0]), 0x10 + i);
     std::memset(const_cast<std::byte*>(located->data), 0x20 + i, kSegment / 2);
+    last = located->data;
     if (i != 3) {  // the last one stays located
       ASSERT_TRUE(store.Park(states[i]).ok());
     }
@@ -269,13 +271,16 @@ TEST(LocalStoreSpillTest, ParkedReservationsSpillAndComeBackWithTheirLastWrite) 
   std::vector<Held> others = StoreMany(store, 6, kSegment / 2, 7);
   ASSERT_EQ(others.size(), 6u);
   EXPECT_GT(store.usage().spills(), 0u);
-  absl::StatusOr<Located> kept = store.Locate(states[3], false);
+  const uint64_t restores_before = store.usage().restores();
+  absl::StatusOr<Located> kept = store.Locate(states[3], ReadKind::kState);
   ASSERT_TRUE(kept.ok());
+  EXPECT_EQ(kept->data, last);  // never moved: nothing was read back for it
+  EXPECT_EQ(store.usage().restores(), restores_before);
   EXPECT_EQ(static_cast<uint8_t>(kept->data[kSegment / 2 - 1]), 0x23);
   for (const Held& h : others) ASSERT_TRUE(store.Release(h.ticket).ok());
   const uint64_t restores = store.usage().restores();
   for (int i = 0; i < 3; ++i) {
-    absl::StatusOr<Located> back = store.Locate(states[i], false);
+    absl::StatusOr<Located> back = store.Locate(states[i], ReadKind::kState);
     ASSERT_TRUE(back.ok()) << back.status();
     for (size_t at : {size_t{0}, size_t{kSegment / 2 - 1}}) {
       EXPECT_EQ(static_cast<uint8_t>(back->data[at]), 0x20 + i) << i;
@@ -284,6 +289,40 @@ TEST(LocalStoreSpillTest, ParkedReservationsSpillAndComeBackWithTheirLastWrite) 
   EXPECT_GT(store.usage().restores(), restores);
   EXPECT_EQ(store.Park(12345).code(), absl::StatusCode::kNotFound);
   for (uint64_t ticket : states) ASSERT_TRUE(store.Release(ticket).ok());
+}
+
+// A step reads its states in the order they were reserved: locating one reads
+// the spilled ones reserved just after it back ahead (activations read ahead
+// the other way), so the next locates find them in memory.
+TEST(LocalStoreSpillTest, StatesReadAheadInReservationOrder) {
+  SpillingBackend backend(8);
+  LocalStore store(&backend, kSegment, 1, nullptr, false, /*restore_ahead=*/2);
+  std::vector<uint64_t> states;
+  for (int i = 0; i < 6; ++i) {  // a segment each
+    absl::StatusOr<Placed> placed = store.Reserve(kSegment);
+    ASSERT_TRUE(placed.ok()) << placed.status();
+    std::memset(placed->data, 0x40 + i, kSegment);
+    states.push_back(placed->ticket);
+    ASSERT_TRUE(store.Park(placed->ticket).ok());
+  }
+  std::vector<Held> others = StoreMany(store, 8, kSegment, 9);  // all six go to disk
+  ASSERT_EQ(others.size(), 8u);
+  ASSERT_EQ(store.usage().spilled_leases(), 6u);
+  for (int i = 0; i < 6; ++i) ASSERT_TRUE(store.Release(others[i].ticket).ok());
+  absl::StatusOr<Located> first = store.Locate(states[0], ReadKind::kState);
+  ASSERT_TRUE(first.ok()) << first.status();
+  // The two after it come back in the background; locating them waits for
+  // those read-backs, not for new ones.
+  for (int i = 1; i < 3; ++i) {
+    absl::StatusOr<Located> next = store.Locate(states[i], ReadKind::kState);
+    ASSERT_TRUE(next.ok()) << next.status();
+    EXPECT_EQ(static_cast<uint8_t>(next->data[kSegment - 1]), 0x40 + i);
+  }
+  EXPECT_GE(store.usage().restores_ahead(), 2u);
+  EXPECT_EQ(store.usage().fetches(), 0u);
+  absl::StatusOr<Located> last = store.Locate(states[5]);  // an activation's read
+  ASSERT_TRUE(last.ok());
+  EXPECT_EQ(store.usage().fetches(), 1u);
 }
 
 TEST(LocalStoreSpillTest, FailedSpillKeepsEverythingAndSaysWhy) {

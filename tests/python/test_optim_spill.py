@@ -80,13 +80,30 @@ def test_two_trainers_over_the_pool_spill_their_states_and_train_bitwise(spill_d
             assert s["optimizer_state_bytes"] == need, s
             assert s["bytes_spilled"] > 0 and s["bytes_restored"] > 0, s
             assert s["tensors_offloaded"] > 0, s
-        # state_dict copies parked states into the process, equal to torch's.
+        # state_dict copies parked states into the process, equal to torch's, and a
+        # copy: the next step changes none of it.
         saved = first.state_dict()
+        kept = copy.deepcopy(saved)
         for i, p in enumerate(plains[0].parameters()):
             for key in ("exp_avg", "exp_avg_sq"):
                 value = saved["state"][i][key]
                 assert torch.equal(value, references[0].state[p][key])
                 assert "actstash-segment" not in _mapping_of(value.data_ptr())
+        # Loaded back into the parked (partly spilled) states, one more step, then
+        # closed: the same numbers as torch's all along.
+        first.load_state_dict(saved)
+        train_step(ours[0], first, steps, stashes[0])
+        train_step(plains[0], references[0], steps)
+        for i in saved["state"]:
+            for key, value in saved["state"][i].items():
+                assert torch.equal(value, kept["state"][i][key]), (i, key)
+        restored = stashes[0].stats()["bytes_restored"]
+        first.close()
+        assert stashes[0].stats()["bytes_restored"] > restored  # close read spilled ones
+        for a, b in zip(plains[0].parameters(), ours[0].parameters()):
+            assert torch.equal(a, b)
+            for key in ("exp_avg", "exp_avg_sq"):
+                assert torch.equal(first.state[b][key], references[0].state[a][key])
         del first, second, opts, saved
     finally:
         for stash in stashes:
@@ -183,8 +200,9 @@ def test_parked_device_path_is_bitwise_with_the_same_copies(fresh_daemon):
 
 
 def test_park_and_locate_of_the_client(spill_daemon):
-    """The calls under parking: a parked buffer keeps its bytes wherever it is next
-    located; an unknown ticket is StashNotFound, a located one counts as no fetch."""
+    """The client calls under parking: a parked buffer keeps its bytes when located
+    again (not counted as a fetch); an unknown or released ticket is StashNotFound.
+    (Spilled and read back in between: test_two_trainers_...)"""
     stash = actstash.connect(spill_daemon.socket)
     try:
         client = stash.client
@@ -236,3 +254,32 @@ def test_two_trainer_processes_at_once_spill_and_train_bitwise(spill_daemon, tmp
         assert result["parked"]
         assert s["optimizer_state_bytes"] == _state_bytes(plain), s
         assert s["bytes_spilled"] > 0 and s["bytes_restored"] > 0, s
+
+
+def test_device_path_states_spill_beside_the_host_copies(spill_daemon):
+    """The device path's host copies of parameters and gradients never spill (hooks
+    write them during backward); reserved before every state, they leave the states'
+    leases spillable: 25.6 MiB of copies and 25.6 MiB of moments in a 48 MiB pool."""
+    torch.set_num_threads(1)
+    plain = big_model(12)
+    ours = copy.deepcopy(plain)
+    reference = torch.optim.AdamW(plain.parameters(), lr=1e-3, weight_decay=0.1, foreach=False)
+    copies = SimulatedCopies(delay_s=0.0)
+    copies.device_addresses = {p.data_ptr() for p in ours.parameters()}
+    stash = actstash.connect(spill_daemon.socket)
+    try:
+        opt = OffloadAdamW(ours.parameters(), stash, lr=1e-3, weight_decay=0.1,
+                           _copies=copies)
+        assert stash.stats()["spills"] > 0
+        for step in range(2):
+            train_step(ours, opt, step)
+            train_step(plain, reference, step)
+        for a, b in zip(plain.parameters(), ours.parameters()):
+            assert torch.equal(a, b)
+        s = stash.stats()
+        assert s["bytes_restored"] > 0, s
+        assert copies.bytes_to_device == 2 * sum(4 * p.numel() for p in ours.parameters())
+        del opt
+    finally:
+        copies.close()
+        stash.close()

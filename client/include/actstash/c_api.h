@@ -77,7 +77,7 @@ ACTSTASH_API int actstash_parse_size(const char* text, uint64_t percent_base, ui
 ACTSTASH_API int actstash_client_connect(const char* options_json, actstash_client** out);
 ACTSTASH_API int actstash_client_close(actstash_client* client);
 ACTSTASH_API void actstash_client_free(actstash_client* client);
-/* JSON object: session_id, quota, address, attached, attach_error, pin_error,
+/* JSON object: session_id, quota, address, attached, can_spill, attach_error, pin_error,
  * device_pools [{device, total_bytes, segment_bytes}], zero_copy (the
  * ClientUsage message of actstash/v1/stash.proto, every field). No RPC. */
 ACTSTASH_API char* actstash_client_info_json(actstash_client* client);

@@ -254,8 +254,10 @@ class Client {
   // Reservation's data, or LocateState's): the spill tier may take its block
   // under pool pressure. LocateState: where its bytes are now (read back
   // first when spilled; counted as no fetch), valid until the next
-  // ParkState or ReleaseState. Both NOT_FOUND for an unknown ticket;
-  // LocateState has Locate's errors and a read-back's (DATA_LOSS).
+  // ParkState or ReleaseState; the spilled states reserved just after it are
+  // read back ahead, in the background (a step goes in reservation order).
+  // Both NOT_FOUND for an unknown ticket; LocateState has Locate's errors
+  // and a read-back's (DATA_LOSS).
   absl::Status ParkState(const Ticket& ticket);
   absl::StatusOr<void*> LocateState(const Ticket& ticket);
   // The daemon's device pools, as announced when the session opened.
@@ -270,6 +272,9 @@ class Client {
   // Whether Store/Fetch use the zero-copy path, and why not if they don't.
   bool attached() const;
   absl::Status attach_status() const;
+  // Whether this session's zero-copy host buffers may go to the daemon's
+  // spill tier: attached, the daemon has one, and options.spill.
+  bool can_spill() const;
   // OK, or why some leased memory is not pinned for CUDA (pin_leases kAuto).
   absl::Status pin_status() const;
   // This client's zero-copy side, all tiers (no RPC): what it reports to

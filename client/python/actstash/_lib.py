@@ -232,6 +232,8 @@ class Client:
 
     attached = property(lambda self: self._info()["attached"])
     attach_error = property(lambda self: self._info()["attach_error"])
+    # The daemon has a spill tier and this session may use it (attached, spill=True).
+    can_spill = property(lambda self: self._info()["can_spill"])
     session_id = property(lambda self: self._info()["session_id"])
     quota = property(lambda self: self._info()["quota"])
     address = property(lambda self: self._info()["address"])

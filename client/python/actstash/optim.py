@@ -150,9 +150,9 @@ class OffloadAdamW(torch.optim.AdamW):
                                   "an attached client (a local daemon on a Unix socket): "
                                   + str(client.attach_error))
         daemon = client.stats()
-        # Parked between steps (the spill tier may take them): by default when the daemon
-        # has one.
-        self._parking = spill if spill is not None else daemon["self"].get("spill") is not None
+        # Parked between steps (the spill tier may take them): by default when this
+        # session can spill (the daemon has a tier, the client's spill setting is on).
+        self._parking = spill if spill is not None else bool(client.can_spill)
         moments = _MOMENTS + (("max_exp_avg_sq",) if amsgrad else ())
 
         def keys_of(p):
@@ -193,19 +193,23 @@ class OffloadAdamW(torch.optim.AdamW):
         self._buffers = {}
         self._views = {}
         try:
-            for p in params:
-                pooled = p in pooled_ones
-                if not pooled and p.dtype not in _LOW_PRECISION:
-                    continue  # torch creates its states at the first step
-                state = {"step": torch.tensor(0.0, dtype=_scalar_dtype())}
-                like = torch.empty(p.shape, dtype=torch.float32, device="meta")
-                if self._copies is not None and pooled:  # the host copies of p and its gradient
+            # The device path's host copies of the parameters and gradients first, all
+            # together: written during backward, they never spill, and leases they share
+            # with states would keep those from spilling too.
+            for p in params if self._copies is not None else ():
+                if p in pooled_ones:
                     like_p = torch.empty(p.shape, dtype=p.dtype, device="meta")
                     for into in (self._host, self._host_grads):
                         buffer = _PoolBuffer(client, max(p.numel() * p.element_size(), 1))
                         buffers.append(buffer)
                         into[p] = buffer.tensor(like_p)
                     self._host[p].copy_(p.detach())
+            for p in params:
+                pooled = p in pooled_ones
+                if not pooled and p.dtype not in _LOW_PRECISION:
+                    continue  # torch creates its states at the first step
+                state = {"step": torch.tensor(0.0, dtype=_scalar_dtype())}
+                like = torch.empty(p.shape, dtype=torch.float32, device="meta")
                 for key in keys_of(p):
                     if pooled:
                         buffer = _PoolBuffer(client, max(4 * p.numel(), 1))
@@ -294,22 +298,23 @@ class OffloadAdamW(torch.optim.AdamW):
         if not self._parking:
             yield
             return
-        self._locate_states(params)
         try:
+            self._locate_states(params)  # a failure parks again what it had located
             yield
         finally:
             self._park_states(params)
 
     def _chunks(self, params):
-        """`params` in the pieces a parking step locates at once: last first (their
-        states were reserved last, so a read-back of one reads the spilled ones before
-        it ahead), each at most spill_chunk_bytes of pooled states (or one parameter).
-        Without parking, all of them in their order. AdamW steps each parameter on its
-        own, so the pieces' order changes nothing in the results."""
+        """`params` in the pieces a parking step locates at once, in their order (the
+        order their states were reserved in: a read-back reads the spilled states just
+        after it ahead, and the spill tier takes the coldest blocks, the ones stepped
+        already), each at most spill_chunk_bytes of pooled states (or one parameter).
+        Without parking, all of them at once. AdamW steps each parameter on its own, so
+        the pieces change nothing in the results."""
         if not self._parking:
             return [list(params)]
         chunks, chunk, size = [], [], 0
-        for p in reversed(list(params)):
+        for p in params:
             nbytes = sum(4 * p.numel() for _ in self._buffers.get(p, ()))
             if chunk and size + nbytes > self._chunk_bytes:
                 chunks.append(chunk)
@@ -331,9 +336,9 @@ class OffloadAdamW(torch.optim.AdamW):
         index = {id(p): i for i, p in enumerate(order)}  # torch's numbering of them
         for chunk in self._chunks([p for p in order if p in self._buffers]):
             with self._states_located(chunk):
-                for p in chunk:
+                for p in chunk:  # all of it copied: step too, which the next step bumps
                     saved["state"][index[id(p)]] = {
-                        key: value.clone() if key in self._buffers[p] else value
+                        key: value.clone() if torch.is_tensor(value) else value
                         for key, value in self.state[p].items()}
         return saved
 
@@ -402,7 +407,8 @@ class OffloadAdamW(torch.optim.AdamW):
                                      f"of shape {tuple(view.shape)} was saved with shape "
                                      f"{tuple(value.shape)}")
         super().load_state_dict(state_dict)
-        for chunk in self._chunks(list(ours)):
+        order = [p for group in self.param_groups for p in group["params"] if p in ours]
+        for chunk in self._chunks(order):
             with self._states_located(chunk):
                 for p in chunk:
                     self._load_one(p, ours[p], saved.get(p, {}))
@@ -465,19 +471,40 @@ class OffloadAdamW(torch.optim.AdamW):
                 for p in group["params"]:
                     if p.grad is not None:
                         p.grad.mul_(inv_scale.to(p.grad.device))
-        for chunk in self._chunks([p for group in self.param_groups for p in group["params"]]):
-            with self._states_located(chunk):
-                for p in chunk:
-                    master = self._masters.get(p)
-                    if master is not None and p._version != self._versions[p]:
-                        # Changed since its master was written into it: unless it still
-                        # holds the master rounded (the same checkpoint loaded again),
-                        # the master follows the parameter.
-                        if not torch.equal(p, master.to(p.dtype)):
-                            master.copy_(p)
-                        self._versions[p] = p._version
-                self._step_some(chunk)
+        # What the step reads: parameters with a gradient, and masters whose parameter
+        # changed (a frozen parameter's parked states stay where they are).
+        params = [p for group in self.param_groups for p in group["params"]
+                  if p.grad is not None or (p in self._masters and
+                                            p._version != self._versions[p])]
+        with self._stepping(len(params)) as stepped:
+            for chunk in self._chunks(params):
+                with self._states_located(chunk):
+                    for p in chunk:
+                        master = self._masters.get(p)
+                        if master is not None and p._version != self._versions[p]:
+                            # Changed since its master was written into it: unless it
+                            # still holds the master rounded (the same checkpoint loaded
+                            # again), the master follows the parameter.
+                            if not torch.equal(p, master.to(p.dtype)):
+                                master.copy_(p)
+                            self._versions[p] = p._version
+                    self._step_some(chunk)
+                stepped.append(len(chunk))
         return loss
+
+    @contextlib.contextmanager
+    def _stepping(self, total):
+        """Yields a list the step appends the size of each piece it finished to. A pool
+        error part way (parked states that cannot be read back: the pool stayed full, a
+        spill lost) says how far the step got: the pieces before it were stepped (their
+        states and step counts moved), the rest not."""
+        stepped = []
+        try:
+            yield stepped
+        except _lib.StashError as error:
+            raise type(error)(f"OffloadAdamW.step: {error} (reading parked states back; "
+                              f"{sum(stepped)} of {total} parameters were stepped before "
+                              f"this, the others not)") from error
 
     def _step_some(self, params):
         """The exact or fast step of `params` alone (the groups hold only those
@@ -528,19 +555,24 @@ class OffloadAdamW(torch.optim.AdamW):
         # forward), the CPU does not.
         c.wait(side, c.record(current))
         changed = set(changed)
-        for chunk in self._chunks(hosted):
-            with self._states_located(chunk):
-                for p in changed.intersection(chunk):  # its master follows its host copy
-                    master = self._masters.get(p)
-                    if master is not None and not torch.equal(self._host[p],
-                                                              master.to(p.dtype)):
-                        master.copy_(self._host[p])
-                self._step_on_host(chunk)
-            for p in chunk:
-                if p.grad is not None:
-                    c.copy(p.detach(), self._host[p], side)
-                    self._versions[p] = p._version
-        c.wait(current, c.record(side))
+        stepping = [p for p in hosted if p.grad is not None or p in changed]
+        try:
+            with self._stepping(len(stepping)) as stepped:
+                for chunk in self._chunks(stepping):
+                    with self._states_located(chunk):
+                        for p in changed.intersection(chunk):  # the master follows the copy
+                            master = self._masters.get(p)
+                            if master is not None and not torch.equal(self._host[p],
+                                                                      master.to(p.dtype)):
+                                master.copy_(self._host[p])
+                        self._step_on_host(chunk)
+                    for p in chunk:
+                        if p.grad is not None:
+                            c.copy(p.detach(), self._host[p], side)
+                            self._versions[p] = p._version
+                    stepped.append(len(chunk))
+        finally:  # what went back to the device, however far the step got
+            c.wait(current, c.record(side))
         rest = [[p for p in group["params"] if p not in self._host] for group in self.param_groups]
         if any(rest):  # fraction < 1: the others' states are on the device, torch steps them
             with self._groups_kept():
