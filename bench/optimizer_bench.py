@@ -36,7 +36,12 @@ daemon's shared pool memory, not the trainer's anonymous memory); both with
 glibc's mmap threshold at 128 KiB, so that freed temporaries are not counted.
 
     python3 bench/optimizer_bench.py [--params 100M] [--tensor 4M] [--threads N]
-                                     [--dtype fp32|bf16]
+                                     [--dtype fp32|bf16] [--skip WORDS] [--no-spill]
+                                     [--no-rss]
+
+torch's and DeepSpeed's variants run first, the daemons start after them: at
+1B parameters (--params 1B --tensor 16M --no-spill --no-rss --skip
+'foreach=False,exact' on a 24 GiB machine) one variant's memory fits at a time.
 """
 import argparse
 import os
@@ -177,6 +182,9 @@ def main():
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="fp32",
                         help="the parameters' and gradients' dtype (bf16: fp32 master weights)")
+    parser.add_argument("--skip", default="",
+                        help="comma-separated words: variants whose name holds one are left "
+                             "out (e.g. 'foreach=False,exact' where memory is short)")
     parser.add_argument("--no-spill", action="store_true",
                         help="skip the half-on-disk row (its daemon's files hold half the "
                              "states)")
@@ -191,15 +199,30 @@ def main():
     state_bytes = (12 if masters else 8) * total
     # Buffers are placed in whole segments: room for what packing leaves unused.
     room = int(1.1 * state_bytes) + (256 << 20)
-    # Room for the bench's own states and, beside the leases it retains, the RssAnon
-    # child's.
-    daemon = DaemonProcess(os.environ.get("ACTSTASH_DAEMON_BINARY", BUILT_DAEMON),
-                           str((1 if args.no_rss else 2) * room + (256 << 20)),
-                           segment="64MiB",
-                           prefix="actstash-optim-bench-")
-    stash = actstash.connect(daemon.socket, quota=room)
+    binary = os.environ.get("ACTSTASH_DAEMON_BINARY", BUILT_DAEMON)
+    # The daemons start when the first variant that needs one runs, after torch's and
+    # DeepSpeed's: a pool's memory is not held beside their states (1B parameters fit
+    # this machine one variant at a time, not two).
+    daemons, stashes = {}, {}
+
+    def pool(kind="pool"):
+        if kind not in stashes:
+            if kind == "pool":  # the bench's own states and the RssAnon child's
+                daemons[kind] = DaemonProcess(
+                    binary, str((1 if args.no_rss else 2) * room + (256 << 20)),
+                    segment="64MiB", prefix="actstash-optim-bench-")
+                stashes[kind] = actstash.connect(daemons[kind].socket, quota=room)
+            else:  # half the states, and a spill tier
+                daemons["spill_dir"] = tempfile.mkdtemp(prefix="actstash-optim-bench-spill-")
+                daemons[kind] = DaemonProcess(
+                    binary, str(max(state_bytes // 2, 64 << 20)), segment="8MiB",
+                    extra=("--spill-dir", daemons["spill_dir"]),
+                    prefix="actstash-optim-bench-spill-")
+                stashes[kind] = actstash.connect(daemons[kind].socket)
+        return stashes[kind]
+
     rows = []
-    spilling = spill_stash = None
+    spill_stats = None
     try:
         torch_adamw = MasterWeights if masters else torch.optim.AdamW
         variants = [
@@ -211,52 +234,50 @@ def main():
                 ("torch fused", lambda ps: torch_adamw(ps, fused=True, **hyper)))
         except Exception as error:  # torch < 2.4 has no CPU fused AdamW
             print(f"torch fused: not in torch {torch.__version__} ({str(error)[:80]})")
-        variants += [("actstash exact (pool)",
-                      lambda ps: OffloadAdamW(ps, stash, mode="exact", **hyper)),
-                     ("actstash fast (pool)",
-                      lambda ps: OffloadAdamW(ps, stash, mode="fast", threads=args.threads,
-                                              **hyper)),
-                     ("actstash fast (parked)",
-                      lambda ps: OffloadAdamW(ps, stash, mode="fast", threads=args.threads,
-                                              spill=True, **hyper))]
-        if not args.no_spill:
-            spill_dir = tempfile.mkdtemp(prefix="actstash-optim-bench-spill-")
-            spilling = DaemonProcess(daemon.args[0], str(max(state_bytes // 2, 64 << 20)),
-                                     segment="8MiB", extra=("--spill-dir", spill_dir),
-                                     prefix="actstash-optim-bench-spill-")
-            spill_stash = actstash.connect(spilling.socket)
-            variants.append(("actstash fast (half on disk)",
-                             lambda ps: OffloadAdamW(ps, spill_stash, mode="fast",
-                                                     threads=args.threads, **hyper)))
         ds_class, ds_why = (None, "not with master weights here") if masters else deepspeed_adam()
         if ds_class is not None:
             variants.append(("DeepSpeedCPUAdam", lambda ps: ds_class(ps, adamw_mode=True,
                                                                      **hyper)))
         else:
             print(f"DeepSpeedCPUAdam: not measured ({ds_why})")
+        fast = dict(mode="fast", threads=args.threads, **hyper)
+        variants += [("actstash exact (pool)",
+                      lambda ps: OffloadAdamW(ps, pool(), mode="exact", **hyper)),
+                     ("actstash fast (pool)", lambda ps: OffloadAdamW(ps, pool(), **fast)),
+                     ("actstash fast (parked)",
+                      lambda ps: OffloadAdamW(ps, pool(), spill=True, **fast))]
+        if not args.no_spill:
+            variants.append(("actstash fast (half on disk)",
+                             lambda ps: OffloadAdamW(ps, pool("spill"), **fast)))
+        skip = [word for word in args.skip.split(",") if word]
         for name, make in variants:
+            if any(word in name for word in skip):
+                print(f"{name}: skipped (--skip)")
+                continue
             params = make_params(total, per_tensor, 0, dtype)
             opt = make(params)
             seconds = time_steps(opt, args.repeats)
             rows.append((name, seconds))
             if "on disk" in name:
-                spill_stats = spill_stash.stats()
+                spill_stats = stashes["spill"].stats()
             del opt, params
         gbps = memcpy_gbps(4 * total, args.repeats)
         inplace = inplace_add_gbps(4 * total, args.repeats)
         if not args.no_rss:
-            rss_plain = rss_of(daemon.socket, total, per_tensor, False, args.dtype)
-            rss_offload = rss_of(daemon.socket, total, per_tensor, True, args.dtype)
+            pool()
+            socket = daemons["pool"].socket
+            rss_plain = rss_of(socket, total, per_tensor, False, args.dtype)
+            rss_offload = rss_of(socket, total, per_tensor, True, args.dtype)
     finally:
-        stash.close()
-        if spill_stash is not None:
-            spill_stash.close()
-        if spilling is not None:
-            spilling.stop()
-            shutil.rmtree(spill_dir, ignore_errors=True)
-        daemon.stop()
+        for stash in stashes.values():
+            stash.close()
+        for kind in ("pool", "spill"):
+            if kind in daemons:
+                daemons[kind].stop()
+        if "spill_dir" in daemons:
+            shutil.rmtree(daemons["spill_dir"], ignore_errors=True)
     by_name = dict(rows)
-    base = by_name["torch foreach=True"]
+    base = by_name.get("torch foreach=True")
     ds = by_name.get("DeepSpeedCPUAdam")
     print(f"AdamW step over {total:,} {args.dtype} parameters in tensors of {per_tensor:,}"
           f"{' (fp32 master weights)' if masters else ''}, {args.threads} threads, "
@@ -271,9 +292,10 @@ def main():
         # gradient's temporary not counted.
         moved = 28 * total / seconds / 1e9
         vs_ds = f"{ds / seconds:>14.2f}" if ds else f"{'-':>14}"
+        vs_base = f"{base / seconds:>12.2f}" if base else f"{'-':>12}"
         print(f"{name:30}{1e3 * seconds:>10.1f}{total / seconds / 1e6:>11.1f}{moved:>8.1f}"
-              f"{moved / inplace:>9.2f}{base / seconds:>12.2f}{vs_ds}")
-    if not args.no_spill:
+              f"{moved / inplace:>9.2f}{vs_base}{vs_ds}")
+    if spill_stats is not None:
         steps = args.repeats + 1
         print(f"half on disk: {spill_stats['bytes_spilled'] / steps / 2**20:,.0f} MiB spilled and "
               f"{spill_stats['bytes_restored'] / steps / 2**20:,.0f} MiB read back per step "
