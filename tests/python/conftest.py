@@ -7,7 +7,9 @@ and so is the daemon that ships inside it. The support shared with the benchmark
 (actstash_testing) comes from the source tree's testing/python.
 """
 import os
+import shutil
 import sys
+import tempfile
 import time
 
 import pytest
@@ -53,6 +55,17 @@ class Daemon(DaemonProcess):
 
     def stop(self):
         assert super().stop(), "actstashd did not exit within 30 s of SIGTERM"
+
+
+def spilling_daemon(pool, segment, prefix):
+    """A Daemon with a spill tier in a fresh directory (a fixture's generator): after
+    the module, the directory must be empty (spill files never have a name) and goes."""
+    spill_dir = tempfile.mkdtemp(prefix=prefix)
+    d = Daemon(pool=pool, segment=segment, extra=("--spill-dir", spill_dir))
+    yield d
+    d.stop()
+    assert os.listdir(spill_dir) == []
+    shutil.rmtree(spill_dir)
 
 
 @pytest.fixture(scope="module")

@@ -9,10 +9,8 @@ device path on the simulated device."""
 import copy
 import ctypes
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 
 import pytest
 import torch
@@ -20,7 +18,7 @@ import torch
 import actstash
 from actstash.optim import OffloadAdamW
 from actstash_testing.sim_device import SimulatedCopies
-from conftest import EXAMPLES, PACKAGE_ENV, Daemon
+from conftest import EXAMPLES, PACKAGE_ENV, spilling_daemon
 from optim_spill_run import big_model, train_step
 from test_optim import (STEPS, _MasterReference, _low_precision_model, _mapping_of, _model,
                         _state_bytes, _train)
@@ -32,12 +30,7 @@ WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "optim_spill_r
 
 @pytest.fixture(scope="module")
 def spill_daemon():
-    spill_dir = tempfile.mkdtemp(prefix="actstash-optim-spill-")
-    d = Daemon(pool="48MiB", segment="2MiB", extra=("--spill-dir", spill_dir))
-    yield d
-    d.stop()
-    assert os.listdir(spill_dir) == []
-    shutil.rmtree(spill_dir)
+    yield from spilling_daemon("48MiB", "2MiB", "actstash-optim-spill-")
 
 
 def test_two_trainers_over_the_pool_spill_their_states_and_train_bitwise(spill_daemon):

@@ -4,17 +4,15 @@ trains with stash.offload() against a daemon with --spill-dir; gradients are bit
 those of plain autograd (with and without injected copy delays), and the bytes really
 went to disk and came back (the daemon's and the client's counters)."""
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 
 import pytest
 import torch
 
 import actstash
 from actstash_testing.training import cloned_grads, spill_batch, spill_gpt
-from conftest import Daemon, PACKAGE_ENV, ROOT
+from conftest import Daemon, PACKAGE_ENV, ROOT, spilling_daemon
 from gpt import GPT, loss_fn
 
 # What this file tests does not depend on torch's version (conftest.py).
@@ -26,12 +24,7 @@ POOL = 64 << 20
 
 @pytest.fixture(scope="module")
 def spill_daemon():
-    spill_dir = tempfile.mkdtemp(prefix="actstash-spill-py-")
-    d = Daemon(pool="64MiB", segment="4MiB", extra=("--spill-dir", spill_dir))
-    yield d
-    d.stop()
-    assert os.listdir(spill_dir) == []  # spill files never have a name
-    shutil.rmtree(spill_dir)
+    yield from spilling_daemon("64MiB", "4MiB", "actstash-spill-py-")
 
 
 def _plain_grads(steps):
