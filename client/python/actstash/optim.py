@@ -40,12 +40,13 @@ the cast gradients, followed by param.copy_(master).
 process, as Megatron's optimizer offload fraction does (on a device: on the
 device, stepped there by torch; fp32 parameters only).
 
-spill=None (the default) parks the pooled states between steps when the daemon has a
-spill tier (spill=True: always; False: never): under pool pressure the tier may take
-them, as it takes activations. Parked, opt.state[p] holds meta tensors of their
-shapes (state_dict() gives the values, copied into the process); step() reads them
-back spill_chunk_bytes at a time (default: an eighth of the pool, at most 256 MiB),
-last parameters first, and parks them again.
+spill=None (the default) parks the pooled states between steps when this session can
+spill (the daemon has a spill tier and the client's spill setting is on; spill=True:
+always; False: never): under pool pressure the tier may take them, as it takes
+activations. Parked, opt.state[p] holds meta tensors of their shapes (state_dict()
+gives the values, copied into the process); step() reads back what it steps,
+spill_chunk_bytes at a time (default: an eighth of the pool, at most 256 MiB), in the
+parameters' order, and parks them again.
 """
 import contextlib
 import ctypes
@@ -149,7 +150,6 @@ class OffloadAdamW(torch.optim.AdamW):
             raise _lib.StashError("OffloadAdamW: the states go to leased pool memory, which needs "
                                   "an attached client (a local daemon on a Unix socket): "
                                   + str(client.attach_error))
-        daemon = client.stats()
         # Parked between steps (the spill tier may take them): by default when this
         # session can spill (the daemon has a tier, the client's spill setting is on).
         self._parking = spill if spill is not None else bool(client.can_spill)
@@ -163,9 +163,11 @@ class OffloadAdamW(torch.optim.AdamW):
         if self._copies is not None:  # and the host copies of the parameter and its gradient
             need = {p: n + 2 * p.numel() * p.element_size() for p, n in need.items()}
         budget = fraction * sum(need.values())
-        if spill_chunk_bytes is None:  # small against the pool: the rest may hold others'
-            spill_chunk_bytes = max(min(256 << 20, daemon["pool"]["total_bytes"] // 8), 1)
-        self._chunk_bytes = int(spill_chunk_bytes)
+        if spill_chunk_bytes is None and self._parking:  # small against the pool: the
+            # rest may hold others' (one stats RPC, only when the pieces matter)
+            spill_chunk_bytes = max(min(256 << 20, client.stats()["pool"]["total_bytes"] // 8),
+                                    1)
+        self._chunk_bytes = int(spill_chunk_bytes or 0)
         pooled_ones, taken = set(), 0
         for p in params:  # which are pooled, before anything is reserved
             if taken + need[p] <= budget + 0.5:
@@ -480,17 +482,21 @@ class OffloadAdamW(torch.optim.AdamW):
             for chunk in self._chunks(params):
                 with self._states_located(chunk):
                     for p in chunk:
-                        master = self._masters.get(p)
-                        if master is not None and p._version != self._versions[p]:
-                            # Changed since its master was written into it: unless it
-                            # still holds the master rounded (the same checkpoint loaded
-                            # again), the master follows the parameter.
-                            if not torch.equal(p, master.to(p.dtype)):
-                                master.copy_(p)
-                            self._versions[p] = p._version
+                        if p in self._masters and p._version != self._versions[p]:
+                            self._master_follows(p, p)  # changed since its master was
+                            self._versions[p] = p._version  # written into it
                     self._step_some(chunk)
                 stepped.append(len(chunk))
         return loss
+
+    def _master_follows(self, p, source):
+        """p (a bf16/fp16 parameter, located when parking) changed since its master was
+        written into it, to `source`'s values (p itself, or its host copy): unless that
+        still holds the master rounded (the same checkpoint loaded again), the master
+        follows it."""
+        master = self._masters[p]
+        if not torch.equal(source, master.to(p.dtype)):
+            master.copy_(source)
 
     @contextlib.contextmanager
     def _stepping(self, total):
@@ -560,11 +566,8 @@ class OffloadAdamW(torch.optim.AdamW):
             with self._stepping(len(stepping)) as stepped:
                 for chunk in self._chunks(stepping):
                     with self._states_located(chunk):
-                        for p in changed.intersection(chunk):  # the master follows the copy
-                            master = self._masters.get(p)
-                            if master is not None and not torch.equal(self._host[p],
-                                                                      master.to(p.dtype)):
-                                master.copy_(self._host[p])
+                        for p in changed.intersection(self._masters).intersection(chunk):
+                            self._master_follows(p, self._host[p])
                         self._step_on_host(chunk)
                     for p in chunk:
                         if p.grad is not None:
@@ -745,11 +748,12 @@ class OffloadAdamW(torch.optim.AdamW):
                         state[key] = state[key].clone()
                 if p in self._masters:
                     self._masters[p] = state[_MASTER]  # the step updates the one saved
-                for buffer in self._buffers.get(p, {}).values() if self._parking else ():
-                    buffer.park()  # unpinned: what is left of it may spill until released
+                # The piece's buffers go back now (nothing else views them), before the
+                # next piece is read back.
+                for key in self._buffers.pop(p, {}):
+                    self._views.pop((p, key), None)
         self._parking = False
         self._pooled = []
-        self._buffers, self._views = {}, {}
 
 
 def _drain(copies, hooks):
