@@ -31,6 +31,11 @@ ARG CUDA_VERSION=12.6
 ARG CUDA_REPO=https://developer.download.nvidia.com/compute/cuda/repos/debian12/x86_64
 # Extra CMake arguments, e.g. "-DCMAKE_CUDA_ARCHITECTURES=90".
 ARG CMAKE_ARGS=""
+# ON: compile through the project's compiler cache (scripts/ccache), whose
+# folder the builder binds in at /var/cache/actstash-ccache (podman build -v;
+# deploy/test-image.sh does), so that a rebuild after a change compiles only
+# what changed. OFF (default): no ccache in the image.
+ARG ACTSTASH_CCACHE=OFF
 
 ENV DEBIAN_FRONTEND=noninteractive
 # The packages of purpose 'daemon' of the project's one list
@@ -38,6 +43,8 @@ ENV DEBIAN_FRONTEND=noninteractive
 # libraries (no tests, benchmarks, Python or torch).
 COPY scripts/packages scripts/debian-packages.txt /tmp/actstash-packages/
 RUN packages=$(sh /tmp/actstash-packages/packages daemon) && [ -n "$packages" ] \
+ && if [ "$ACTSTASH_CCACHE" = ON ]; then \
+      packages="$packages $(sh /tmp/actstash-packages/packages --groups cache)"; fi \
  && apt-get update \
  && apt-get install -y --no-install-recommends $packages \
  && rm -rf /var/lib/apt/lists/*
@@ -62,6 +69,7 @@ RUN cmake -S . -B /build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
       -DACTSTASH_WITH_CUDA="$ACTSTASH_WITH_CUDA" \
       -DACTSTASH_BUILD_PYTHON=OFF -DACTSTASH_BUILD_TORCH=OFF \
       -DACTSTASH_BUILD_TESTS=OFF -DACTSTASH_BUILD_BENCH=OFF \
+      -DACTSTASH_CCACHE="$ACTSTASH_CCACHE" \
       $CMAKE_ARGS \
  && cmake --build /build --parallel "$(nproc)" --target actstashd actstash \
  && /build/server/actstashd --version

@@ -106,6 +106,13 @@ if [ -n "$from_git" ]; then
   cp "$repo/Dockerfile" "$repo/.dockerignore" "$context/"
   log "build context: git archive $from_git (+ the working tree's Dockerfile, .dockerignore)"
 fi
+# The build stage compiles through this machine's compiler cache
+# (scripts/ccache's folder bound in): a rebuild compiles only what changed.
+ccache_dir=$(scripts/ccache --get-config cache_dir 2>/dev/null || true)
+if [ -n "$ccache_dir" ] && [ -d "$ccache_dir" ]; then
+  build_args+=(--build-arg ACTSTASH_CCACHE=ON -v "$ccache_dir:/var/cache/actstash-ccache")
+  log "compiler cache: $ccache_dir"
+fi
 log "podman build -> $image"
 build_start=$(date +%s)
 podman build --isolation=chroot --format docker --pull=never "${build_args[@]}" \

@@ -5,6 +5,7 @@
 # share it stay in one process), or nothing where xdist is missing or
 # ACTSTASH_PYTEST_WORKERS=0. N: ACTSTASH_PYTEST_WORKERS, default the core
 # count. Usage: pytest_workers PYTHON (the interpreter that runs pytest).
+# shellcheck disable=SC2034  # PYTEST_WORKERS_ARGS: read by the caller
 pytest_workers() {
   local workers=${ACTSTASH_PYTEST_WORKERS:-$(nproc)}
   PYTEST_WORKERS_ARGS=()
