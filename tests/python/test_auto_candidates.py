@@ -200,3 +200,29 @@ def test_a_new_share_that_changes_the_plan_is_checked():
     planner.stash = _Share(share_bps=0.2e9, sessions=8)  # copies 40x slower: re-plan
     planner._follow_share(entry)
     assert entry.plan.choices != before and entry.verify
+
+
+def test_a_candidate_kept_by_measurement_still_says_the_quota_limited_the_plan():
+    """The quota limits every candidate (each is solved within it): when another
+    candidate than the solved plan wins its measurement, the plan and its report still
+    say that a faster plan exists which the quota does not allow."""
+    budget = _budget_only_the_optimistic_count_meets()
+    planner = _auto.AutoPlanner(stash=None, blocks=[], names=[f"b{i}" for i in range(N)],
+                                budget=budget, memory_limit=None, min_bytes=0, candidates=3)
+    entry = _auto._Entry(key=())
+    entry.budget = budget
+    entry.effective_budget = _auto._target(budget, torch.device("cpu"))
+    entry.costs, entry.machine = _costs(), _machine()
+    entry.stored_limit = 60 * MiB  # less than one block's offload
+    planner.entries[()] = planner.current = entry
+    planner._solve(entry, "profiled")
+    assert entry.plan.limited_by_quota
+    planner._plan_trials(entry)
+    assert entry.trials is not None and len(entry.trials) >= 2
+    fits = int(entry.effective_budget * 0.9)
+    _run_trials(planner, entry, [(0.200, fits)] + [(0.150, fits)] * (len(entry.trials) - 1))
+    assert entry.chosen is entry.trials[1]
+    report = _auto.PlanReport(entry, planner.names)
+    assert report.limited_by_quota and report.chosen_by_measurement
+    assert report.predicted_stored <= entry.stored_limit
+    assert "limited by the quota" in str(report)

@@ -342,8 +342,13 @@ class AutoPlanner:
         entry.chosen = best
         if best is not first:
             solved = entry.plan
+            # What the solved plan says of the quota holds for every candidate: each
+            # is within it, and the plan the quota ruled out was predicted faster
+            # than the solved one, the fastest predicted within it.
             entry.plan = _planner.Plan(choices=list(best.choices), prediction=best.prediction,
                                        budget=solved.budget, exact=False,
+                                       limited_by_quota=solved.limited_by_quota,
+                                       unlimited_time_s=solved.unlimited_time_s,
                                        smallest_peak=solved.smallest_peak,
                                        kept_peak=solved.kept_peak)
         entry.measured = best.measured
