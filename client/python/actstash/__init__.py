@@ -20,11 +20,19 @@ work without it.
 """
 import importlib
 
-from actstash._lib import StashError, StashFull, StashNotFound, StashUnavailable
+from actstash._errors import (BudgetError, StashError, StashFull, StashNotFound,
+                              StashUnavailable)
 
-_LAZY = {"BudgetError": "_planner", "Stash": "_stash", "connect": "_stash",
+_LAZY = {"Stash": "_stash", "connect": "_stash",
          "checkpoint": "_checkpoint", "unwrap": "_wrap", "use_for_gradient_checkpointing": "_wrap",
          "wrap": "_wrap"}
+
+
+def client_defaults():
+    """Every setting of the native client by its name, with its default: what
+    `connect(**client_options)` accepts beyond its own arguments. A new dict each call."""
+    from actstash import _lib
+    return dict(_lib.CLIENT_DEFAULTS)
 
 
 def __getattr__(name):
@@ -44,6 +52,6 @@ def __dir__():
 
 __all__ = [
     "BudgetError", "Stash", "StashError", "StashFull", "StashNotFound", "StashUnavailable",
-    "checkpoint",
+    "checkpoint", "client_defaults",
     "connect", "unwrap", "use_for_gradient_checkpointing", "wrap",
 ]

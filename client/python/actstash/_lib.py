@@ -10,24 +10,11 @@ import ctypes
 import json
 import os
 
+from actstash._errors import (StashError, StashFull, StashNotFound,  # noqa: F401
+                              StashUnavailable)
+
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _PATH = os.environ.get("ACTSTASH_LIBRARY") or os.path.join(_HERE, "libactstash.so")
-
-
-class StashError(RuntimeError):
-    """An actstash operation failed (base class)."""
-
-
-class StashUnavailable(StashError):
-    """The daemon cannot be reached (or went away)."""
-
-
-class StashFull(StashError):
-    """The session's quota or the daemon's pool has no room."""
-
-
-class StashNotFound(StashError):
-    """An unknown or released handle."""
 
 
 _INVALID_ARGUMENT, _NOT_FOUND, _RESOURCE_EXHAUSTED, _FAILED_PRECONDITION = 3, 5, 8, 9

@@ -50,15 +50,13 @@ greedy one, and says it is not proven optimal (`Plan.exact` False).
 """
 import dataclasses
 
+from actstash._errors import BudgetError
+
 KEEP, OFFLOAD, CHECKPOINT, CHECKPOINT_OFFLOAD = (
     "keep", "offload", "checkpoint", "checkpoint+offload")
 CHOICES = (KEEP, OFFLOAD, CHECKPOINT, CHECKPOINT_OFFLOAD)
 _STORES = (OFFLOAD, CHECKPOINT_OFFLOAD)
 _RECOMPUTES = (CHECKPOINT, CHECKPOINT_OFFLOAD)
-
-
-class BudgetError(ValueError):
-    """No plan keeps the step's peak memory within the budget (or the daemon's quota)."""
 
 
 @dataclasses.dataclass

@@ -445,9 +445,18 @@ class Stash:
         return out
 
     def close(self):
+        """Waits for the copies in flight and ends the session: what it stored is
+        given back to the daemon."""
         self.synchronize()
         if self._client is not None:
             self._client.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
 
     # -- hooks ---------------------------------------------------------------------------
     @contextlib.contextmanager

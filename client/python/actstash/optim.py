@@ -730,9 +730,17 @@ class OffloadAdamW(torch.optim.AdamW):
         out.copy_(p.grad)
         return out
 
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
     def close(self):
         """Moves the states (and on the device path the host copies) into the process and
-        gives the pool memory back; the optimizer goes on working."""
+        gives the pool memory back; the optimizer goes on working. `with
+        OffloadAdamW(...) as opt:` closes it at the end of the block."""
         if self._host:
             self._copies.sync(self._copies.record(self._copies.side()))
             self._pending.clear()

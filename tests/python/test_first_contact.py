@@ -1,0 +1,71 @@
+"""What a new user meets first: one exception hierarchy under StashError, the
+client's settings through a public call, and a Stash and an OffloadAdamW that a
+`with` block closes (the daemon sees the session end and the pool given back)."""
+import copy
+
+import pytest
+import torch
+
+import actstash
+from actstash.optim import OffloadAdamW
+from conftest import pool_stats
+from gpt import GPT, loss_fn
+
+
+def test_every_error_of_the_package_is_a_stash_error():
+    for name in ("StashUnavailable", "StashFull", "StashNotFound", "BudgetError"):
+        assert issubclass(getattr(actstash, name), actstash.StashError), name
+    # A budget is an argument the caller can change: still a ValueError.
+    assert issubclass(actstash.BudgetError, ValueError)
+    from actstash import _planner
+    assert _planner.BudgetError is actstash.BudgetError
+    with pytest.raises(actstash.StashError):  # what the planner raises is caught as one
+        _planner.solve([_planner.BlockCost("b", forward_s=0.01, backward_s=0.02,
+                                           saved_bytes=1 << 20, input_bytes=1 << 20)],
+                       _planner.Machine(store_bps=1e9, fetch_bps=1e9), budget=1)
+
+
+def test_client_defaults_are_public_and_a_copy():
+    defaults = actstash.client_defaults()
+    assert "client_defaults" in actstash.__all__ and "client_defaults" in dir(actstash)
+    for name in ("spill", "restore_ahead", "pool_wait_ms", "lease_retain_ms", "lease_batch"):
+        assert name in defaults, name
+    defaults["spill"] = "changed"
+    assert actstash.client_defaults()["spill"] != "changed"
+
+
+def test_a_with_block_closes_the_stash(fresh_daemon):
+    before = pool_stats(fresh_daemon.socket)["sessions"]
+    with actstash.connect(fresh_daemon.socket) as stash:
+        assert stash.client.attached
+        assert pool_stats(fresh_daemon.socket)["sessions"] == before + 1
+        x = torch.randn(256, 256, requires_grad=True)
+        with stash.offload(min_bytes=0):
+            y = (x * x).sum()
+        y.backward()
+        assert stash.stats()["tensors_offloaded"] > 0  # it really went to the daemon
+    assert pool_stats(fresh_daemon.socket)["sessions"] == before
+    assert torch.equal(x.grad, 2 * x.detach())
+
+
+def test_a_with_block_closes_the_optimizer_and_it_goes_on_bitwise(fresh_daemon):
+    torch.manual_seed(0)
+    model = GPT(vocab=64, dim=32, heads=2, layers=1, context=16, dropout=0.0)
+    plain = copy.deepcopy(model)
+    reference = torch.optim.AdamW(plain.parameters(), lr=1e-3, foreach=False)
+    idx = torch.randint(0, 64, (2, 17), generator=torch.Generator().manual_seed(1))
+    with actstash.connect(fresh_daemon.socket) as stash:
+        with OffloadAdamW(model.parameters(), stash=stash, lr=1e-3) as opt:
+            assert opt.offloaded_bytes > 0
+            assert stash.client.stats()["pool"]["used_bytes"] >= opt.offloaded_bytes
+            for m, o in ((plain, reference), (model, opt)):
+                loss_fn(m, idx).backward()
+                o.step()
+        # Closed: the states are the process's own and the pool holds nothing of them.
+        assert stash.stats()["optimizer_state_bytes"] == 0
+        for m, o in ((plain, reference), (model, opt)):  # it goes on working
+            o.zero_grad()
+            loss_fn(m, idx).backward()
+            o.step()
+    for a, b in zip(plain.parameters(), model.parameters()):
+        assert torch.equal(a, b)
