@@ -137,10 +137,20 @@ TEST_F(TakeOverTest, CallsDuringATakeOverPauseAndSucceed) {
       if (!stats.ok() && failures.fetch_add(1) == 0) first_error = stats.status().ToString();
     }
   });
+  // Waits on the caller's progress, not for a time: on a loaded machine a call
+  // can take longer than a take-over.
+  auto wait_for_calls = [&](int at_least) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (calls.load() < at_least && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  };
   for (int round = 0; round < 3; ++round) {
+    wait_for_calls(calls.load() + 2);  // the caller is calling as the take-over starts
     daemon = TakeOver(std::move(daemon));
     ASSERT_NE(daemon, nullptr);
   }
+  wait_for_calls(11);  // and goes on calling the last successor
   stop.store(true);
   caller.join();
   EXPECT_EQ(failures.load(), 0) << first_error;
