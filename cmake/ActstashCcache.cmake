@@ -7,7 +7,7 @@
 # Sets ACTSTASH_SOURCE_PREFIX: the prefix the compiler sees on the project's
 # source paths, which -fmacro-prefix-map takes off __FILE__ (CMakeLists.txt).
 # Without the cache it is the checkout's absolute path. Through the cache it
-# is the checkout relative to the build directory ("..": ccache rewrites the
+# is the checkout relative to the build directory ("../": ccache rewrites the
 # paths under its base_dir, the checkout, to paths relative to the directory
 # the compiler runs in, Ninja's build root), so that neither the hash nor the
 # binary holds the checkout's absolute path.
