@@ -119,7 +119,9 @@ def quota_run(socket, steps):
     for label, quota in (("unlimited", 0), ("limited", 2 * fits["block_offload"] + (4 << 20))):
         s = actstash.connect(socket, quota=quota)
         assert s.client.quota == quota or not quota
-        out[label] = run(s, model, first, loss, reference, budget, steps, 100)[-1]
+        steps_seen = run(s, model, first, loss, reference, budget, steps, 100)
+        out[label] = dict(steps_seen[-1],
+                          offloaded_per_step=[r.get("offloaded", 0) for r in steps_seen])
         s.close()
         out["quota"] = quota
     print(json.dumps(out))

@@ -194,5 +194,10 @@ def test_the_session_quota_bounds_what_the_plan_stores(daemon):
     assert limited["limited_by_quota"], limited["table"]
     assert limited["choices"].count("offload") <= 2
     assert limited["predicted_stored"] <= out["quota"]
-    assert 0 < limited["offloaded"] <= out["quota"]
+    # Every step stays under the quota, and some step stored bytes in the daemon. Not
+    # necessarily the last: under load a measured candidate that recomputes every block
+    # can win, and then that step offloads nothing (CI saw that once).
+    per_step = limited["offloaded_per_step"]
+    assert max(per_step) <= out["quota"], per_step
+    assert any(n > 0 for n in per_step), (per_step, limited["table"])
     assert limited["bitwise"]
