@@ -62,7 +62,7 @@ def main():
 
     import torch
     actstash = import_actstash()
-    from actstash import _lib
+    from actstash._native import lib as _lib
     from actstash.optim import OffloadAdamW
     if not args.cpu_dry_run and not (torch.cuda.is_available() and _lib.cuda_available()):
         print("no CUDA device: skipped (torch: %s, actstash: %s)"

@@ -84,7 +84,7 @@ def main():
     from torch.utils.checkpoint import checkpoint
     torch.use_deterministic_algorithms(True, warn_only=True)
     actstash = import_actstash()
-    from actstash import _lib
+    from actstash._native import lib as _lib
     if not args.cpu_dry_run and not (torch.cuda.is_available() and _lib.cuda_available()):
         print("no CUDA device: skipped (torch: %s, actstash: %s)"
               % (torch.cuda.is_available(), _lib.cuda_available()))

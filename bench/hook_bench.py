@@ -267,7 +267,7 @@ def expected_counts(name, n, nbytes):
            "store_failures": 0}
     # With cpu_views, tensors from the engine's view_min_bytes up are read in place;
     # smaller ones are copied back on the unpacking thread.
-    from actstash import _lib
+    from actstash._native import lib as _lib
     view_min = _lib.ENGINE_DEFAULTS["view_min_bytes"]
     out["views"] = n if name == "actstash" and nbytes >= view_min else 0
     return out

@@ -8,7 +8,7 @@
 //
 // The same framing serves the take-over channel (HandoverSocketPath), over
 // which a serving daemon hands its state to a successor
-// (server/handover/take_over.h):
+// (server/restart/take_over.h):
 //
 //   successor → daemon  TakeOverHello    payload: a v1::TakeOverHello
 //   daemon → successor  TakeOverRefused  payload: UTF-8 reason (nothing handed)

@@ -79,7 +79,7 @@ class SessionRpc {
   // makes a failure the session's error by Fail.
   //
   // A daemon that does not answer is being replaced (actstashd --take-over
-  // hands the session to its successor, server/handover/take_over.h) or
+  // hands the session to its successor, server/restart/take_over.h) or
   // restarted under a service manager: a pause, not an error. For an
   // attached session that is so while the attach connection stays open (or
   // reattaches); an unattached one cannot tell, so it waits up to its pause

@@ -98,7 +98,7 @@ absl::StatusOr<bool> BlockSpiller::SpillColdest(uint32_t max_blocks, uint64_t* r
     std::vector<Block*> candidates;
     for (const std::unique_ptr<Arena>& arena : table_.arenas()) {
       Block* block = arena->block;
-      if (block->state == BlockState::kResident && !block->allocator.empty() &&
+      if (block->state == Residence::kResident && !block->allocator.empty() &&
           block->unwritten == 0 && block->pins == 0) {
         candidates.push_back(block);
       }
@@ -108,7 +108,7 @@ absl::StatusOr<bool> BlockSpiller::SpillColdest(uint32_t max_blocks, uint64_t* r
               [](const Block* a, const Block* b) { return a->last_seq < b->last_seq; });
     if (candidates.size() > max_blocks) candidates.resize(max_blocks);
     for (Block* block : candidates) {
-      table_.Move(block, BlockEvent::kSpill);
+      table_.Move(block, ResidenceEvent::kSpill);
       chosen.push_back(block);
       lease_ids.push_back(block->arena->lease_id);
     }
@@ -130,10 +130,10 @@ absl::StatusOr<bool> BlockSpiller::SpillColdest(uint32_t max_blocks, uint64_t* r
     for (size_t i = 0; i < chosen.size(); ++i) {
       Block* block = chosen[i];
       if (!ids.ok()) {
-        table_.Move(block, BlockEvent::kSpillFailed);  // its memory was never changed
+        table_.Move(block, ResidenceEvent::kSpillFailed);  // its memory was never changed
         continue;
       }
-      table_.Move(block, BlockEvent::kSpillDone);
+      table_.Move(block, ResidenceEvent::kSpillDone);
       block->spill_id = (*ids)[i].id;
       block->spill_checksum = (*ids)[i].checksum;
       table_.Evict(block);
@@ -152,24 +152,24 @@ absl::Status BlockSpiller::EnsureResident(Block* block) {
   uint64_t start = 0;  // when this reader began to wait
   for (;;) {
     switch (block->state) {
-      case BlockState::kResident:
+      case Residence::kResident:
         if (start != 0) CountRestoreWait(start);
         return absl::OkStatus();
-      case BlockState::kLost:
+      case Residence::kLost:
         return block->error;
-      case BlockState::kSpilling:
-      case BlockState::kRestoring:
+      case Residence::kSpilling:
+      case Residence::kRestoring:
         if (start == 0) start = MonotonicNowNs();
         table_.WaitForMove();
         break;
-      case BlockState::kSpilled: {
+      case Residence::kSpilled: {
         if (start == 0) start = MonotonicNowNs();
-        table_.Move(block, BlockEvent::kRestore);
+        table_.Move(block, ResidenceEvent::kRestore);
         table_.mu().Unlock();
         absl::Status status = RestoreBlock(block, /*may_spill=*/true);
         table_.mu().Lock();
         // The caller's buffer keeps the block alive (it is not empty).
-        if (!status.ok() && block->state == BlockState::kSpilled) {
+        if (!status.ok() && block->state == Residence::kSpilled) {
           CountRestoreWait(start);
           return status;
         }
@@ -191,9 +191,9 @@ bool BlockSpiller::MayWaitFor(const absl::Status& refused, const Block* block) {
 bool BlockSpiller::AnotherBlockMoving(const Block* block) {
   absl::MutexLock lock(&table_.mu());
   for (const std::unique_ptr<Arena>& arena : table_.arenas()) {
-    const BlockState state = arena->block->state;
+    const Residence state = arena->block->state;
     if (arena->block != block &&
-        (state == BlockState::kRestoring || state == BlockState::kSpilling)) {
+        (state == Residence::kRestoring || state == Residence::kSpilling)) {
       return true;
     }
   }
@@ -264,7 +264,7 @@ absl::Status BlockSpiller::RestoreBlock(Block* block, bool may_spill) {
     uint64_t drop = 0;
     {
       absl::MutexLock lock(&table_.mu());
-      table_.Move(block, BlockEvent::kRestoreFailed);
+      table_.Move(block, ResidenceEvent::kRestoreFailed);
       if (block->allocator.empty()) {
         drop = block->spill_id;
         table_.DeleteBlock(block);
@@ -302,13 +302,13 @@ absl::Status BlockSpiller::RestoreBlock(Block* block, bool may_spill) {
   if (status.ok()) {
     block->spill_id = 0;
     block->spill_checksum = 0;
-    table_.Move(block, BlockEvent::kRestoreDone);
+    table_.Move(block, ResidenceEvent::kRestoreDone);
     return absl::OkStatus();
   }
   table_.Evict(block);
   if (status.code() != absl::StatusCode::kDataLoss &&
       status.code() != absl::StatusCode::kNotFound) {
-    table_.Move(block, BlockEvent::kRestoreFailed);  // e.g. a timeout: may be tried again
+    table_.Move(block, ResidenceEvent::kRestoreFailed);  // e.g. a timeout: may be tried again
     return status;
   }
   // The daemon dropped the spill: its buffers are gone for good.
@@ -316,7 +316,7 @@ absl::Status BlockSpiller::RestoreBlock(Block* block, bool may_spill) {
                               absl::StrCat("a buffer of this session was spilled to the daemon's "
                                            "disk and cannot be read back: ",
                                            status.message()));
-  table_.Move(block, BlockEvent::kSpillGone);
+  table_.Move(block, ResidenceEvent::kSpillGone);
   const absl::Status error = block->error;
   if (block->allocator.empty()) table_.DeleteBlock(block);
   return error;
@@ -337,7 +337,7 @@ void BlockSpiller::RestoreAhead(uint64_t seq, ReadKind kind) {
     Block* next =
         kind == ReadKind::kState ? table_.OldestSpilledAfter(seq) : table_.NewestSpilledBefore(seq);
     if (next == nullptr) return;
-    table_.Move(next, BlockEvent::kRestore);  // a reader now waits for the read-back
+    table_.Move(next, ResidenceEvent::kRestore);  // a reader now waits for the read-back
     table_.MarkAhead(next);
     read_ahead_.Post([this, next] { (void)RestoreBlock(next, /*may_spill=*/false); });
   }
@@ -349,7 +349,7 @@ absl::StatusOr<BlockSpiller::Placement> BlockSpiller::PinForRead(uint64_t ticket
   absl::StatusOr<Placement*> found = table_.Find(ticket);
   if (!found.ok()) return found.status();
   Block* block = (*found)->block;
-  if (block->state != BlockState::kResident) {
+  if (block->state != Residence::kResident) {
     absl::Status status = EnsureResident(block);
     if (!status.ok()) {
       return absl::Status(status.code(), absl::StrCat("ticket ", ticket, ": ", status.message()));

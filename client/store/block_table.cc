@@ -17,7 +17,7 @@ absl::Status UnknownTicket(uint64_t ticket) {
 
 bool BlockTable::Empty(const Arena& arena) {
   const Block& block = *arena.block;
-  return block.state == BlockState::kResident && block.allocator.empty() && block.pins == 0;
+  return block.state == Residence::kResident && block.allocator.empty() && block.pins == 0;
 }
 
 void BlockTable::Adopt(std::unique_ptr<Arena> arena) {
@@ -52,7 +52,7 @@ bool BlockTable::TryPlace(uint64_t nbytes, Placement* out) {
     const size_t i = (hint_ + k) % n;
     Arena* arena = arenas_[i].get();
     Block* block = arena->block;
-    if (arena->dedicated || block->state != BlockState::kResident) continue;
+    if (arena->dedicated || block->state != Residence::kResident) continue;
     if (std::optional<uint64_t> offset = block->allocator.Allocate(nbytes)) {
       hint_ = i;
       *out = Placement{block, *offset, nbytes};
@@ -166,24 +166,24 @@ void BlockTable::CountOnDisk(const Block& block, bool on_disk) {
 void BlockTable::DeleteBlock(Block* block) {
   ACTSTASH_CHECK(
       !InFlight(block->state),
-      absl::StrCat("deleting a block while it is ", BlockStateName(block->state)).c_str());
+      absl::StrCat("deleting a block while it is ", ResidenceName(block->state)).c_str());
   ACTSTASH_CHECK(block->arena == nullptr, "deleting a block that an arena still holds");
   if (OnDisk(block->state)) CountOnDisk(*block, false);
   if (block->ahead) ahead_ -= 1;
   blocks_.erase(block);
 }
 
-void BlockTable::Move(Block* block, BlockEvent event) {
-  const BlockState from = block->state;
-  const std::optional<BlockState> to = NextBlockState(from, event);
-  ACTSTASH_CHECK(to.has_value(), absl::StrCat("a ", BlockStateName(from), " block cannot take '",
-                                              BlockEventName(event), "'")
+void BlockTable::Move(Block* block, ResidenceEvent event) {
+  const Residence from = block->state;
+  const std::optional<Residence> to = NextResidence(from, event);
+  ACTSTASH_CHECK(to.has_value(), absl::StrCat("a ", ResidenceName(from), " block cannot take '",
+                                              ResidenceEventName(event), "'")
                                      .c_str());
   block->state = *to;
   if (OnDisk(*to) && !OnDisk(from)) CountOnDisk(*block, true);
   if (OnDisk(from) && !OnDisk(*to)) CountOnDisk(*block, false);
-  if (event == BlockEvent::kSpillDone) usage_.set_spills(usage_.spills() + 1);
-  if (event == BlockEvent::kRestoreDone) {
+  if (event == ResidenceEvent::kSpillDone) usage_.set_spills(usage_.spills() + 1);
+  if (event == ResidenceEvent::kRestoreDone) {
     usage_.set_restores(usage_.restores() + 1);
     usage_.set_restores_ahead(usage_.restores_ahead() + (block->ahead ? 1 : 0));
   }
@@ -192,14 +192,14 @@ void BlockTable::Move(Block* block, BlockEvent event) {
   // was the coldest before anyone read it). Left marked, it would hold a
   // place of the read-ahead forever and be counted again when read ahead
   // once more.
-  if (*to == BlockState::kSpilled || *to == BlockState::kLost) ClearAhead(block);
+  if (*to == Residence::kSpilled || *to == Residence::kLost) ClearAhead(block);
   if (InFlight(from)) block_changed_.SignalAll();
 }
 
 BlockTable::Block* BlockTable::NewestSpilledBefore(uint64_t seq) const {
   Block* next = nullptr;
   for (const auto& [ptr, block] : blocks_) {
-    if (block->state == BlockState::kSpilled && block->last_seq < seq &&
+    if (block->state == Residence::kSpilled && block->last_seq < seq &&
         (next == nullptr || block->last_seq > next->last_seq)) {
       next = ptr;
     }
@@ -210,7 +210,7 @@ BlockTable::Block* BlockTable::NewestSpilledBefore(uint64_t seq) const {
 BlockTable::Block* BlockTable::OldestSpilledAfter(uint64_t seq) const {
   Block* next = nullptr;
   for (const auto& [ptr, block] : blocks_) {
-    if (block->state == BlockState::kSpilled && block->last_seq > seq &&
+    if (block->state == Residence::kSpilled && block->last_seq > seq &&
         (next == nullptr || block->last_seq < next->last_seq)) {
       next = ptr;
     }

@@ -5,7 +5,7 @@
 // invariants in one place:
 //  - an arena in the table always holds a block, whose arena it is; a block
 //    whose bytes left memory (spilled, lost) has no arena;
-//  - a block changes state only through Move (client/store/block_state.h), which
+//  - a block changes state only through Move (common/residence.h), which
 //    keeps the spill counters and wakes the readers waiting for a block;
 //  - the usage counters of leases, objects and spills are kept by the
 //    methods that change what they count.
@@ -33,7 +33,7 @@
 #include "absl/synchronization/mutex.h"
 #include "actstash/v1/stash.pb.h"
 #include "client/store/arena_allocator.h"
-#include "client/store/block_state.h"
+#include "common/residence.h"
 
 namespace actstash::client_internal {
 
@@ -62,13 +62,13 @@ class BlockTable {
     ArenaAllocator allocator;
     uint64_t bytes;
     bool dedicated;
-    BlockState state = BlockState::kResident;  // changed only by Move
-    Arena* arena = nullptr;                    // null while spilled (or lost)
-    uint64_t spill_id = 0;                     // while on the daemon's disk
-    uint64_t spill_checksum = 0;               // its bytes' XXH3 then (0: unknown)
-    uint64_t last_seq = 0;                     // the newest buffer placed in it
-    uint32_t unwritten = 0;                    // Reserve'd buffers not marked written
-    uint32_t pins = 0;                         // located buffers and copies in progress
+    Residence state = Residence::kResident;  // changed only by Move
+    Arena* arena = nullptr;                  // null while spilled (or lost)
+    uint64_t spill_id = 0;                   // while on the daemon's disk
+    uint64_t spill_checksum = 0;             // its bytes' XXH3 then (0: unknown)
+    uint64_t last_seq = 0;                   // the newest buffer placed in it
+    uint32_t unwritten = 0;                  // Reserve'd buffers not marked written
+    uint32_t pins = 0;                       // located buffers and copies in progress
     bool ahead = false;  // read back ahead and not read since (MarkAhead/ClearAhead)
     absl::Status error;  // kLost: why its bytes are gone
   };
@@ -124,7 +124,7 @@ class BlockTable {
   // The one place a block changes state: the move `event` makes (a broken
   // invariant when block_state.h's table has none), with what follows from
   // it: the spill counters, the read-ahead count, and waking WaitForMove.
-  void Move(Block* block, BlockEvent event) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Move(Block* block, ResidenceEvent event) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Waits (releasing mu_) until some block leaves kSpilling or kRestoring.
   void WaitForMove() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { block_changed_.Wait(&mu_); }
   // The block's bytes left its arena (spilled, or a read-back failed): the

@@ -239,17 +239,17 @@ absl::Status LocalStore::Release(uint64_t ticket) {
     Block* block = placement->block;
     if (!block->allocator.empty()) return absl::OkStatus();
     switch (block->state) {
-      case BlockState::kSpilled:  // nothing of it is needed any more
+      case Residence::kSpilled:  // nothing of it is needed any more
         drop_spill = block->spill_id;
         table_.DeleteBlock(block);
         break;
-      case BlockState::kLost:
+      case Residence::kLost:
         table_.DeleteBlock(block);
         break;
-      case BlockState::kSpilling:
-      case BlockState::kRestoring:
+      case Residence::kSpilling:
+      case Residence::kRestoring:
         break;  // the spill or read-back in flight sees it empty when done
-      case BlockState::kResident:
+      case Residence::kResident:
         if (block->pins > 0) break;  // a copy in progress; the lease stays
         if (Arena* back = retention_.OnEmptied(table_.arenas(), block->arena)) {
           give_back = table_.Detach(back);

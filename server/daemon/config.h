@@ -63,7 +63,7 @@ struct DaemonConfig {
   // trainer, e.g. actstash.connect(start="auto")).
   bool exit_with_parent = false;
   // Start by taking over from the daemon serving on socket_path
-  // (server/handover/take_over.h) instead of making a pool: kOn requires
+  // (server/restart/take_over.h) instead of making a pool: kOn requires
   // it, kAuto takes over when a daemon answers there and starts afresh
   // otherwise.
   Tristate take_over = Tristate::kOff;
@@ -71,7 +71,7 @@ struct DaemonConfig {
   // SIGTERM (true).
   bool wait_after_take_over = false;
   // After recovering a crashed daemon's state: how long its sessions have to
-  // attach again (server/daemon/crash_recovery.h).
+  // attach again (server/restart/crash_recovery.h).
   double reattach_grace_seconds = 60;
 };
 

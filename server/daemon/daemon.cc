@@ -86,15 +86,6 @@ std::vector<DeviceTier> DeviceTiers(const std::vector<std::unique_ptr<DevicePool
   return tiers;
 }
 
-AttachServerOptions AttachOptions(const DaemonConfig& config) {
-  AttachServerOptions options;
-  options.socket_path = attach::AttachSocketPath(config.socket_path);
-  options.socket_mode = config.socket_mode;
-  options.allow_uids = config.allow_uids;
-  options.allow_gids = config.allow_gids;
-  return options;
-}
-
 }  // namespace
 
 Daemon::Daemon(const DaemonConfig& config, Parts parts)
@@ -120,6 +111,11 @@ Daemon::Daemon(const DaemonConfig& config, Parts parts)
                        attach_.socket_path().substr(attach_.socket_path().find_last_of('/') + 1),
                        &copy_bandwidth_}),
       service_(&core_) {}
+
+TableGeometry Daemon::GeometryOf(const DaemonConfig& config) {
+  return TableGeometryFor(config.pool_bytes, config.segment_bytes, config.max_sessions,
+                          !config.spill_dir.empty());
+}
 
 absl::Status Daemon::CreateMemory(const DaemonConfig& config,
                                   std::unique_ptr<DeviceMemory> device_memory, Parts* parts,
@@ -260,222 +256,6 @@ Daemon::~Daemon() {
   // operations in flight, whose callbacks use the core, the catalog, the
   // lease managers and the pools.
   spill_.reset();
-}
-
-absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config,
-                                                      std::unique_ptr<DeviceMemory> device_memory) {
-  spdlog::info("actstashd {} starting (pid {}); {}", kVersion, getpid(), DescribeCudaDevices());
-  // Taken first: a daemon restarted after a crash recovers from them even
-  // when its command line says --take-over (it was a successor itself).
-  absl::StatusOr<std::vector<PassedFd>> passed = TakePassedFds();
-  std::optional<TakenOver> taken;
-  if (config.take_over != Tristate::kOff) {
-    absl::StatusOr<TakenOver> received = ReceiveTakeOver(config);
-    if (received.ok()) {
-      taken.emplace(*std::move(received));
-    } else if (config.take_over == Tristate::kAuto && absl::IsUnavailable(received.status())) {
-      spdlog::info("take-over (auto): {}; starting afresh",
-                   std::string(received.status().message()));
-    } else if (absl::IsUnavailable(received.status()) && passed.ok() && !passed->empty()) {
-      spdlog::info("take-over: {}; the service manager passed kept fds: recovering from them",
-                   std::string(received.status().message()));
-    } else {
-      return received.status();
-    }
-  }
-  Parts parts;
-  Recovery recovery;
-  absl::StatusOr<std::unique_ptr<ServiceNotifier>> notifier = ServiceNotifier::FromEnvironment();
-  if (!notifier.ok()) return notifier.status();
-  parts.notifier = *std::move(notifier);
-  if (!taken) {
-    if (!passed.ok()) {
-      spdlog::warn("recovery: {}; starting afresh", passed.status().ToString());
-    } else if (!passed->empty() && parts.notifier == nullptr) {
-      spdlog::warn("recovery: {} fds were passed but NOTIFY_SOCKET is not set; starting afresh",
-                   passed->size());
-    } else if (!passed->empty()) {
-      recovery = CollectRecovery(config, *std::move(passed));
-    }
-    if (!recovery.why_lost.empty()) {
-      spdlog::error(
-          "recovery: the state of the daemon that crashed is not trusted ({}); starting empty: "
-          "its clients' sessions and leases are lost, and they are told so",
-          recovery.why_lost);
-    }
-    if (absl::Status s = MakeParentDirectory(config.socket_path); !s.ok()) return s;
-    if (absl::Status s = ClaimSocketPath(config.socket_path); !s.ok()) return s;
-  }
-
-  const bool recovered = recovery.table != nullptr;
-  std::vector<bool> reused_segments(GeometryOf(config).segments, recovered);
-  AdoptedSegments adopt;
-  if (taken) {
-    // The predecessor's segments (fds 0 .. segments-1), with their data.
-    for (uint32_t i = 0; i < taken->state.segments(); ++i) {
-      adopt.fds.push_back(std::move(taken->fds[i]));
-    }
-    adopt.held_inline.assign(taken->state.held_inline().begin(), taken->state.held_inline().end());
-  } else if (recovered) {
-    for (size_t i = 0; i < recovery.segments.size(); ++i) {
-      reused_segments[i] = recovery.segments[i].valid();
-    }
-    adopt.fds = std::move(recovery.segments);
-    adopt.held_inline = recovery.reused_free;
-  }
-  if (absl::Status s = CreateMemory(config, std::move(device_memory), &parts,
-                                    taken || recovered ? &adopt : nullptr);
-      !s.ok()) {
-    return s;
-  }
-  // A take-over's successor under a service manager goes on with a copy of
-  // its predecessor's table (handed_table: what that copy holds), or a
-  // fresh one it fills as it adopts; either replaces the kept table only
-  // once the predecessor is gone (the take-over may still fail until then).
-  std::optional<RecoveredState> handed_table;
-  bool drop_kept_table = false;  // after the take-over: no table of this daemon's is kept
-  if (parts.notifier != nullptr) {
-    std::unique_ptr<StateTable> table = std::move(recovery.table);
-    if (taken) table = CopyHandedTable(config, *taken, &handed_table);
-    if (table == nullptr) {
-      absl::StatusOr<std::unique_ptr<StateTable>> fresh = StateTable::Create(GeometryOf(config));
-      if (!fresh.ok()) return fresh.status();
-      table = *std::move(fresh);
-    }
-    parts.journal = std::make_unique<DaemonJournal>(std::move(table), parts.notifier.get());
-    parts.journal->SetPool(parts.pool.get());
-    // The segments the store holds are the very memfds handed over; those
-    // it does not (a store that failed) are stored now.
-    if (handed_table.has_value()) {
-      for (size_t i = 0; i < reused_segments.size() && i < handed_table->kept.size(); ++i) {
-        reused_segments[i] = handed_table->kept[i];
-      }
-    }
-    // Before anything is served: a lease granted from now on must find its
-    // segments' memfds kept.
-    if (absl::Status s = parts.journal->KeepForRestart(
-            reused_segments, /*store_table=*/!recovered && !taken, recovery.dropped_names);
-        !s.ok()) {
-      spdlog::error(
-          "keeping the pool for a restart after a crash failed: {}; this daemon's sessions will "
-          "not survive a crash (is FileDescriptorStoreMax at least {}?)",
-          s.ToString(), GeometryOf(config).segments + 2);
-      if (taken) {
-        drop_kept_table = true;  // the predecessor's, once it is gone
-      } else {
-        parts.journal->GiveUp();
-      }
-      parts.journal.reset();
-    }
-  }
-  if (!config.spill_dir.empty()) {
-    SpillOptions spill_options;
-    spill_options.dir = config.spill_dir;
-    spill_options.size_bytes = config.spill_bytes;
-    absl::StatusOr<std::unique_ptr<SpillTier>> spill = SpillTier::Open(spill_options);
-    if (!spill.ok()) return spill.status();
-    parts.spill = *std::move(spill);
-    spdlog::info("spill tier in {} ({}), {}", config.spill_dir,
-                 config.spill_bytes > 0 ? absl::StrCat("at most ", FormatBytes(config.spill_bytes))
-                                        : std::string("bounded by the free space"),
-                 parts.spill->Stats().io_mode());
-    parts.spill->SetJournal(parts.journal.get());
-  }
-  AttachServerOptions attach_options = AttachOptions(config);
-  attach_options.recoverable = parts.journal != nullptr;
-  attach_options.accept_later = true;  // StartServing, once the sessions are in
-  bool attach_kept = false;            // the kept listener serves again (else a new one is kept)
-  auto make_attach_socket = [&]() -> absl::StatusOr<AttachSocket> {
-    if (taken) {
-      return AttachServer::FromHandedListener(
-          attach_options, std::move(taken->fds[taken->state.attach_listener_fd()]));
-    }
-    if (recovery.attach_listener.valid()) {
-      absl::StatusOr<AttachSocket> kept =
-          AttachServer::FromHandedListener(attach_options, std::move(recovery.attach_listener));
-      attach_kept = kept.ok();
-      if (kept.ok()) return kept;
-      spdlog::warn("recovery: the kept attach listener is unusable ({}); listening anew",
-                   kept.status().ToString());
-    }
-    return AttachServer::Listen(attach_options);
-  };
-  absl::StatusOr<AttachSocket> attach_socket = make_attach_socket();
-  if (!attach_socket.ok()) return attach_socket.status();
-  parts.attach_socket.emplace(*std::move(attach_socket));
-  if (parts.journal != nullptr && !attach_kept) {
-    (void)parts.notifier->RemoveFds(kAttachFdName);
-    if (absl::Status s = parts.notifier->StoreFd(kAttachFdName, parts.attach_socket->listener_fd());
-        !s.ok()) {
-      spdlog::warn("keeping the attach listener for a restart failed: {}", s.ToString());
-    }
-  }
-  std::unique_ptr<Daemon> daemon(new Daemon(config, std::move(parts)));
-  UniqueFd handed_listener;
-  if (taken) {
-    // A fresh table records the handed spill files with their fds, which
-    // the adoption moves into the spill tier.
-    std::vector<std::pair<v1::SpillFileState, UniqueFd>> spills_to_record;
-    if (daemon->journal_ != nullptr && !handed_table.has_value()) {
-      absl::StatusOr<std::vector<std::pair<v1::SpillFileState, UniqueFd>>> dups =
-          DupSpillFiles(*taken);
-      if (!dups.ok()) return dups.status();
-      spills_to_record = *std::move(dups);
-    }
-    if (absl::Status s = daemon->AdoptState(&*taken); !s.ok()) return s;
-    if (daemon->journal_ != nullptr) {
-      daemon->RecordTakenOver(*taken, handed_table, std::move(spills_to_record));
-    }
-    handed_listener = std::move(taken->fds[taken->state.handover_listener_fd()]);
-    // The predecessor still holds its TCP and metrics ports until it exits:
-    // wait for that (its end of the connection closing, as when it execs
-    // with after_take_over = wait) when this daemon needs them, and before
-    // it changes what the service manager keeps: a confirmation that fails
-    // (the predecessor gave up waiting and serves again) leaves the store
-    // as the predecessor keeps it, and so does a socket path it still serves.
-    const bool needs_ports = !config.listen_tcp.empty() || !config.metrics_address.empty();
-    const bool changes_store = daemon->journal_ != nullptr || drop_kept_table;
-    absl::Status confirmed = ConfirmTakeOver(
-        &*taken, needs_ports || changes_store ? std::chrono::seconds(30) : std::chrono::seconds(0));
-    if (!confirmed.ok() && changes_store) {
-      return absl::Status(confirmed.code(),
-                          absl::StrCat("take-over: ", confirmed.message(),
-                                       "; the service manager's fd store is left as it was"));
-    }
-    if (!confirmed.ok() && needs_ports) {
-      spdlog::warn("take-over: {}; serving anyway", confirmed.ToString());
-    }
-    if (absl::Status s = ClaimSocketPath(config.socket_path); !s.ok()) return s;
-    // The predecessor is gone: from now on this daemon's table is the one
-    // a restart after a crash must find.
-    if (daemon->journal_ != nullptr) {
-      if (absl::Status s = daemon->journal_->StoreTable(); !s.ok()) {
-        spdlog::error(
-            "keeping the state table for a restart after a crash failed: {}; this daemon's "
-            "sessions will not survive a crash",
-            s.ToString());
-        daemon->journal_->GiveUp();
-      } else {
-        spdlog::info("take-over: the service manager keeps this daemon's state table from now on");
-      }
-    } else if (drop_kept_table) {
-      (void)daemon->notifier_->RemoveFds(kStateFdName);
-    }
-  }
-  if (recovered) {
-    if (absl::Status s = daemon->AdoptRecovered(&recovery); !s.ok()) return s;
-  }
-  if (absl::Status s = daemon->StartServing(std::move(handed_listener)); !s.ok()) return s;
-  daemon->pool_->StartBackgroundWork();  // an adopted pool's mlock, now that it serves
-  daemon->started_ = true;
-  if (daemon->notifier_ != nullptr) {
-    const std::string status = absl::StrCat("READY=1\nSTATUS=serving on ", config.socket_path,
-                                            recovered ? "; recovered after a crash" : "");
-    if (absl::Status s = daemon->notifier_->Notify(status); !s.ok()) {
-      spdlog::warn("telling the service manager that actstashd is ready: {}", s.ToString());
-    }
-  }
-  return daemon;
 }
 
 absl::Status Daemon::StartServing(UniqueFd handed_listener) {

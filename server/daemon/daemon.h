@@ -9,6 +9,7 @@
 #include <chrono>
 #include <memory>
 #include <optional>
+#include <string>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -18,16 +19,16 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "common/pinned_registrar.h"
-#include "server/base/service_manager.h"
 #include "server/base/work_queue.h"
 #include "server/daemon/config.h"
-#include "server/daemon/crash_recovery.h"
 #include "server/daemon/metrics.h"
-#include "server/handover/take_over.h"
 #include "server/objects/catalog.h"
 #include "server/pool/device_memory.h"
 #include "server/pool/device_pool.h"
 #include "server/pool/host_pool.h"
+#include "server/restart/crash_recovery.h"
+#include "server/restart/service_manager.h"
+#include "server/restart/take_over.h"
 #include "server/rpc/attach_server.h"
 #include "server/rpc/stash_core.h"
 #include "server/rpc/stash_service.h"
@@ -63,7 +64,7 @@ class Daemon {
   // cancels the rest, and removes the socket file. Idempotent.
   void Shutdown(std::chrono::milliseconds grace);
 
-  // `pid` is a successor this daemon started (server/daemon/successor.h):
+  // `pid` is a successor this daemon started (server/restart/successor.h):
   // when it takes over, the service manager is told that it is the
   // service's main process now (MAINPID=), and this one exits. Any thread.
   void ExpectSuccessor(pid_t pid) { expected_successor_.store(pid); }
@@ -85,9 +86,49 @@ class Daemon {
     std::vector<UniqueFd> fds;          // per segment; invalid: a fresh one
     std::vector<uint32_t> held_inline;  // scrubbed before they are leased
   };
+  // The state table's geometry for `config`.
+  static TableGeometry GeometryOf(const DaemonConfig& config);
   static absl::Status CreateMemory(const DaemonConfig& config,
                                    std::unique_ptr<DeviceMemory> device_memory, Parts* parts,
                                    AdoptedSegments* adopt = nullptr);
+  // The start modes (daemon_start.cc), chosen by Start. Afresh: a new pool
+  // and, under a service manager (`notifier`), a new state table.
+  static absl::StatusOr<std::unique_ptr<Daemon>> StartFresh(
+      const DaemonConfig& config, std::unique_ptr<DeviceMemory> device_memory,
+      std::unique_ptr<ServiceNotifier> notifier);
+  // After a crash, from the fds the service manager kept (`passed`, not
+  // empty; `notifier` not null). A state that cannot be trusted is logged,
+  // and the start is a fresh one that still serves the kept attach listener.
+  static absl::StatusOr<std::unique_ptr<Daemon>> StartAfterCrash(
+      const DaemonConfig& config, std::unique_ptr<DeviceMemory> device_memory,
+      std::unique_ptr<ServiceNotifier> notifier, std::vector<PassedFd> passed);
+  // Beside the daemon serving there, with what it handed over (`taken`).
+  static absl::StatusOr<std::unique_ptr<Daemon>> StartTakingOver(
+      const DaemonConfig& config, std::unique_ptr<DeviceMemory> device_memory,
+      std::unique_ptr<ServiceNotifier> notifier, TakenOver taken);
+  // The steps they share. Under a service manager: the journal into
+  // `table` (null: a fresh one), with every segment not in
+  // `reused_segments` kept in the store (the table too with `store_table`).
+  // false when the store refused (logged; the daemon goes on without a
+  // journal, GiveUp first with `give_up_on_failure`); an error when no
+  // table could be made.
+  static absl::StatusOr<bool> KeepStateForRestart(const DaemonConfig& config,
+                                                  std::unique_ptr<StateTable> table,
+                                                  std::vector<bool> reused_segments,
+                                                  bool store_table,
+                                                  const std::vector<std::string>& dropped_names,
+                                                  bool give_up_on_failure, Parts* parts);
+  // The spill tier of --spill-dir, if configured.
+  static absl::Status OpenSpillTier(const DaemonConfig& config, Parts* parts);
+  // Where the attach listener comes from: made anew; kept by the service
+  // manager (`listener`, when valid; a new one if it is unusable); handed by
+  // the predecessor (it must be usable). A listener that is not the kept
+  // one goes to the service manager's store when there is a journal.
+  enum class AttachFrom { kNew, kServiceManager, kPredecessor };
+  static absl::Status OpenAttachSocket(const DaemonConfig& config, UniqueFd listener,
+                                       AttachFrom from, Parts* parts);
+  // The last step of every mode: serves, and tells the service manager.
+  absl::Status FinishStart(UniqueFd handed_listener, bool recovered);
   // Wires the parts together; serves nothing yet (Serve does).
   Daemon(const DaemonConfig& config, Parts parts);
   // Starts the metrics endpoint (if configured) and the gRPC server.

@@ -1,4 +1,4 @@
-// Daemon's side of a take-over (server/handover/take_over.h): what the
+// Daemon's side of a take-over (server/restart/take_over.h): what the
 // serving daemon exports and how a successor adopts it. Handed over: the
 // host pool's segments (their memfds, so clients' mappings stay valid), the
 // sessions with their tokens, their host leases, their attach connections,
@@ -24,7 +24,7 @@
 #include "common/protocol.h"
 #include "common/units.h"
 #include "server/daemon/daemon.h"
-#include "server/handover/state_image.h"
+#include "server/restart/state_image.h"
 #include "spdlog/spdlog.h"
 
 namespace actstash::server {

@@ -16,7 +16,7 @@
 #include "common/mutex_mode.h"
 #include "server/daemon/config.h"
 #include "server/daemon/daemon.h"
-#include "server/daemon/successor.h"
+#include "server/restart/successor.h"
 #include "spdlog/sinks/stdout_sinks.h"
 #include "spdlog/spdlog.h"
 

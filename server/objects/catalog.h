@@ -17,10 +17,11 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
 #include "actstash/v1/handover.pb.h"
+#include "common/residence.h"
 #include "server/base/removed_totals.h"
+#include "server/base/state_journal.h"
 #include "server/pool/memory_pool.h"
 #include "server/sessions/session.h"
-#include "server/sessions/state_journal.h"
 
 namespace actstash::server {
 
@@ -109,7 +110,9 @@ class StoredObject {
                                                uint64_t spill_id, SpillTier* tier);
 
  private:
-  enum class Residence { kResident, kSpilling, kSpilled, kRestoring, kLost };
+  // The residence's one move (common/residence.h's table); an edge the
+  // table lacks is a broken invariant.
+  void MoveLocked(ResidenceEvent event) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The state of a resident or spilled object, as a journal or a successor
   // keeps it.
   void FillState(uint64_t handle, v1::ObjectState* out) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

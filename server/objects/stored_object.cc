@@ -1,6 +1,8 @@
 // StoredObject's residence: resident in the pool, being spilled, spilled to
-// the spill tier, being read back, or lost.
+// the spill tier, being read back, or lost; it moves only by the table of
+// common/residence.h (MoveLocked).
 #include "absl/strings/str_cat.h"
+#include "common/check.h"
 #include "common/protocol.h"
 #include "server/objects/catalog.h"
 #include "server/spill/spill_tier.h"
@@ -56,7 +58,7 @@ absl::StatusOr<StoredObject::ReadStart> StoredObject::BeginRead(
       ++readers_;
       return ReadStart::kReady;
     case Residence::kSpilled:
-      residence_ = Residence::kRestoring;
+      MoveLocked(ResidenceEvent::kRestore);
       ++readers_;
       waiters_.push_back(std::move(waiter));
       return ReadStart::kMustRestore;
@@ -90,14 +92,14 @@ void StoredObject::FinishRestore(const absl::Status& status, Allocation memory,
     if (status.ok()) {
       memory_ = std::move(memory);
       reservation_ = std::move(reservation);
-      residence_ = Residence::kResident;
+      MoveLocked(ResidenceEvent::kRestoreDone);
       spill_id_ = 0;  // the spill tier deletes the file
       RecordLocked();
     } else {
       readers_ -= static_cast<uint32_t>(waiters.size());  // their reads end here
       if (status.code() == absl::StatusCode::kDataLoss ||
           status.code() == absl::StatusCode::kNotFound) {
-        residence_ = Residence::kLost;
+        MoveLocked(ResidenceEvent::kSpillGone);
         spill_id_ = 0;
         lost_ = absl::Status(status.code(),
                              absl::StrCat("the object was spilled to disk and cannot be read "
@@ -106,7 +108,7 @@ void StoredObject::FinishRestore(const absl::Status& status, Allocation memory,
         told = lost_;
         if (journal_ != nullptr) journal_->ObjectGone(handle_);
       } else {
-        residence_ = Residence::kSpilled;
+        MoveLocked(ResidenceEvent::kRestoreFailed);
       }
     }
   }
@@ -168,16 +170,22 @@ std::shared_ptr<StoredObject> StoredObject::Spilled(uint64_t session_id, ObjectM
   auto object =
       std::make_shared<StoredObject>(session_id, std::move(meta), Allocation(), QuotaReservation());
   absl::MutexLock lock(&object->mu_);
-  object->residence_ = Residence::kSpilled;
+  object->residence_ = Residence::kSpilled;  // where it starts, not a move
   object->spill_id_ = spill_id;
   object->spill_ = tier;
   return object;
 }
 
+void StoredObject::MoveLocked(ResidenceEvent event) const {
+  const std::optional<Residence> next = NextResidence(residence_, event);
+  ACTSTASH_CHECK(next.has_value(), "an inline object's residence has no such move");
+  residence_ = *next;
+}
+
 bool StoredObject::TryBeginSpill() const {
   absl::MutexLock lock(&mu_);
   if (residence_ != Residence::kResident || readers_ > 0) return false;
-  residence_ = Residence::kSpilling;
+  MoveLocked(ResidenceEvent::kSpill);
   return true;
 }
 
@@ -186,11 +194,11 @@ uint64_t StoredObject::FinishSpill(const absl::StatusOr<uint64_t>& spill_id,
   Allocation memory;  // freed outside mu_
   QuotaReservation reservation;
   absl::MutexLock lock(&mu_);
-  if (!spill_id.ok() || readers_ > 0) {
-    residence_ = Residence::kResident;
+  if (!spill_id.ok() || readers_ > 0) {  // failed, or undone for the readers that came
+    MoveLocked(ResidenceEvent::kSpillFailed);
     return spill_id.ok() ? *spill_id : 0;
   }
-  residence_ = Residence::kSpilled;
+  MoveLocked(ResidenceEvent::kSpillDone);
   spill_id_ = *spill_id;
   spill_ = tier;
   // Recorded spilled before the memory goes back: a restart never finds

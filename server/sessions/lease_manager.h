@@ -15,9 +15,9 @@
 #include "absl/types/span.h"
 #include "common/tiered_id.h"
 #include "server/base/removed_totals.h"
+#include "server/base/state_journal.h"
 #include "server/pool/segment_leaser.h"
 #include "server/sessions/session.h"
-#include "server/sessions/state_journal.h"
 
 namespace actstash::server {
 

@@ -12,8 +12,8 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "server/base/state_journal.h"
 #include "server/sessions/session.h"
-#include "server/sessions/state_journal.h"
 
 namespace actstash::server {
 

@@ -31,9 +31,9 @@
 #include "actstash/v1/stash.pb.h"
 #include "common/unique_fd.h"
 #include "server/base/removed_totals.h"
+#include "server/base/state_journal.h"
 #include "server/sessions/lease_manager.h"
 #include "server/sessions/session.h"
-#include "server/sessions/state_journal.h"
 
 namespace actstash::server {
 

@@ -42,8 +42,8 @@ Arena* Add(BlockTable& table, std::unique_ptr<Arena> arena)
 // Moves a resident block through a spill that the daemon answered: on disk,
 // out of its arena (which gets a fresh empty block).
 void Spill(BlockTable& table, Block* block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(table.mu()) {
-  table.Move(block, BlockEvent::kSpill);
-  table.Move(block, BlockEvent::kSpillDone);
+  table.Move(block, ResidenceEvent::kSpill);
+  table.Move(block, ResidenceEvent::kSpillDone);
   table.Evict(block);
 }
 
@@ -115,7 +115,7 @@ TEST(BlockTableTest, SharedPlacementSkipsDedicatedArenasAndBlocksNotInMemory) {
   ASSERT_TRUE(table.TryPlace(64, &placement));
   EXPECT_EQ(placement.block, shared->block);
   table.AddTicket(placement);
-  table.Move(shared->block, BlockEvent::kSpill);
+  table.Move(shared->block, ResidenceEvent::kSpill);
   EXPECT_FALSE(table.TryPlace(64, &placement));  // only a spilling shared block has room
 }
 
@@ -128,9 +128,9 @@ TEST(BlockTableTest, ASpillAndItsReadBackKeepTheCountersAndTheArenas) {
   const uint64_t ticket = table.AddTicket(placement);
   Block* block = a->block;
 
-  table.Move(block, BlockEvent::kSpill);
+  table.Move(block, ResidenceEvent::kSpill);
   EXPECT_EQ(table.usage().spilled_leases(), 0u);  // not on disk until the daemon says so
-  table.Move(block, BlockEvent::kSpillDone);
+  table.Move(block, ResidenceEvent::kSpillDone);
   block->spill_id = 7;
   table.Evict(block);
   EXPECT_EQ(table.usage().spills(), 1u);
@@ -141,12 +141,12 @@ TEST(BlockTableTest, ASpillAndItsReadBackKeepTheCountersAndTheArenas) {
   EXPECT_TRUE(BlockTable::Empty(*a));  // the lease holds a fresh block
   EXPECT_EQ((*table.Find(ticket))->block, block);
 
-  table.Move(block, BlockEvent::kRestore);
+  table.Move(block, ResidenceEvent::kRestore);
   EXPECT_EQ(table.usage().spilled_leases(), 1u);  // still on disk while read back
   table.Install(block, a);
   EXPECT_EQ(a->block, block);
   EXPECT_EQ(block->arena, a);
-  table.Move(block, BlockEvent::kRestoreDone);
+  table.Move(block, ResidenceEvent::kRestoreDone);
   EXPECT_EQ(table.usage().restores(), 1u);
   EXPECT_EQ(table.usage().restores_ahead(), 0u);
   EXPECT_EQ(table.usage().spilled_leases(), 0u);
@@ -171,18 +171,18 @@ TEST(BlockTableTest, AReadAheadMarkLastsUntilReadOrUntilTheBlockLeavesMemoryUnre
   Arena* a = Add(table, NewArena(1));
   Block* block = a->block;
   Spill(table, block);
-  table.Move(block, BlockEvent::kRestore);
+  table.Move(block, ResidenceEvent::kRestore);
   table.MarkAhead(block);
   table.MarkAhead(block);  // marked once
   EXPECT_EQ(table.ahead(), 1u);
   table.Install(block, a);
-  table.Move(block, BlockEvent::kRestoreDone);
+  table.Move(block, ResidenceEvent::kRestoreDone);
   EXPECT_EQ(table.usage().restores_ahead(), 1u);
   EXPECT_EQ(table.ahead(), 1u);  // read back, not read yet
   // Spilled again unread: the mark goes, or it would hold a read-ahead place
   // forever.
-  table.Move(block, BlockEvent::kSpill);
-  table.Move(block, BlockEvent::kSpillDone);
+  table.Move(block, ResidenceEvent::kSpill);
+  table.Move(block, ResidenceEvent::kSpillDone);
   EXPECT_EQ(table.ahead(), 0u);
   EXPECT_FALSE(block->ahead);
 }
@@ -211,16 +211,16 @@ TEST(BlockTableTest, AReaderWaitingForABlockWakesWhenItsSpillEnds) {
   {
     absl::MutexLock lock(&table.mu());
     block = Add(table, NewArena(1))->block;
-    table.Move(block, BlockEvent::kSpill);
+    table.Move(block, ResidenceEvent::kSpill);
   }
   std::thread spiller([&] {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
     absl::MutexLock lock(&table.mu());
-    table.Move(block, BlockEvent::kSpillFailed);
+    table.Move(block, ResidenceEvent::kSpillFailed);
   });
   {
     absl::MutexLock lock(&table.mu());
-    while (block->state != BlockState::kResident) table.WaitForMove();
+    while (block->state != Residence::kResident) table.WaitForMove();
   }
   spiller.join();
 }
@@ -234,9 +234,9 @@ TEST(BlockTableDeathTest, BrokenInvariantsCrashInsteadOfMiscounting) {
   table.AddTicket(placement);
   Block* block = a->block;
   EXPECT_DEATH(table.Detach(a), "CHECK failed.*not empty");
-  EXPECT_DEATH(table.Move(block, BlockEvent::kSpillDone), "CHECK failed.*resident.*spill done");
+  EXPECT_DEATH(table.Move(block, ResidenceEvent::kSpillDone), "CHECK failed.*resident.*spill done");
   EXPECT_DEATH(table.DeleteBlock(block), "CHECK failed.*arena still holds");
-  table.Move(block, BlockEvent::kSpill);
+  table.Move(block, ResidenceEvent::kSpill);
   EXPECT_DEATH(table.Evict(block); table.DeleteBlock(block), "CHECK failed.*spilling");
   Arena* other = Add(table, NewArena(2));
   EXPECT_DEATH(table.Install(block, other), "CHECK failed.*has an arena");

@@ -22,8 +22,8 @@
 #include "actstash/v1/handover.pb.h"
 #include "common/attach_wire.h"
 #include "common/unix_socket.h"
-#include "server/handover/state_image.h"
-#include "server/handover/take_over.h"
+#include "server/restart/state_image.h"
+#include "server/restart/take_over.h"
 #include "tests/integration/takeover_util.h"
 #include "tests/integration/test_util.h"
 

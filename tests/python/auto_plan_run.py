@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 import actstash
-from actstash._planner import BudgetError
+from actstash._plan._planner import BudgetError
 from actstash_testing.memory import PeakMeter
 from actstash_testing.training import bitwise_equal, cloned_grads
 

@@ -40,9 +40,10 @@ def pytest_configure(config):
 def daemon_binary():
     if not INSTALLED:
         return BUILT_DAEMON
-    from actstash import _daemon
+    import actstash
+    from actstash._connect import _daemon
     path = _daemon.binary("actstashd")
-    assert path and path.startswith(os.path.dirname(_daemon.__file__)), path
+    assert path and path.startswith(os.path.dirname(actstash.__file__)), path
     return path
 
 

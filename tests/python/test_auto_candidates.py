@@ -1,5 +1,5 @@
-"""The automatic plan measures before it commits (actstash._planner.candidates,
-actstash._auto.AutoPlanner's trials), on synthetic costs and synthetic measured
+"""The automatic plan measures before it commits (actstash._plan._planner.candidates,
+actstash._plan._auto.AutoPlanner's trials), on synthetic costs and synthetic measured
 steps: the candidates include the plan the model's safety factor on copies hid
 and the fastest uniform plan that fits; after one measured step each, the fastest
 candidate whose measured peak fits is kept (the solved plan unless another is more
@@ -13,9 +13,10 @@ import types
 import pytest
 import torch
 
-from actstash import _auto
-from actstash._planner import (CHECKPOINT, CHECKPOINT_OFFLOAD, KEEP, OFFLOAD, BlockCost, Machine,
-                               candidates, simulate, solve, without_safety_factor)
+from actstash._plan import _auto
+from actstash._plan._planner import (CHECKPOINT, CHECKPOINT_OFFLOAD, KEEP, OFFLOAD, BlockCost,
+                                     Machine, candidates, simulate, solve,
+                                     without_safety_factor)
 
 MiB = 1 << 20
 N = 4

@@ -1,5 +1,5 @@
 """The automatic plan's correction after a checked step measured more than
-predicted (actstash._auto.AutoPlanner._check), on synthetic costs: the corrected
+predicted (actstash._plan._auto.AutoPlanner._check), on synthetic costs: the corrected
 aim never goes below the smallest reachable peak before the plan of that peak was
 tried, and that plan, measured over the budget, stays with a warning instead of
 refusing the budget."""
@@ -8,8 +8,8 @@ import types
 
 import torch
 
-from actstash import _auto
-from actstash._planner import KEEP, BlockCost, Machine
+from actstash._plan import _auto
+from actstash._plan._planner import KEEP, BlockCost, Machine
 
 MiB = 1 << 20
 

@@ -355,7 +355,7 @@ def test_autocast_state_uses_the_per_device_api_where_torch_has_it(monkeypatch):
     """torch >= 2.4 deprecates the per-kind getters (get_autocast_gpu_dtype, ...) for
     get_autocast_dtype(device_type) and is_autocast_enabled(device_type); this torch
     may have either, so the newer branch runs here against a stand-in of that API."""
-    from actstash import _checkpoint
+    from actstash._hooks import _checkpoint
     calls = []
     monkeypatch.setattr(torch, "get_autocast_dtype",
                         lambda device: calls.append(("dtype", device)) or torch.float16,

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import actstash
-from actstash import _auto
+from actstash._plan import _auto
 from actstash_testing.training import bitwise_equal, cloned_grads
 from conftest import EXAMPLES, PACKAGE_ENV, TESTING_PYTHON, Daemon
 

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 import actstash
-from actstash import _lib
+from actstash._native import lib as _lib
 
 CUDA = torch.cuda.is_available() and _lib.cuda_available()
 needs_gpu = pytest.mark.skipif(not CUDA, reason="needs a CUDA device (torch and actstash)")

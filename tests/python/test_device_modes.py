@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import actstash
-from actstash import _lib
+from actstash._native import lib as _lib
 from actstash_testing.training import assert_bitwise
 from conftest import PACKAGE_ENV, TESTING_PYTHON, EXAMPLES
 from gpt import GPT, loss_fn

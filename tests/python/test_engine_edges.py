@@ -106,7 +106,8 @@ def test_the_fetch_needed_now_is_enqueued_before_prefetches(stash, monkeypatch):
     back enqueues that copy before the prefetches the engine offered with it, or
     backward would wait for copies it needs only later. (The engine offers prefetches
     for CUDA tensors only: the offer is staged here, the calls are the real order.)"""
-    from actstash import _lib, _stash
+    from actstash._hooks import _stash
+    from actstash._native import lib as _lib
     with stash.offload(min_bytes=0):
         saved = stash._pack(torch.randn(64, 1024))
         later = stash._pack(torch.randn(64, 1024))

@@ -17,7 +17,7 @@ def test_every_error_of_the_package_is_a_stash_error():
         assert issubclass(getattr(actstash, name), actstash.StashError), name
     # A budget is an argument the caller can change: still a ValueError.
     assert issubclass(actstash.BudgetError, ValueError)
-    from actstash import _planner
+    from actstash._plan import _planner
     assert _planner.BudgetError is actstash.BudgetError
     with pytest.raises(actstash.StashError):  # what the planner raises is caught as one
         _planner.solve([_planner.BlockCost("b", forward_s=0.01, backward_s=0.02,

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import actstash
-from actstash import _daemon
+from actstash._connect import _daemon
 from conftest import BUILD, INSTALLED, PACKAGE_ENV, ROOT
 
 # What this file tests does not depend on torch's version (conftest.py).
@@ -111,7 +111,7 @@ def test_start_rejects_unknown_modes():
 
 _TRAINER = textwrap.dedent("""
     import os, sys, time, torch, actstash
-    from actstash import _daemon
+    from actstash._connect import _daemon
     stash = actstash.connect(sys.argv[1], start="auto", daemon_args=["--pool-size", "64MiB"])
     x = torch.randn(512, 512, requires_grad=True)
     with stash.offload(min_bytes=0):
@@ -235,7 +235,7 @@ def test_the_wheel_serves_other_pythons_without_torch(version, wheel, tmp_path):
     subprocess.run([python, "-m", "pip", "install", "-q", "--no-index", "--no-deps",
                     "--root-user-action=ignore", str(wheel)], check=True, timeout=120)
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "ACTSTASH_DAEMON")}
-    probe = ("import actstash, actstash._lib as lib; "
+    probe = ("import actstash, actstash._native.lib as lib; "
              "assert lib._c.actstash_c_api_version() >= 1; "
              "print(actstash.StashUnavailable.__mro__[1].__name__)")
     out = subprocess.run([python, "-c", probe], capture_output=True, text=True, env=env,

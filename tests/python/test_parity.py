@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import actstash
-from actstash import _lib
+from actstash._native import lib as _lib
 from gpt import GPT, Block, loss_fn
 from conftest import ROOT
 from test_offload import Weird

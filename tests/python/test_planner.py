@@ -1,4 +1,4 @@
-"""The automatic plan's model and solver (actstash._planner) on synthetic cost
+"""The automatic plan's model and solver (actstash._plan._planner) on synthetic cost
 tables with known optima: offload that hides behind later compute costs only its
 hook time, offload that cannot hide costs its excess, the solver's plan is the
 optimum of exhaustive enumeration, the budget and the quota are honored, and an
@@ -8,9 +8,9 @@ import random
 
 import pytest
 
-from actstash import _planner as planner
-from actstash._planner import (CHECKPOINT, CHECKPOINT_OFFLOAD, KEEP, OFFLOAD, BlockCost,
-                               BudgetError, Machine, simulate, solve)
+from actstash._plan import _planner as planner
+from actstash._plan._planner import (CHECKPOINT, CHECKPOINT_OFFLOAD, KEEP, OFFLOAD, BlockCost,
+                                     BudgetError, Machine, simulate, solve)
 
 MiB = 1 << 20
 

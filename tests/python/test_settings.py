@@ -15,7 +15,9 @@ import pytest
 import torch
 
 import actstash
-from actstash import _daemon, _lib, _stash
+from actstash._connect import _daemon
+from actstash._hooks import _stash
+from actstash._native import lib as _lib
 from actstash_testing.daemon import DaemonError
 from conftest import Daemon, ROOT
 

@@ -15,8 +15,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/address.h"
-#include "server/daemon/successor.h"
 #include "server/pool/memory_limits.h"
+#include "server/restart/successor.h"
 
 namespace actstash::server {
 namespace {
@@ -161,7 +161,7 @@ TEST_F(ConfigTest, FlagsAcceptEqualsForm) {
   EXPECT_EQ(parsed.command_line.config.max_sessions, 3u);
 }
 
-// A successor started on SIGUSR2 (server/daemon/successor.h) gets the
+// A successor started on SIGUSR2 (server/restart/successor.h) gets the
 // daemon's own arguments with --take-over, whatever the daemon's said, and
 // they parse, the TOML file's take_over overridden.
 TEST_F(ConfigTest, ASuccessorsArgumentsTakeOver) {

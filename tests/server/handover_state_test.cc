@@ -11,8 +11,8 @@
 #include <cstring>
 #include <string>
 
-#include "server/handover/state_image.h"
 #include "server/pool/host_pool.h"
+#include "server/restart/state_image.h"
 #include "server/sessions/lease_manager.h"
 #include "server/sessions/session_manager.h"
 

@@ -1,9 +1,9 @@
-// The state table a restart after a crash reads (server/handover/
+// The state table a restart after a crash reads (server/restart/
 // state_table.h), driven through the managers that write it: what a killed
 // daemon recorded comes back, a slot written halfway reads as free, damage
 // and other configurations are refused, and the service manager's
-// protocols (server/base/service_manager.h) carry names and fds.
-#include "server/handover/state_table.h"
+// protocols (server/restart/service_manager.h) carry names and fds.
+#include "server/restart/state_table.h"
 
 #include <fcntl.h>
 #include <gmock/gmock.h>
@@ -21,8 +21,8 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
-#include "server/base/service_manager.h"
 #include "server/pool/host_pool.h"
+#include "server/restart/service_manager.h"
 #include "server/sessions/lease_manager.h"
 #include "server/sessions/session_manager.h"
 #include "testing/fd_store.h"

@@ -18,36 +18,42 @@ torch is imported on first use of what needs it (connect, Stash, checkpoint,
 wrap, unwrap), so `import actstash` and the `actstash`/`actstashd` commands
 work without it.
 """
-import importlib
-
 from actstash._errors import (BudgetError, StashError, StashFull, StashNotFound,
                               StashUnavailable)
 
-_LAZY = {"Stash": "_stash", "connect": "_stash",
-         "checkpoint": "_checkpoint", "unwrap": "_wrap", "use_for_gradient_checkpointing": "_wrap",
-         "wrap": "_wrap"}
+# The names of the parts, imported on first use (they import torch): _hooks (the
+# saved-tensor hooks and the checkpoint), _connect (the session, a private daemon),
+# _plan (wrap and the automatic plan), optim (the optimizers). _native is the C
+# library beneath them.
+_LAZY = ("Stash", "checkpoint", "connect", "unwrap", "use_for_gradient_checkpointing", "wrap")
 
 
 def client_defaults():
     """Every setting of the native client by its name, with its default: what
     `connect(**client_options)` accepts beyond its own arguments. A new dict each call."""
-    from actstash import _lib
-    return dict(_lib.CLIENT_DEFAULTS)
+    from actstash._native import lib
+    return dict(lib.CLIENT_DEFAULTS)
 
 
 def __getattr__(name):
-    if name == "optim":  # a submodule, imported on first use (it imports torch)
-        return importlib.import_module("actstash.optim")
-    module = _LAZY.get(name)
-    if module is None:
+    if name == "optim":  # a submodule (not `from actstash import`: that asks here again)
+        import actstash.optim
+        return actstash.optim
+    if name in ("Stash", "checkpoint"):
+        from actstash import _hooks as part
+    elif name == "connect":
+        from actstash import _connect as part
+    elif name in ("unwrap", "use_for_gradient_checkpointing", "wrap"):
+        from actstash import _plan as part
+    else:
         raise AttributeError(f"module 'actstash' has no attribute {name!r}")
-    value = getattr(importlib.import_module("actstash." + module), name)
+    value = getattr(part, name)
     globals()[name] = value
     return value
 
 
 def __dir__():
-    return sorted(list(globals()) + list(_LAZY) + ["optim"])
+    return sorted(set(globals()) | set(_LAZY) | {"optim"})
 
 
 __all__ = [

@@ -3,7 +3,7 @@ native executables that ship inside it (see actstash._daemon.binary)."""
 import os
 import sys
 
-from actstash._daemon import binary
+from actstash._connect import binary
 
 
 def _run(name):

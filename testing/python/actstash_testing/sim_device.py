@@ -1,5 +1,5 @@
 """A simulated device for OffloadAdamW's device path on a machine without a GPU:
-the same methods as actstash._device_copies.CudaCopies, on CPU tensors.
+the same methods as actstash._hooks._device_copies.CudaCopies, on CPU tensors.
 
 The trainer's own stream is the calling thread (its kernels run as it calls
 them, so recording an event on it is immediate and making it wait blocks the

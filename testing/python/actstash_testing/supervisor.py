@@ -1,7 +1,7 @@
 """Supervisor: a small service manager speaking systemd's protocols, for tests
 of actstashd's restart after a crash where systemd does not run.
 
-It implements what actstashd uses of systemd (see server/base/service_manager.h):
+It implements what actstashd uses of systemd (see server/restart/service_manager.h):
 the notify socket ($NOTIFY_SOCKET; READY=1, FDSTORE=1 with FDNAME=,
 FDSTOREREMOVE=1, MAINPID= and BARRIER=1, accepted from any process as with
 NotifyAccess=all), the file-descriptor store (fds kept across restarts; one

@@ -1,0 +1,119 @@
+"""connect(): a session with the node's actstashd (or a private one this process
+starts, _daemon.py), wrapped in a Stash."""
+import os
+import warnings
+
+from actstash._errors import StashUnavailable
+from actstash._hooks import Stash, current_cuda_device
+from actstash._native import lib as _lib
+from actstash._connect import _daemon
+
+# Added to the native message, which already says how to start a node daemon.
+_PRIVATE_DAEMON_HINT = ("Or let this process start a private one: "
+                        "actstash.connect(start=\"auto\").")
+_START_MODES = ("never", "auto", "always")
+
+
+def connect(address=None, quota=None, on_unavailable="raise", *, start="never", daemon_args=(),
+            name=None, attach="auto", timeout=30.0, connect_timeout=5.0, prefetch=2,
+            copy_delay_us=0, seed=0, pin="auto", cuda=True, device_pool=None, downcast=None,
+            cpu_views=True, max_in_flight_bytes=None, **client_options):
+    """Opens a session with actstashd and returns a Stash.
+
+    address: socket path, unix:///path or host:port; default ACTSTASH_ADDRESS, else the
+      daemon's default socket. quota: bytes this trainer may hold (default: the daemon's).
+    start: "never" (default: the node's daemon must be running), "auto" (when no daemon
+      answers at address, start a private actstashd from the package) or "always" (a
+      private one regardless). A private daemon serves only this process, on a socket in a
+      private temporary directory, and exits with it; it is started once per process and
+      shared by its sessions. daemon_args: extra actstashd flags for it, e.g.
+      ["--pool-size", "8GiB"] (default pool: 25% of memory, at most 32 GiB). Several
+      trainers on one node (DDP ranks) should share a node daemon instead: one pool and
+      one budget for all of them.
+    on_unavailable: "raise" (StashUnavailable, within connect_timeout) or "keep" (warn,
+      and keep tensors in-process: training goes on without offload).
+    copy_delay_us: test knob; every store of a CPU tensor then goes through the copy engine
+      (none is copied on the packing thread), and each copy first sleeps up to this long.
+    pin: register leased memory with CUDA ("auto": when a GPU is present, falling back to
+      unpinned memory with a warning; "on": required; "off").
+    cuda: offload CUDA tensors (on a CUDA build with a device, when attached); False keeps
+      them on the GPU.
+    device_pool: a GPU ordinal of the daemon's device pool (actstashd --device-pool GPU:SIZE):
+      CUDA tensors then go to that GPU's memory (peer to peer) instead of pinned host memory.
+      Importing the pool maps all of it: for trainers that trust each other (same user).
+    downcast: None (default: bytes come back exactly) or "bf16": dense fp32 activations are
+      stored as bfloat16 (round to nearest even; NaN/Inf kept) and restored as fp32 — half
+      the bytes, LOSSY: gradients then differ from plain autograd. Needs the zero-copy path.
+    cpu_views: backward reads offloaded CPU tensors of 32 KiB and more in place in the
+      daemon's shared memory (no copy back; smaller ones are copied back); False copies
+      them all into fresh tensors.
+    prefetch: how many CUDA tensors backward fetches ahead (in reverse save order).
+    max_in_flight_bytes: a saved tensor's memory is held until its copy to the daemon is
+      done; when the copies lag (a GPU faster than PCIe), forward waits (GIL released) for
+      the oldest ones once this many bytes are in flight, so that memory is really given
+      back. stats(): in_flight_bytes, peak_in_flight_bytes, in_flight_waits. 0: no bound;
+      None: the engine's default (1 GiB). A size string ("512MiB") is read like the daemon's.
+    client_options: any other setting of the native client by its name (the keys of
+      actstash.client_defaults() that the arguments above do not cover), e.g.
+      spill=False, restore_ahead=4, pool_wait_ms=0, lease_retain_ms=0, lease_batch=8,
+      tls_root_certs=PEM. Sizes take bytes or a size string, durations milliseconds. An
+      unknown name or a bad value is a ValueError naming it.
+    """
+    if downcast not in (None, "bf16"):
+        raise ValueError("downcast must be None or 'bf16'")
+    if on_unavailable not in ("raise", "keep"):
+        raise ValueError("on_unavailable must be 'raise' or 'keep'")
+    if start not in _START_MODES:
+        raise ValueError(f"start must be one of {', '.join(_START_MODES)}")
+    address = address or os.environ.get("ACTSTASH_ADDRESS", "")
+
+    for covered in ("client_name", "quota_bytes", "rpc_timeout_ms", "connect_timeout_ms",
+                    "pin_leases", "cuda_device"):
+        if covered in client_options:
+            raise TypeError(f"connect(): {covered} is set through its own argument "
+                            "(name, quota, timeout, connect_timeout, pin, device_pool)")
+
+    def open_client(at):
+        return _lib.Client(address=at, quota_bytes=_lib.parse_size(quota or 0, what="quota"),
+                           client_name=name or f"torch-{os.getpid()}", attach=attach,
+                           rpc_timeout_ms=int(timeout * 1000),
+                           connect_timeout_ms=int(connect_timeout * 1000), pin_leases=pin,
+                           cuda_device=current_cuda_device() if device_pool is not None else 0,
+                           **client_options)
+
+    try:
+        if start == "always":
+            client = open_client(_start_private(daemon_args))
+        else:
+            try:
+                client = open_client(address)
+            except StashUnavailable:
+                if start != "auto":
+                    raise
+                client = open_client(_start_private(daemon_args))
+    except StashUnavailable as error:
+        if on_unavailable == "raise":
+            hint = "" if start != "never" else " " + _PRIVATE_DAEMON_HINT
+            raise StashUnavailable(f"{error}{hint}") from None
+        warnings.warn(f"actstash: daemon unavailable ({error}); keeping tensors in-process",
+                      RuntimeWarning, stacklevel=2)
+        client = None
+    if client is not None and device_pool is not None:
+        pools = [p["device"] for p in client.device_pools()]
+        if device_pool not in pools:
+            client.close()
+            raise ValueError(f"the daemon has no device pool on GPU {device_pool} (pools: "
+                             f"{pools or 'none; start actstashd with --device-pool GPU:SIZE '}"
+                             f"{'' if pools else '--allow-uid UID'})")
+    return Stash(client, on_unavailable=on_unavailable, prefetch=prefetch, cuda=cuda,
+                 device_pool=device_pool, downcast=downcast, copy_delay_us=copy_delay_us,
+                 seed=seed, cpu_views=cpu_views, max_in_flight_bytes=max_in_flight_bytes)
+
+
+def _start_private(daemon_args):
+    world = int(os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("WORLD_SIZE") or 1)
+    if world > 1:
+        warnings.warn("actstash: each rank starts its own private actstashd (start=...), each "
+                      "with its own pool; run one node daemon for all ranks to share one pool "
+                      "and budget", RuntimeWarning, stacklevel=3)
+    return _daemon.private_daemon(daemon_args).address
