@@ -43,7 +43,10 @@ def test_a_with_block_closes_the_stash(fresh_daemon):
         with stash.offload(min_bytes=0):
             y = (x * x).sum()
         y.backward()
-        assert stash.stats()["tensors_offloaded"] > 0  # it really went to the daemon
+        stats = stash.stats()
+        assert stats["tensors_offloaded"] > 0  # it really went to the daemon
+        assert stats["daemon_pid"] == fresh_daemon.proc.pid  # and which daemon that is
+        assert stats["daemon_version"] == stash.client.stats()["daemon_version"] != ""
     assert pool_stats(fresh_daemon.socket)["sessions"] == before
     assert torch.equal(x.grad, 2 * x.detach())
 

@@ -300,6 +300,9 @@ class Stash:
         if self._client is not None and self.available:
             try:
                 daemon = self._client.stats()
+                # Which daemon serves this session (a node's, or one this process started).
+                out["daemon_pid"] = daemon["daemon_pid"]
+                out["daemon_version"] = daemon["daemon_version"]
                 out["leased_bytes"] = daemon["self"]["leased_bytes"]
                 out["leases"] = daemon["self"]["leases"]
                 out["attached"] = daemon["self"]["attached"]
