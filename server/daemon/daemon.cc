@@ -21,7 +21,6 @@
 #include "common/protocol.h"
 #include "common/units.h"
 #include "server/base/socket_path.h"
-#include "server/daemon/cuda_probe.h"
 #include "server/pool/host_pool.h"
 #include "server/pool/numa_topology.h"
 #include "server/rpc/calls_in_flight.h"

@@ -118,7 +118,7 @@ void StoredObject::FinishRestore(const absl::Status& status, Allocation memory,
 absl::StatusOr<bool> StoredObject::ExportState(uint64_t handle, v1::ObjectState* out) const {
   absl::MutexLock lock(&mu_);
   if (residence_ == Residence::kLost) return false;
-  if (residence_ != Residence::kResident && residence_ != Residence::kSpilled) {
+  if (InFlight(residence_)) {
     return absl::UnavailableError(
         absl::StrCat("object ", handle, " is being spilled or read back; retry"));
   }

@@ -5,23 +5,16 @@ inside (its pack and unpack, its inline threshold, the planner it reports) is
 reached through the functions below, never through its private attributes."""
 from actstash._hooks._checkpoint import checkpoint, compiling, without_caches
 from actstash._hooks._device_copies import CudaCopies
-from actstash._hooks._stash import (Stash, _aliases_parameter, _current_cuda_device,
-                                    _kept_layout, _storage, _storage_address, _storage_ref)
+from actstash._hooks._stash import (Stash, aliases_parameter, current_cuda_device, kept_layout,
+                                    storage, storage_address, storage_ref)
 
+# aliases_parameter .. storage_ref: what a tensor aliases and how it is laid out, as the
+# hooks judge it (a plan's measurement must count storages the way the hooks store them).
 __all__ = [
     "CudaCopies", "Stash", "aliases_parameter", "checkpoint", "compiling", "copied_inline",
     "current_cuda_device", "inline_bytes", "kept_layout", "pack", "planner_of", "set_planner",
     "storage", "storage_address", "storage_ref", "unpack", "without_caches",
 ]
-
-# What a tensor aliases and how it is laid out, as the hooks judge it (a plan's
-# measurement must count storages the way the hooks store them).
-aliases_parameter = _aliases_parameter
-current_cuda_device = _current_cuda_device
-kept_layout = _kept_layout
-storage = _storage
-storage_address = _storage_address
-storage_ref = _storage_ref
 
 
 def pack(stash, tensor, min_bytes=None, boundary=False):

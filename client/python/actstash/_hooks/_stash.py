@@ -40,33 +40,33 @@ _SOURCE, _VIEW, _DESTINATION, _PREFETCHED, _COPIED = (
 _UNKNOWN_VERSION = (1 << 64) - 1
 
 
-def _current_cuda_device():
+def current_cuda_device():
     return torch.cuda.current_device() if torch.cuda.is_available() else 0
 
 
-def _storage_address(t):
+def storage_address(t):
     """Where t's storage begins: identifies what t aliases without holding it."""
     return t.data_ptr() - t.storage_offset() * t.element_size()
 
 
-def _storage(t):
+def storage(t):
     return t.untyped_storage() if hasattr(t, "untyped_storage") else t.storage()
 
 
-def _storage_ref(t):
+def storage_ref(t):
     """A weak reference to t's storage (not to the tensor object, which may be a
     temporary alias such as w.t() or w.detach())."""
-    return StorageWeakRef(_storage(t))
+    return StorageWeakRef(storage(t))
 
 
-def _aliases_parameter(t):
+def aliases_parameter(t):
     """A parameter (its module holds it anyway), or a view of one (e.g. weight.t()).
     A leaf that requires grad but is no nn.Parameter is an activation (a pipeline
     stage's received input, a trainer's input): it is offloaded like any other."""
     return isinstance(t, torch.nn.Parameter) or isinstance(t._base, torch.nn.Parameter)
 
 
-def _kept_layout(t):
+def kept_layout(t):
     """A tensor whose bytes do not say what it is, kept where it is (as the libtorch
     adapter keeps it): not strided, more dimensions than the engine gathers, a lazy
     conjugate or negative bit (its bytes are its base's), quantized, nested, or
@@ -186,7 +186,7 @@ class Stash:
         handle = ctypes.c_void_p()
         settings = {"cpu_views": bool(cpu_views), "prefetch": int(prefetch), "cuda": bool(cuda),
                     "device_pool": -1 if device_pool is None else int(device_pool),
-                    "pool_importer": _current_cuda_device() if device_pool is not None else -1,
+                    "pool_importer": current_cuda_device() if device_pool is not None else -1,
                     "downcast_bf16": downcast == "bf16",
                     "on_failure": "raise" if on_unavailable == "raise" else "keep",
                     "copy_delay_us": int(copy_delay_us), "seed": int(seed)}
@@ -261,7 +261,7 @@ class Stash:
             tensors = (list(item.parameters()) + list(item.buffers())
                        if isinstance(item, torch.nn.Module) else [item])
             for t in tensors:
-                self._keep[_storage_address(t)] = _storage_ref(t)
+                self._keep[storage_address(t)] = storage_ref(t)
         self._prune_keep()
 
     def _prune_keep(self):
@@ -269,7 +269,7 @@ class Stash:
             del self._keep[address]
 
     def _kept(self, t):
-        address = _storage_address(t)
+        address = storage_address(t)
         ref = self._keep.get(address)
         if ref is None:
             return False
@@ -378,11 +378,11 @@ class Stash:
 
     def _keep_flag(self, t):
         """Why t must stay where it is, as engine flags (0: the engine decides)."""
-        if _kept_layout(t):
+        if kept_layout(t):
             return _KEEP_LAYOUT
         if t.device.type not in ("cpu", "cuda"):
             return _KEEP_DEVICE  # meta, xpu, mps, ...: no engine copies those
-        if _aliases_parameter(t):
+        if aliases_parameter(t):
             return _KEEP_PARAMETER
         if self._keep and self._kept(t):
             return _KEEP_LISTED
