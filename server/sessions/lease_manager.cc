@@ -30,6 +30,11 @@ absl::Status LeaseManager::Scrub(const Lease& lease) {
   view.count = lease.segments();
   if (absl::Status renewed = pool_.RenewSegments(view); !renewed.ok()) return renewed;
   if (journal_ != nullptr) journal_->LeasedSegmentsRenewed(view.first_segment, view.count);
+  // Recorded now that the journal keeps its fresh memory (Grant left it out),
+  // unless it was given back meanwhile (TakeLocked journals that under mu_).
+  absl::MutexLock lock(&mu_);
+  auto it = leases_.find(lease.id());
+  if (it != leases_.end() && it->second.get() == &lease) Record(lease);
   return absl::OkStatus();
 }
 
@@ -103,7 +108,10 @@ absl::StatusOr<std::vector<std::shared_ptr<Lease>>> LeaseManager::Grant(
         std::make_shared<Lease>(next_id_++, session, std::move(run), std::move(reservation), this);
     leases_.emplace(lease->id(), lease);
     leased_bytes_ += lease->bytes();
-    Record(*lease);
+    // One that needs scrubbing is recorded by Scrub, once the journal keeps
+    // its fresh memfds: recorded before, a crash between the two would leave
+    // the table a lease whose segments' kept memfds are gone or stale.
+    if (!lease->needs_scrub()) Record(*lease);
     granted.push_back(std::move(lease));
   }
   granted_total_ += granted.size();

@@ -87,7 +87,9 @@ class LeaseManager {
   // Grants `count` leases of `segments_per_lease` contiguous segments each,
   // all or none: RESOURCE_EXHAUSTED (quota or pool, with the numbers),
   // FAILED_PRECONDITION when the session is closed. The grants still need
-  // scrubbing (needs_scrub) before their fds leave the daemon. `numa_node`
+  // scrubbing (needs_scrub) before their fds leave the daemon; the journal
+  // records each grant here, or for one that needs scrubbing, in Scrub.
+  // `numa_node`
   // (-1: none) is the node the session copies from: a pool split per node
   // grants from that node's part first; a grant bound to another node is
   // counted in the session's leases_off_node.
@@ -96,9 +98,10 @@ class LeaseManager {
                                                             uint32_t segments_per_lease,
                                                             int numa_node = -1);
   // Gives a granted lease that needs_scrub fresh memory (RenewSegments of
-  // its run) before its fds leave the daemon, and records the new memfds
-  // in the journal. The pool's error when the renewal fails.
-  absl::Status Scrub(const Lease& lease);
+  // its run) before its fds leave the daemon, and records the new memfds,
+  // then the lease (if still granted), in the journal. The pool's error when
+  // the renewal fails (the lease is then not recorded).
+  absl::Status Scrub(const Lease& lease) ABSL_LOCKS_EXCLUDED(mu_);
   // Takes leases back, all or none: NOT_FOUND for one that is not the
   // session's, INVALID_ARGUMENT for a repeat.
   absl::StatusOr<RemovedTotals> Return(uint64_t session_id, absl::Span<const uint64_t> ids);
