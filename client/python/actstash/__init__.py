@@ -21,12 +21,6 @@ work without it.
 from actstash._errors import (BudgetError, StashError, StashFull, StashNotFound,
                               StashUnavailable)
 
-# The names of the parts, imported on first use (they import torch): _hooks (the
-# saved-tensor hooks and the checkpoint), _connect (the session, a private daemon),
-# _plan (wrap and the automatic plan), optim (the optimizers). _native is the C
-# library beneath them.
-_LAZY = ("Stash", "checkpoint", "connect", "unwrap", "use_for_gradient_checkpointing", "wrap")
-
 
 def client_defaults():
     """Every setting of the native client by its name, with its default: what
@@ -35,6 +29,10 @@ def client_defaults():
     return dict(lib.CLIENT_DEFAULTS)
 
 
+# The names of the parts are imported on first use (they import torch): _hooks (the
+# saved-tensor hooks and the checkpoint), _connect (the session, a private daemon),
+# _plan (wrap and the automatic plan), optim (the optimizers). _native is the C
+# library beneath them.
 def __getattr__(name):
     if name == "optim":  # a submodule (not `from actstash import`: that asks here again)
         import actstash.optim
@@ -53,7 +51,7 @@ def __getattr__(name):
 
 
 def __dir__():
-    return sorted(set(globals()) | set(_LAZY) | {"optim"})
+    return sorted(set(globals()) | set(__all__) | {"optim"})
 
 
 __all__ = [
