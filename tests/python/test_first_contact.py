@@ -1,6 +1,7 @@
 """What a new user meets first: one exception hierarchy under StashError, the
-client's settings through a public call, and a Stash and an OffloadAdamW that a
-`with` block closes (the daemon sees the session end and the pool given back)."""
+client's settings through a public call, a Stash and an OffloadAdamW that a `with`
+block closes (the daemon sees the session end and the pool given back), and a plan
+that answers before the first step."""
 import copy
 
 import pytest
@@ -72,3 +73,26 @@ def test_a_with_block_closes_the_optimizer_and_it_goes_on_bitwise(fresh_daemon):
             o.step()
     for a, b in zip(plain.parameters(), model.parameters()):
         assert torch.equal(a, b)
+
+
+def test_plan_answers_before_the_first_step(fresh_daemon):
+    """Right after wrap(policy="auto"), plan() says what the first step will do (the
+    README prints it there), and after that step it is the plan itself."""
+    torch.manual_seed(0)
+    model = GPT(vocab=64, dim=32, heads=2, layers=3, context=16, dropout=0.0)
+    idx = torch.randint(0, 64, (2, 17), generator=torch.Generator().manual_seed(1))
+    with actstash.connect(fresh_daemon.socket) as stash:
+        assert stash.plan() is None  # nothing wrapped: no plan at all
+        actstash.wrap(model, stash, policy="auto", budget="1GiB", min_bytes=0)
+        pending = stash.plan()
+        assert pending.pending and pending.choices is None and not pending.settled
+        assert "profiles the 3 blocks" in str(pending) and "1.0 GiB" in str(pending)
+        actstash.unwrap(model)
+        actstash.wrap(model, stash, policy="auto", budget=0.5, min_bytes=0)
+        assert "a fraction 0.5 of the free memory" in str(stash.plan())
+        loss_fn(model, idx).backward()
+        stash.synchronize()
+        after = stash.plan()
+        assert after.pending is None and len(after.costs) == 3
+        assert "pending" not in str(after)
+        actstash.unwrap(model)

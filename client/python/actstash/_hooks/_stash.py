@@ -234,7 +234,8 @@ class Stash:
     def plan(self):
         """The automatic plan (wrap(..., policy="auto")) of the latest input shape: a
         report whose str() is a table (block, bytes, choice, predicted and measured time
-        and memory). None before the first step, or without policy="auto"."""
+        and memory). Before the first step, a pending report (its `pending` says what the
+        first step does; its numbers are None). None without policy="auto"."""
         return self._planner.report() if self._planner is not None else None
 
     def copy_share(self, probe_store_bps=0.0, probe_fetch_bps=0.0):

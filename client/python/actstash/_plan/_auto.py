@@ -517,8 +517,15 @@ class AutoPlanner:
             except BudgetError:
                 pass  # in the report, and raised at the next step
         entry = self.current
-        if entry is None:
-            return None
+        if entry is None:  # no step yet: what the first one does
+            spec = self.budget_spec
+            budget = (f"a fraction {spec:g} of the free memory, read at that step"
+                      if isinstance(spec, float) else _planner.format_bytes(
+                          _resolve_budget(spec, self.memory_limit, torch.device("cpu"))))
+            return PlanReport(_Entry(()), self.names, pending=(
+                f"no step has run yet; the first one profiles the {len(self.blocks)} blocks "
+                f"(their time, saved bytes and memory), then a plan is chosen for the "
+                f"budget of {budget}"))
         return PlanReport(entry, self.names)
 
 
@@ -526,7 +533,10 @@ class PlanReport:
     """The plan of the latest input shape, as stash.plan() returns it: str() is a
     table; the attributes are the numbers."""
 
-    def __init__(self, entry, names):
+    def __init__(self, entry, names, pending=None):
+        # Before the first step: why there is no plan yet, and what happens next
+        # (every number below is None then). None once a step ran.
+        self.pending = pending
         self.key = entry.key
         self.budget = entry.budget
         self.error = entry.error
@@ -573,6 +583,8 @@ class PlanReport:
 
     def __str__(self):
         mib = _planner.format_bytes
+        if self.pending:
+            return f"actstash plan: pending: {self.pending}"
         if self._plan is None:
             state = f"no plan: {self.error}" if self.error else "profiling (no plan yet)"
             return f"actstash plan for inputs {_describe_key(self.key)}: {state}"
