@@ -14,7 +14,8 @@ from gpt import GPT, loss_fn
 
 
 def test_every_error_of_the_package_is_a_stash_error():
-    for name in ("StashUnavailable", "StashFull", "StashNotFound", "BudgetError"):
+    for name in ("StashUnavailable", "StashFull", "StashNotFound", "StashInvalidArgument",
+                 "BudgetError"):
         assert issubclass(getattr(actstash, name), actstash.StashError), name
     # A budget is an argument the caller can change: still a ValueError.
     assert issubclass(actstash.BudgetError, ValueError)
@@ -24,6 +25,17 @@ def test_every_error_of_the_package_is_a_stash_error():
         _planner.solve([_planner.BlockCost("b", forward_s=0.01, backward_s=0.02,
                                            saved_bytes=1 << 20, input_bytes=1 << 20)],
                        _planner.Machine(store_bps=1e9, fetch_bps=1e9), budget=1)
+
+
+def test_a_value_the_daemon_side_refuses_is_a_stash_error_and_a_value_error(fresh_daemon):
+    """INVALID_ARGUMENT from the native library (an unknown setting, a bad size) raises
+    StashInvalidArgument: caught as a StashError and, like Python's checks, a ValueError."""
+    for bad in ({"no_such_setting": 1}, {"lease_batch": "lots"}):
+        with pytest.raises(actstash.StashInvalidArgument) as raised:
+            actstash.connect(fresh_daemon.socket, **bad)
+        assert isinstance(raised.value, actstash.StashError)
+        assert isinstance(raised.value, ValueError)
+        assert next(iter(bad)) in str(raised.value)
 
 
 def test_client_defaults_are_public_and_a_copy():

@@ -18,8 +18,8 @@ torch is imported on first use of what needs it (connect, Stash, checkpoint,
 wrap, unwrap), so `import actstash` and the `actstash`/`actstashd` commands
 work without it.
 """
-from actstash._errors import (BudgetError, StashError, StashFull, StashNotFound,
-                              StashUnavailable)
+from actstash._errors import (BudgetError, StashError, StashFull, StashInvalidArgument,
+                              StashNotFound, StashUnavailable)
 
 
 def client_defaults():
@@ -55,7 +55,8 @@ def __dir__():
 
 
 __all__ = [
-    "BudgetError", "Stash", "StashError", "StashFull", "StashNotFound", "StashUnavailable",
+    "BudgetError", "Stash", "StashError", "StashFull", "StashInvalidArgument", "StashNotFound",
+    "StashUnavailable",
     "checkpoint", "client_defaults",
     "connect", "unwrap", "use_for_gradient_checkpointing", "wrap",
 ]

@@ -18,6 +18,11 @@ class StashNotFound(StashError):
     """An unknown or released handle."""
 
 
+class StashInvalidArgument(StashError, ValueError):
+    """A value the caller passed was refused (INVALID_ARGUMENT: an unknown setting, a bad
+    size). Also a ValueError, as Python's own checks of arguments raise."""
+
+
 class BudgetError(StashError, ValueError):
     """No plan keeps the step's peak memory within the budget (or the daemon's quota).
     Also a ValueError: the budget is an argument the caller can change."""

@@ -10,8 +10,8 @@ import ctypes
 import json
 import os
 
-from actstash._errors import (StashError, StashFull, StashNotFound,  # noqa: F401
-                              StashUnavailable)
+from actstash._errors import (StashError, StashFull, StashInvalidArgument,  # noqa: F401
+                              StashNotFound, StashUnavailable)
 
 # The package's folder (this module is in a subpackage of it).
 _HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -134,14 +134,14 @@ def raise_for(code, context=""):
     if code == _NOT_FOUND:
         raise StashNotFound(message)
     if code == _INVALID_ARGUMENT:
-        raise ValueError(message)
+        raise StashInvalidArgument(message)
     raise StashError(message)
 
 
 def error_for(code):
     try:
         raise_for(code)
-    except (StashError, ValueError) as error:
+    except StashError as error:
         return error
     return None
 
