@@ -18,6 +18,7 @@
 #include "client/capi/json_writer.h"
 #include "client/capi/message_json.h"
 #include "client/capi/options_json.h"
+#include "common/address.h"
 #include "common/units.h"
 #include "kernels/adamw.h"
 
@@ -77,6 +78,8 @@ char* actstash_describe_json(void) {
   w.Begin();
   w.Field("c_api_version", uint64_t{ACTSTASH_C_API_VERSION});
   w.Field("default_min_bytes", uint64_t{actstash::kDefaultMinBytes});
+  // Where a client without an address looks for the node's daemon.
+  w.Field("default_socket", actstash::DefaultSocketPath());
   w.Key("pack_flags");
   w.Begin();
   w.Field("element_size_mask", uint64_t{ACTSTASH_ELEMENT_SIZE_MASK});

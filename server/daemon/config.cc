@@ -106,6 +106,10 @@ constexpr Setting kSettings[] = {
      "of the pool bound to each node; a session leases from its GPU's or CPU's node "
      "first), interleave (over every node), a node number, or off (the kernel's default); "
      "default auto"},
+    {"exit_when_unused_seconds",
+     "Shut down (as on SIGTERM) once no session has been open for this many seconds, "
+     "counted from the start too: the node's shared daemon that actstash.connect() starts "
+     "when none serves, which lives while any trainer uses it; 0 never (default 0)"},
     {"exit_with_parent",
      "Shut down (as on SIGTERM) when the process that started the daemon exits, for a "
      "private daemon that lives as long as its trainer (true/false; the flag alone means "
@@ -332,6 +336,10 @@ absl::StatusOr<DaemonConfig> Resolve(const std::map<std::string, std::string>& v
     return s;
   }
   if (absl::Status s = seconds("reattach_grace_seconds", 86400, &config.reattach_grace_seconds);
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = seconds("exit_when_unused_seconds", 86400, &config.exit_when_unused_seconds);
       !s.ok()) {
     return s;
   }

@@ -39,6 +39,9 @@ struct DaemonConfig {
   // Sessions without an attach connection are closed after this long without
   // a call (0: never).
   double session_idle_ttl_seconds = 600;
+  // Shut down once no session has been open for this long, the start included
+  // (0: never): the shared daemon connect() starts (Daemon::ReapIdleSessions).
+  double exit_when_unused_seconds = 0;
   // Who may attach (zero-copy); both empty: whoever can open the socket.
   std::vector<uint32_t> allow_uids;
   std::vector<uint32_t> allow_gids;

@@ -4,6 +4,7 @@
 #include <grpcpp/health_check_service_interface.h>
 #include <grpcpp/security/server_credentials.h>
 #include <grpcpp/server_builder.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -359,11 +360,21 @@ void Daemon::ReclaimDisconnected(uint64_t session_id) {
 
 void Daemon::ReapIdleSessions() {
   const int64_t ttl_ms = static_cast<int64_t>(config_.session_idle_ttl_seconds * 1000);
+  const int64_t unused_ms = static_cast<int64_t>(config_.exit_when_unused_seconds * 1000);
+  int64_t unused_since_ms = SteadyNowMs();  // no session open since then
   absl::MutexLock lock(&reaper_mu_);
   while (!reaper_mu_.AwaitWithTimeout(absl::Condition(&reaper_stop_), absl::Seconds(1))) {
     reaper_mu_.Unlock();
     ReapUnreattached();
     const int64_t now_ms = SteadyNowMs();
+    if (sessions_.size() > 0) {
+      unused_since_ms = now_ms;
+    } else if (unused_ms > 0 && now_ms - unused_since_ms >= unused_ms) {
+      spdlog::info("no session for {} s (exit_when_unused_seconds): shutting down",
+                   (now_ms - unused_since_ms) / 1000);
+      unused_since_ms = now_ms;  // one signal; the main thread stops this thread
+      kill(getpid(), SIGTERM);
+    }
     const std::vector<std::shared_ptr<Session>> idle =
         ttl_ms > 0 ? sessions_.IdleSessions(now_ms, ttl_ms)
                    : std::vector<std::shared_ptr<Session>>();

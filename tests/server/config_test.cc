@@ -477,6 +477,22 @@ TEST_F(ConfigTest, ExitWithParentIsABooleanFlagAndKey) {
       << bad.err;
 }
 
+TEST_F(ConfigTest, ExitWhenUnusedIsSecondsOffByDefault) {
+  EXPECT_EQ(ParseArgs({}).command_line.config.exit_when_unused_seconds, 0);
+  const Parsed flag = ParseArgs({"--exit-when-unused-seconds", "30"});
+  ASSERT_FALSE(flag.command_line.exit_code.has_value()) << flag.err;
+  EXPECT_EQ(flag.command_line.config.exit_when_unused_seconds, 30);
+  const Parsed toml = ParseWithToml("exit_when_unused_seconds = 2.5\n");
+  ASSERT_FALSE(toml.command_line.exit_code.has_value()) << toml.err;
+  EXPECT_EQ(toml.command_line.config.exit_when_unused_seconds, 2.5);
+  const Parsed bad = ParseArgs({"--exit-when-unused-seconds", "-1"});
+  ASSERT_TRUE(bad.command_line.exit_code.has_value());
+  EXPECT_EQ(*bad.command_line.exit_code, 2);
+  EXPECT_NE(bad.err.find("exit_when_unused_seconds: '-1' is not a number of seconds"),
+            std::string::npos)
+      << bad.err;
+}
+
 TEST_F(ConfigTest, SizesThatCannotWorkAreUsageErrors) {
   for (const std::vector<std::string>& args :
        {std::vector<std::string>{"--pool-size", "10MiB"},

@@ -6,15 +6,15 @@ import warnings
 from actstash._errors import StashUnavailable
 from actstash._hooks import Stash, current_cuda_device
 from actstash._native import lib as _lib
-from actstash._connect import _daemon
+from actstash._connect import _daemon, _shared
 
 # Added to the native message, which already says how to start a node daemon.
 _PRIVATE_DAEMON_HINT = ("Or let this process start a private one: "
                         "actstash.connect(start=\"auto\").")
-_START_MODES = ("never", "auto", "always")
+_START_MODES = ("never", "shared", "auto", "always")
 
 
-def connect(address=None, quota=None, on_unavailable="raise", *, start="never", daemon_args=(),
+def connect(address=None, quota=None, on_unavailable="raise", *, start=None, daemon_args=(),
             name=None, attach="auto", timeout=30.0, connect_timeout=5.0, prefetch=2,
             copy_delay_us=0, seed=0, pin="auto", cuda=True, device_pool=None, downcast=None,
             cpu_views=True, max_in_flight_bytes=None, **client_options):
@@ -22,14 +22,19 @@ def connect(address=None, quota=None, on_unavailable="raise", *, start="never", 
 
     address: socket path, unix:///path or host:port; default ACTSTASH_ADDRESS, else the
       daemon's default socket. quota: bytes this trainer may hold (default: the daemon's).
-    start: "never" (default: the node's daemon must be running), "auto" (when no daemon
-      answers at address, start a private actstashd from the package) or "always" (a
-      private one regardless). A private daemon serves only this process, on a socket in a
-      private temporary directory, and exits with it; it is started once per process and
-      shared by its sessions. daemon_args: extra actstashd flags for it, e.g.
-      ["--pool-size", "8GiB"] (default pool: 25% of memory, at most 32 GiB). Several
-      trainers on one node (DDP ranks) should share a node daemon instead: one pool and
-      one budget for all of them.
+    start: where the daemon comes from when none answers (default: $ACTSTASH_START, else
+      "shared"). "shared": without an address, the node daemon, else the node's shared
+      daemon, started by the first process that finds none: the processes of one node
+      (DDP ranks) that call connect() share it, one pool and one budget, and it exits
+      once none has used it for 30 s (one per user, in $ACTSTASH_SHARED_DIR, default
+      /tmp/actstash-shared-UID); with an address, that daemon only. "never": the daemon at
+      address (or the node's) must be running: StashUnavailable otherwise (strict, for
+      operators: ACTSTASH_START=never). "auto": when no daemon answers at address, start
+      a private actstashd from the package; "always": a private one regardless. A private
+      daemon serves only this process, on a socket in a private temporary directory, and
+      exits with it; it is started once per process and shared by its sessions.
+      daemon_args: extra actstashd flags for a daemon this call starts, e.g.
+      ["--pool-size", "8GiB"] (default pool: 25% of memory, at most 32 GiB).
     on_unavailable: "raise" (StashUnavailable, within connect_timeout) or "keep" (warn,
       and keep tensors in-process: training goes on without offload).
     copy_delay_us: test knob; every store of a CPU tensor then goes through the copy engine
@@ -63,9 +68,14 @@ def connect(address=None, quota=None, on_unavailable="raise", *, start="never", 
         raise ValueError("downcast must be None or 'bf16'")
     if on_unavailable not in ("raise", "keep"):
         raise ValueError("on_unavailable must be 'raise' or 'keep'")
+    if start is None:
+        start = os.environ.get("ACTSTASH_START") or "shared"
     if start not in _START_MODES:
-        raise ValueError(f"start must be one of {', '.join(_START_MODES)}")
+        raise ValueError(f"start (or ACTSTASH_START) must be one of {', '.join(_START_MODES)}, "
+                         f"not {start!r}")
     address = address or os.environ.get("ACTSTASH_ADDRESS", "")
+    if start == "shared" and address:
+        start = "never"  # an address names the daemon to use: that one only
 
     for covered in ("client_name", "quota_bytes", "rpc_timeout_ms", "connect_timeout_ms",
                     "pin_leases", "cuda_device"):
@@ -86,11 +96,16 @@ def connect(address=None, quota=None, on_unavailable="raise", *, start="never", 
             client = open_client(_start_private(daemon_args))
         else:
             try:
+                if start == "shared" and not os.path.exists(_lib.DESCRIPTION["default_socket"]):
+                    raise StashUnavailable("no node daemon")  # asking would take a second
                 client = open_client(address)
             except StashUnavailable:
-                if start != "auto":
+                if start == "shared":
+                    client = _shared.connect_shared(open_client, daemon_args)
+                elif start == "auto":
+                    client = open_client(_start_private(daemon_args))
+                else:
                     raise
-                client = open_client(_start_private(daemon_args))
     except StashUnavailable as error:
         if on_unavailable == "raise":
             hint = "" if start != "never" else " " + _PRIVATE_DAEMON_HINT
