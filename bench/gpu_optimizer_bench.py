@@ -135,9 +135,9 @@ def main():
         run("torch AdamW foreach=False",
             lambda m, c: torch.optim.AdamW(m.parameters(), **kw, foreach=False))
         run("actstash OffloadAdamW exact",
-            lambda m, c: OffloadAdamW(m.parameters(), stash, **kw, _copies=c))
+            lambda m, c: OffloadAdamW(m.parameters(), stash=stash, **kw, _copies=c))
         run("actstash OffloadAdamW fast",
-            lambda m, c: OffloadAdamW(m.parameters(), stash, **kw, mode="fast", _copies=c))
+            lambda m, c: OffloadAdamW(m.parameters(), stash=stash, **kw, mode="fast", _copies=c))
     finally:
         stash.close()
         daemon.stop()

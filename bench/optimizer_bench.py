@@ -149,7 +149,7 @@ def rss_child(socket, total, per_tensor, offload, dtype):
     params = make_params(total, per_tensor, 0, dtype)
     if offload:
         stash = actstash.connect(socket, quota=14 * total + (256 << 20))
-        opt = OffloadAdamW(params, stash)
+        opt = OffloadAdamW(params, stash=stash)
     elif dtype == torch.float32:
         opt = torch.optim.AdamW(params, foreach=False)
     else:
@@ -242,13 +242,13 @@ def main():
             print(f"DeepSpeedCPUAdam: not measured ({ds_why})")
         fast = dict(mode="fast", threads=args.threads, **hyper)
         variants += [("actstash exact (pool)",
-                      lambda ps: OffloadAdamW(ps, pool(), mode="exact", **hyper)),
-                     ("actstash fast (pool)", lambda ps: OffloadAdamW(ps, pool(), **fast)),
+                      lambda ps: OffloadAdamW(ps, stash=pool(), mode="exact", **hyper)),
+                     ("actstash fast (pool)", lambda ps: OffloadAdamW(ps, stash=pool(), **fast)),
                      ("actstash fast (parked)",
-                      lambda ps: OffloadAdamW(ps, pool(), spill=True, **fast))]
+                      lambda ps: OffloadAdamW(ps, stash=pool(), spill=True, **fast))]
         if not args.no_spill:
             variants.append(("actstash fast (half on disk)",
-                             lambda ps: OffloadAdamW(ps, pool("spill"), **fast)))
+                             lambda ps: OffloadAdamW(ps, stash=pool("spill"), **fast)))
         skip = [word for word in args.skip.split(",") if word]
         for name, make in variants:
             if any(word in name for word in skip):

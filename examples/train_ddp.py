@@ -46,7 +46,7 @@ def worker(args):
     ddp = DDP(model)
     if args.optimizer == "offload-adamw":  # Adam's states in the node's pool
         from actstash.optim import OffloadAdamW
-        optimizer = OffloadAdamW(ddp.parameters(), stash, lr=1e-3)
+        optimizer = OffloadAdamW(ddp.parameters(), stash=stash, lr=1e-3)
     else:
         optimizer = torch.optim.AdamW(ddp.parameters(), lr=1e-3)
     torch.manual_seed(1000 + rank)  # each rank its own data and dropout

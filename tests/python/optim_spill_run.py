@@ -45,7 +45,7 @@ def main():
     torch.set_num_threads(1)
     model = big_model(seed)
     stash = actstash.connect(os.environ["ACTSTASH_ADDRESS"])
-    opt = OffloadAdamW(model.parameters(), stash, lr=1e-3, weight_decay=0.1)
+    opt = OffloadAdamW(model.parameters(), stash=stash, lr=1e-3, weight_decay=0.1)
     open(os.path.join(ready, str(seed)), "w").close()
     deadline = time.monotonic() + 120
     while len(os.listdir(ready)) < 2:  # the other trainer's states are in the pool too

@@ -223,7 +223,7 @@ def test_offload_adamw_on_cuda_parameters_is_bitwise_the_host_step(daemon, dtype
     reference = torch.optim.AdamW(masters, lr=1e-3, weight_decay=0.1, foreach=False)
     stash = actstash.connect(daemon.socket)
     try:
-        opt = OffloadAdamW(model.parameters(), stash, lr=1e-3, weight_decay=0.1)
+        opt = OffloadAdamW(model.parameters(), stash=stash, lr=1e-3, weight_decay=0.1)
         assert stash.stats()["optimizer_state_bytes"] >= opt.offloaded_bytes > 0
         before = [p.detach().cpu() for p in model.parameters()]
         g = torch.Generator(device="cuda").manual_seed(1)

@@ -87,6 +87,55 @@ def test_a_with_block_closes_the_optimizer_and_it_goes_on_bitwise(fresh_daemon):
         assert torch.equal(a, b)
 
 
+def test_offload_adamw_takes_torchs_arguments_and_the_processs_session(
+        fresh_daemon, monkeypatch):
+    """OffloadAdamW(params, lr, ...) as torch.optim.AdamW: without stash= it uses the
+    process's own session (connect() with its defaults: here ACTSTASH_ADDRESS); the
+    states are in that daemon's pool, and the steps are bitwise torch's."""
+    from actstash._connect import _connect
+    monkeypatch.setenv("ACTSTASH_ADDRESS", fresh_daemon.socket)
+    monkeypatch.setattr(_connect, "_process_stash", None)
+    torch.manual_seed(0)
+    model = GPT(vocab=64, dim=32, heads=2, layers=1, context=16, dropout=0.0)
+    plain = copy.deepcopy(model)
+    reference = torch.optim.AdamW(plain.parameters(), 3e-3, (0.9, 0.99), foreach=False)
+    idx = torch.randint(0, 64, (2, 17), generator=torch.Generator().manual_seed(1))
+    opt = OffloadAdamW(model.parameters(), 3e-3, (0.9, 0.99))
+    try:
+        assert opt.param_groups[0]["lr"] == 3e-3 and opt.param_groups[0]["betas"] == (0.9, 0.99)
+        assert opt.offloaded_bytes > 0
+        own = _connect.process_stash()
+        assert own.stats()["optimizer_state_bytes"] == opt.offloaded_bytes
+        assert own.stats()["daemon_pid"] == fresh_daemon.proc.pid
+        with OffloadAdamW(model.parameters()) as another:  # the same session again
+            assert _connect.process_stash() is own and another.offloaded_bytes > 0
+        for _ in range(3):
+            for m, o in ((plain, reference), (model, opt)):
+                o.zero_grad()
+                loss_fn(m, idx).backward()
+                o.step()
+        for a, b in zip(plain.parameters(), model.parameters()):
+            assert torch.equal(a, b)
+    finally:
+        opt.close()
+        _connect.process_stash().close()
+    # Closed, the next optimizer without stash= gets a new session.
+    second = OffloadAdamW(model.parameters(), 1e-3)
+    try:
+        assert _connect.process_stash() is not own and second.offloaded_bytes > 0
+    finally:
+        second.close()
+        _connect.process_stash().close()
+
+
+def test_the_old_positional_stash_is_refused_with_the_new_form(fresh_daemon):
+    with actstash.connect(fresh_daemon.socket) as stash:
+        for old in (stash, stash.client):
+            with pytest.raises(TypeError, match=r"OffloadAdamW\(params, lr=\.\.\., stash=stash\)"):
+                OffloadAdamW([torch.nn.Parameter(torch.zeros(8))], old, lr=1e-3)
+        assert stash.stats()["optimizer_state_bytes"] == 0  # nothing was reserved
+
+
 def test_plan_answers_before_the_first_step(fresh_daemon):
     """Right after wrap(policy="auto"), plan() says what the first step will do (the
     README prints it there), and after that step it is the plan itself."""

@@ -187,7 +187,7 @@ def test_offload_adamw_matches_torch_adamw(stash, arch):
     from actstash.optim import OffloadAdamW
     plain, ours = tiny(arch), tiny(arch)
     reference = torch.optim.AdamW(plain.parameters(), lr=1e-3, foreach=False)
-    opt = OffloadAdamW(ours.parameters(), stash, lr=1e-3)
+    opt = OffloadAdamW(ours.parameters(), stash=stash, lr=1e-3)
     assert opt.offloaded_bytes == 2 * sum(p.numel() * 4 for p in ours.parameters())
     for i in range(20):
         for model, optimizer in ((plain, reference), (ours, opt)):

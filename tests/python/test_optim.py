@@ -69,7 +69,7 @@ def test_bitwise_equal_to_torch_adamw_with_states_in_the_pool(fresh_daemon, auto
     stash = actstash.connect(fresh_daemon.socket)
     try:
         before = stash.client.stats()["pool"]["used_bytes"]
-        opt = OffloadAdamW(ours.parameters(), stash, lr=3e-3, weight_decay=0.1)
+        opt = OffloadAdamW(ours.parameters(), stash=stash, lr=3e-3, weight_decay=0.1)
         expected = _state_bytes(ours)
         # The states went to the daemon: its pool holds them, the stats count them.
         assert opt.offloaded_bytes == expected
@@ -105,7 +105,7 @@ def test_state_dict_resumes_bitwise_with_or_without_actstash(fresh_daemon):
         reference = torch.optim.AdamW(straight.parameters(), lr=1e-3, foreach=False)
         _train(straight, reference, STEPS)
 
-        opt = OffloadAdamW(first.parameters(), stash, lr=1e-3)
+        opt = OffloadAdamW(first.parameters(), stash=stash, lr=1e-3)
         _train(first, opt, STEPS // 2)
         saved = copy.deepcopy(opt.state_dict())
         weights = copy.deepcopy(first.state_dict())
@@ -113,7 +113,7 @@ def test_state_dict_resumes_bitwise_with_or_without_actstash(fresh_daemon):
         # Resumed into a new OffloadAdamW: the loaded moments go into its pool buffers.
         resumed = _model(1)
         resumed.load_state_dict(weights)
-        opt2 = OffloadAdamW(resumed.parameters(), stash, lr=1e-3)
+        opt2 = OffloadAdamW(resumed.parameters(), stash=stash, lr=1e-3)
         opt2.load_state_dict(copy.deepcopy(saved))
         assert opt2.offloaded_bytes == _state_bytes(resumed)
         _train(resumed, opt2, STEPS // 2, start=STEPS // 2)
@@ -133,14 +133,14 @@ def test_bad_parameters_and_a_small_quota_are_refused_with_nothing_kept(fresh_da
     stash = actstash.connect(fresh_daemon.socket)
     try:
         with pytest.raises(ValueError, match="not contiguous"):
-            OffloadAdamW([torch.nn.Parameter(torch.zeros(8, 8).t())], stash)
+            OffloadAdamW([torch.nn.Parameter(torch.zeros(8, 8).t())], stash=stash)
         with pytest.raises(ValueError, match="not fp32, bf16 or fp16"):
-            OffloadAdamW([torch.nn.Parameter(torch.zeros(8, dtype=torch.float64))], stash)
+            OffloadAdamW([torch.nn.Parameter(torch.zeros(8, dtype=torch.float64))], stash=stash)
         with pytest.raises(ValueError, match="several devices"):
             OffloadAdamW([torch.nn.Parameter(torch.zeros(8)),
-                          torch.nn.Parameter(torch.zeros(8, device="meta"))], stash)
+                          torch.nn.Parameter(torch.zeros(8, device="meta"))], stash=stash)
         with pytest.raises(ValueError, match="sparse"):
-            OffloadAdamW([torch.nn.Parameter(torch.zeros(4, 4).to_sparse())], stash)
+            OffloadAdamW([torch.nn.Parameter(torch.zeros(4, 4).to_sparse())], stash=stash)
         assert stash.stats()["optimizer_state_bytes"] == 0
     finally:
         stash.close()
@@ -149,7 +149,7 @@ def test_bad_parameters_and_a_small_quota_are_refused_with_nothing_kept(fresh_da
     try:
         big = [torch.nn.Parameter(torch.zeros(1 << 20)) for _ in range(4)]  # 4 MiB each
         with pytest.raises(actstash.StashFull, match="nothing was kept"):
-            OffloadAdamW(big, small)
+            OffloadAdamW(big, stash=small)
         gc.collect()
         assert small.stats()["optimizer_state_bytes"] == 0
         assert small.client.stats()["self"]["leased_bytes"] <= 16 << 20
@@ -161,7 +161,7 @@ def test_fraction_keeps_the_last_parameters_states_in_the_process(fresh_daemon):
     stash = actstash.connect(fresh_daemon.socket)
     try:
         model = _model(2)
-        opt = OffloadAdamW(model.parameters(), stash, fraction=0.5)
+        opt = OffloadAdamW(model.parameters(), stash=stash, fraction=0.5)
         total = _state_bytes(model)
         assert 0 < opt.offloaded_bytes <= total / 2
         plain = copy.deepcopy(model)
@@ -187,7 +187,7 @@ def test_fast_mode_stays_within_its_tolerance(fresh_daemon):
         a = torch.nn.Parameter(start.clone())
         b = torch.nn.Parameter(start.clone())
         reference = torch.optim.AdamW([a], lr=3e-3, weight_decay=0.1, foreach=False)
-        opt = OffloadAdamW([b], stash, lr=3e-3, weight_decay=0.1, mode="fast")
+        opt = OffloadAdamW([b], stash=stash, lr=3e-3, weight_decay=0.1, mode="fast")
         assert "actstash-segment" in _mapping_of(opt.state[b]["exp_avg"].data_ptr())
         for g in grads:
             a.grad, b.grad = g.clone(), g.clone()
@@ -202,7 +202,7 @@ def test_fast_mode_stays_within_its_tolerance(fresh_daemon):
         ours = copy.deepcopy(plain)
         reference = torch.optim.AdamW(plain.parameters(), lr=3e-3, weight_decay=0.1,
                                       foreach=False)
-        opt = OffloadAdamW(ours.parameters(), stash, lr=3e-3, weight_decay=0.1, mode="fast")
+        opt = OffloadAdamW(ours.parameters(), stash=stash, lr=3e-3, weight_decay=0.1, mode="fast")
         assert opt.offloaded_bytes == _state_bytes(ours)
         _train(plain, reference, STEPS)
         _train(ours, opt, STEPS)
@@ -211,7 +211,7 @@ def test_fast_mode_stays_within_its_tolerance(fresh_daemon):
             expected, actual = loss_fn(plain, idx).item(), loss_fn(ours, idx).item()
         assert abs(expected - actual) <= 1e-3 * abs(expected), (expected, actual)
         with pytest.raises(ValueError, match="amsgrad"):
-            OffloadAdamW(ours.parameters(), stash, amsgrad=True, mode="fast")
+            OffloadAdamW(ours.parameters(), stash=stash, amsgrad=True, mode="fast")
     finally:
         stash.close()
 
@@ -258,7 +258,7 @@ def test_low_precision_parameters_get_fp32_master_weights_in_the_pool(fresh_daem
     stash = actstash.connect(fresh_daemon.socket)
     try:
         before = stash.client.stats()["pool"]["used_bytes"]
-        opt = OffloadAdamW(ours.parameters(), stash, lr=3e-3, weight_decay=0.1)
+        opt = OffloadAdamW(ours.parameters(), stash=stash, lr=3e-3, weight_decay=0.1)
         expected = _state_bytes(ours, moments=3)  # the master and two moments, fp32
         assert opt.offloaded_bytes == expected
         assert stash.stats()["optimizer_state_bytes"] >= expected
@@ -298,7 +298,7 @@ def test_master_weights_resume_bitwise_and_fraction_keeps_some_in_the_process(fr
         reference = _MasterReference(straight, lr=1e-3)
         _train(straight, reference, STEPS)
 
-        opt = OffloadAdamW(first.parameters(), stash, lr=1e-3)
+        opt = OffloadAdamW(first.parameters(), stash=stash, lr=1e-3)
         _train(first, opt, STEPS // 2)
         saved = copy.deepcopy(opt.state_dict())
         for state in saved["state"].values():  # saved as they are: fp32, not the params' dtype
@@ -306,7 +306,7 @@ def test_master_weights_resume_bitwise_and_fraction_keeps_some_in_the_process(fr
         weights = copy.deepcopy(first.state_dict())
         resumed = _low_precision_model(torch.bfloat16, seed=4)
         resumed.load_state_dict(weights)
-        opt2 = OffloadAdamW(resumed.parameters(), stash, lr=1e-3, fraction=0.5)
+        opt2 = OffloadAdamW(resumed.parameters(), stash=stash, lr=1e-3, fraction=0.5)
         total = _state_bytes(resumed, moments=3)
         assert 0 < opt2.offloaded_bytes <= total / 2
         pooled = {id(p) for p in opt2._pooled}
@@ -338,7 +338,7 @@ def test_fast_mode_steps_the_master_weights(fresh_daemon, dtype):
         a = torch.nn.Parameter(start.clone())
         b = torch.nn.Parameter(start.clone())
         reference = _MasterReference(torch.nn.ParameterList([a]), lr=3e-3, weight_decay=0.1)
-        opt = OffloadAdamW([b], stash, lr=3e-3, weight_decay=0.1, mode="fast")
+        opt = OffloadAdamW([b], stash=stash, lr=3e-3, weight_decay=0.1, mode="fast")
         master = opt.state[b]["master_weight"]
         assert "actstash-segment" in _mapping_of(master.data_ptr())
         for g in grads:
@@ -363,7 +363,7 @@ def test_master_weights_survive_close_errors_hooks_and_new_weights(fresh_daemon)
     try:
         plain = _low_precision_model(torch.bfloat16, seed=6)
         ours = copy.deepcopy(plain)
-        opt = OffloadAdamW(ours.parameters(), stash, lr=1e-3)
+        opt = OffloadAdamW(ours.parameters(), stash=stash, lr=1e-3)
         # New weights after the optimizer exists (as model.load_state_dict does).
         other = _low_precision_model(torch.bfloat16, seed=7)
         plain.load_state_dict(other.state_dict())

@@ -52,7 +52,7 @@ def _device_run(socket, model, copies, mode="exact", steps=STEPS, options=None, 
     copies.device_addresses = {p.data_ptr() for p in model.parameters()}
     stash = actstash.connect(socket)
     try:
-        opt = OffloadAdamW(model.parameters(), stash, lr=3e-3, weight_decay=0.1, mode=mode,
+        opt = OffloadAdamW(model.parameters(), stash=stash, lr=3e-3, weight_decay=0.1, mode=mode,
                            _copies=copies, **(options or {}))
         in_pool = stash.stats()["optimizer_state_bytes"]
         offloaded = opt.offloaded_bytes
@@ -136,7 +136,7 @@ def test_device_path_fast_mode_and_state_dict(fresh_daemon):
     on_cpu, fast = _model(), _model()
     stash = actstash.connect(fresh_daemon.socket)
     try:
-        cpu_opt = OffloadAdamW(on_cpu.parameters(), stash, lr=3e-3, weight_decay=0.1,
+        cpu_opt = OffloadAdamW(on_cpu.parameters(), stash=stash, lr=3e-3, weight_decay=0.1,
                                mode="fast")
         _train(on_cpu, cpu_opt, STEPS)
     finally:
@@ -165,7 +165,7 @@ def test_device_path_fraction_steps_the_rest_on_the_device(fresh_daemon):
     copies.device_addresses = {p.data_ptr() for p in ours.parameters()}
     stash = actstash.connect(fresh_daemon.socket)
     try:
-        opt = OffloadAdamW(ours.parameters(), stash, lr=3e-3, weight_decay=0.1, fraction=0.5,
+        opt = OffloadAdamW(ours.parameters(), stash=stash, lr=3e-3, weight_decay=0.1, fraction=0.5,
                            _copies=copies)
         hosted = [p for p in ours.parameters() if p in opt._host]
         assert 0 < len(hosted) < len(list(ours.parameters()))
@@ -204,7 +204,7 @@ def test_grad_scaler_steps_bitwise_and_skips_infs(fresh_daemon, device_path, cli
     else:
         stash = actstash.connect(fresh_daemon.socket)
         try:
-            opt = OffloadAdamW(ours.parameters(), stash, lr=3e-3, weight_decay=0.1)
+            opt = OffloadAdamW(ours.parameters(), stash=stash, lr=3e-3, weight_decay=0.1)
             _train_steps(ours, opt, STEPS, clip=clip, scaler=scalers[1], inf_at=2)
         finally:
             stash.close()
@@ -220,7 +220,7 @@ def test_device_path_refuses_low_precision_fraction_with_nothing_kept(fresh_daem
     copies = SimulatedCopies()
     try:
         with pytest.raises(ValueError, match="fraction < 1"):
-            OffloadAdamW(model.parameters(), stash, fraction=0.5, _copies=copies)
+            OffloadAdamW(model.parameters(), stash=stash, fraction=0.5, _copies=copies)
         assert stash.stats()["optimizer_state_bytes"] == 0
     finally:
         copies.close()

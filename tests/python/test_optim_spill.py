@@ -44,15 +44,15 @@ def test_two_trainers_over_the_pool_spill_their_states_and_train_bitwise(spill_d
     assert POOL / 2 < need < POOL
     stashes = [actstash.connect(spill_daemon.socket) for _ in ours]
     try:
-        first = OffloadAdamW(ours[0].parameters(), stashes[0], lr=1e-3, weight_decay=0.1)
+        first = OffloadAdamW(ours[0].parameters(), stash=stashes[0], lr=1e-3, weight_decay=0.1)
         # Unparked states stay in memory: the second trainer's do not fit beside the
         # first one's, and nothing of them is kept.
         with pytest.raises(actstash.StashFull, match="nothing was kept"):
-            OffloadAdamW(ours[1].parameters(), stashes[1], lr=1e-3, weight_decay=0.1,
+            OffloadAdamW(ours[1].parameters(), stash=stashes[1], lr=1e-3, weight_decay=0.1,
                          spill=False)
         assert stashes[1].stats()["optimizer_state_bytes"] == 0
         # Parked (the default with a spill tier), they spill for each other.
-        second = OffloadAdamW(ours[1].parameters(), stashes[1], lr=1e-3, weight_decay=0.1)
+        second = OffloadAdamW(ours[1].parameters(), stash=stashes[1], lr=1e-3, weight_decay=0.1)
         s = stashes[1].stats()  # before any activation: what spilled was state
         assert s["spills"] > 0 and s["tensors_offloaded"] == 0, s
         assert s["optimizer_state_bytes"] == need, s
@@ -105,7 +105,7 @@ def test_two_trainers_over_the_pool_spill_their_states_and_train_bitwise(spill_d
 
 def _parked(socket, model, steps, **options):
     stash = actstash.connect(socket)
-    opt = OffloadAdamW(model.parameters(), stash, lr=3e-3, weight_decay=0.1, spill=True,
+    opt = OffloadAdamW(model.parameters(), stash=stash, lr=3e-3, weight_decay=0.1, spill=True,
                        spill_chunk_bytes=64 << 10, **options)
     _train(model, opt, steps)
     return stash, opt
@@ -140,7 +140,7 @@ def test_parking_in_pieces_changes_no_number(fresh_daemon, dtype):
                 assert torch.equal(saved["state"][i][key], torch_states(a)[key])
         # Resumed into a new parked optimizer, then closed half way: the same numbers.
         resumed = copy.deepcopy(ours)
-        again = OffloadAdamW(resumed.parameters(), stash, lr=3e-3, weight_decay=0.1,
+        again = OffloadAdamW(resumed.parameters(), stash=stash, lr=3e-3, weight_decay=0.1,
                              spill=True, spill_chunk_bytes=64 << 10)
         again.load_state_dict(saved)
         assert next(iter(again.state.values()))["exp_avg"].is_meta
@@ -162,7 +162,7 @@ def test_parked_fast_mode_is_the_unparked_fast_mode(fresh_daemon):
     a, b = _model(4), _model(4)
     stash = actstash.connect(fresh_daemon.socket)
     try:
-        unparked = OffloadAdamW(a.parameters(), stash, lr=3e-3, weight_decay=0.1, mode="fast",
+        unparked = OffloadAdamW(a.parameters(), stash=stash, lr=3e-3, weight_decay=0.1, mode="fast",
                                 spill=False)
         _train(a, unparked, STEPS // 2)
         parked_stash, parked = _parked(fresh_daemon.socket, b, STEPS // 2, mode="fast")
@@ -261,7 +261,7 @@ def test_device_path_states_spill_beside_the_host_copies(spill_daemon):
     copies.device_addresses = {p.data_ptr() for p in ours.parameters()}
     stash = actstash.connect(spill_daemon.socket)
     try:
-        opt = OffloadAdamW(ours.parameters(), stash, lr=1e-3, weight_decay=0.1,
+        opt = OffloadAdamW(ours.parameters(), stash=stash, lr=1e-3, weight_decay=0.1,
                            _copies=copies)
         assert stash.stats()["spills"] > 0
         for step in range(2):

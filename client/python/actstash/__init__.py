@@ -10,7 +10,7 @@
     actstash.wrap(model, stash, policy="auto", budget="6GiB")   # a plan per block
     actstash.use_for_gradient_checkpointing(hf_model, stash)  # transformers' own route
     print(stash.plan())
-    opt = actstash.optim.OffloadAdamW(model.parameters(), stash)  # Adam's states in the pool
+    opt = actstash.optim.OffloadAdamW(model.parameters(), lr=1e-3)  # Adam's states in the pool
 
 The native library (libactstash.so, loaded through ctypes) links neither
 Python nor torch: one build serves every CPython version and torch >= 1.13.

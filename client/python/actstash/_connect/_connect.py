@@ -1,6 +1,7 @@
 """connect(): a session with the node's actstashd (or a private one this process
 starts, _daemon.py), wrapped in a Stash."""
 import os
+import threading
 import warnings
 
 from actstash._errors import StashUnavailable
@@ -132,3 +133,18 @@ def _start_private(daemon_args):
                       "with its own pool; run one node daemon for all ranks to share one pool "
                       "and budget", RuntimeWarning, stacklevel=3)
     return _daemon.private_daemon(daemon_args).address
+
+
+_process_stash = None
+_process_lock = threading.Lock()
+
+
+def process_stash():
+    """The process's own Stash, connect() with its defaults on first use: what an
+    OffloadAdamW made without a stash= uses. Made again if it was closed."""
+    global _process_stash
+    with _process_lock:
+        if _process_stash is None or _process_stash.client is None or \
+                _process_stash.client.closed:
+            _process_stash = connect()
+        return _process_stash

@@ -208,6 +208,7 @@ class Client:
         if code:
             raise_for(code)
         self._handle = handle.value
+        self.closed = False  # close() was called
 
     @property
     def handle(self):
@@ -303,6 +304,8 @@ class Client:
             raise_for(code)
 
     def close(self):
+        """Ends the session (what it stored goes back to the daemon)."""
+        self.closed = True
         if self._handle is not None:
             code = client_close(self._handle)
             if code:

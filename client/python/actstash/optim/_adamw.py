@@ -1,7 +1,7 @@
 """OffloadAdamW: torch's AdamW with its states in actstashd's pool.
 
     stash = actstash.connect()
-    opt = actstash.optim.OffloadAdamW(model.parameters(), stash, lr=1e-3)
+    opt = actstash.optim.OffloadAdamW(model.parameters(), lr=1e-3)  # stash=: which session
     loss.backward(); opt.step(); opt.zero_grad()
 
 Adam's two moments (and amsgrad's maximum) of every parameter live in leased
@@ -52,7 +52,7 @@ import weakref
 
 import torch
 
-from actstash import _hooks
+from actstash import _connect, _hooks
 from actstash._errors import StashError, StashFull
 from actstash.optim._device_path import _DevicePath, _drain
 from actstash.optim._masters import _LOW_PRECISION, _MASTER, _MasterWeights
@@ -67,9 +67,18 @@ class OffloadAdamW(_PooledStates, _MasterWeights, _DevicePath, _Stepping, torch.
     # valid (GradScaler's own unscale_ changes gradients without a version bump).
     _step_supports_amp_scaling = True
 
-    def __init__(self, params, stash, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2,
-                 amsgrad=False, *, mode="exact", fraction=1.0, threads=None, spill=None,
-                 spill_chunk_bytes=None, _copies=None, **kwargs):
+    def __new__(cls, *args, **kwargs):
+        # The stash was the second positional argument before it became a keyword:
+        # say so, rather than take it for lr (or fail on "multiple values for lr").
+        if len(args) > 1 and (isinstance(args[1], _hooks.Stash) or hasattr(args[1], "reserve")):
+            raise TypeError("OffloadAdamW(params, stash, ...) is now OffloadAdamW(params, "
+                            "lr=..., stash=stash): the stash is a keyword argument, and "
+                            "without one the process's connection (actstash.connect()) is used")
+        return super().__new__(cls)
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2,
+                 amsgrad=False, *, stash=None, mode="exact", fraction=1.0, threads=None,
+                 spill=None, spill_chunk_bytes=None, _copies=None, **kwargs):
         if mode not in ("exact", "fast"):
             raise ValueError("mode must be 'exact' or 'fast'")
         if not 0.0 <= fraction <= 1.0:
@@ -82,6 +91,8 @@ class OffloadAdamW(_PooledStates, _MasterWeights, _DevicePath, _Stepping, torch.
         if mode == "fast" and (amsgrad or kwargs.get("maximize")):
             raise ValueError("OffloadAdamW: mode='fast' offers neither amsgrad nor maximize")
         kwargs.setdefault("foreach", False)
+        if stash is None:
+            stash = _connect.process_stash()
         client = getattr(stash, "client", stash)
         if client is None:
             raise ValueError("OffloadAdamW needs a stash connected to actstashd")
