@@ -157,3 +157,18 @@ def test_plan_answers_before_the_first_step(fresh_daemon):
         assert after.pending is None and len(after.costs) == 3
         assert "pending" not in str(after)
         actstash.unwrap(model)
+
+
+def test_a_budget_follows_one_rule():
+    """A number of 1 or more is bytes, one below 1 a fraction of the free memory; a
+    string is a size or a percentage of the free memory; anything else is refused."""
+    from actstash._plan._auto import _resolve_budget
+    cpu = torch.device("cpu")
+    gib = 1 << 30
+    for budget, expected in ((6e9, 6_000_000_000), (6_000_000_000, 6_000_000_000), (1, 1),
+                             (1.0, 1), (0.5, gib // 2), ("50%", gib // 2), ("6GiB", 6 * gib),
+                             ("6GB", 6_000_000_000), ("100%", gib)):
+        assert _resolve_budget(budget, "1GiB", cpu) == expected, budget
+    for bad in (1.5, 0, 0.0, -1, True, None, "lots", float("nan")):
+        with pytest.raises(ValueError, match="budget"):
+            _resolve_budget(bad, "1GiB", cpu)

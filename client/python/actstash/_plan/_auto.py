@@ -519,8 +519,10 @@ class AutoPlanner:
         entry = self.current
         if entry is None:  # no step yet: what the first one does
             spec = self.budget_spec
-            budget = (f"a fraction {spec:g} of the free memory, read at that step"
-                      if isinstance(spec, float) else _planner.format_bytes(
+            share = (isinstance(spec, (int, float)) and not isinstance(spec, bool)
+                     and 0 < spec < 1) or (isinstance(spec, str) and spec.strip().endswith("%"))
+            budget = (f"{spec if isinstance(spec, str) else f'a fraction {spec:g}'} of the free "
+                      "memory, read at that step" if share else _planner.format_bytes(
                           _resolve_budget(spec, self.memory_limit, torch.device("cpu"))))
             return PlanReport(_Entry(()), self.names, pending=(
                 f"no step has run yet; the first one profiles the {len(self.blocks)} blocks "
@@ -690,29 +692,34 @@ def _describe_key(key):
 
 
 def _resolve_budget(budget, memory_limit, device):
-    """Bytes from an int, a size string, or a fraction of the device's free memory
-    (CUDA) or of memory_limit (CPU; default: MemAvailable)."""
+    """Bytes of a budget, by one rule: a number of 1 or more is bytes (6e9 too); a number
+    below 1 is that fraction of the free memory; a string is a size ("6GiB", read as
+    the daemon reads sizes) or a percentage of the free memory ("50%"). The free
+    memory: the device's (CUDA), else memory_limit (CPU; default: MemAvailable)."""
     if isinstance(budget, bool) or budget is None:
-        raise ValueError("policy='auto' needs budget=: bytes, a size like '6GiB', or a fraction")
+        raise ValueError("policy='auto' needs budget=: bytes (6e9), a size like '6GiB', or a "
+                         "share of the free memory (0.5, '50%')")
     if isinstance(budget, str):
-        return _planner.parse_bytes(budget, "budget")
-    if isinstance(budget, int):
-        if budget <= 0:
-            raise ValueError(f"budget must be positive, not {budget}")
-        return budget
-    if isinstance(budget, float) and 0 < budget <= 1:
-        if device.type == "cuda":
-            free, _ = torch.cuda.mem_get_info(device)
-            return int(budget * free)
-        if memory_limit is not None:
-            limit = (_planner.parse_bytes(memory_limit, "memory_limit")
-                     if isinstance(memory_limit, str)
-                     else int(memory_limit))
-        else:
-            limit = _mem_available()
-        return int(budget * limit)
-    raise ValueError(f"budget must be bytes, a size string or a fraction in (0, 1], "
-                     f"not {budget!r}")
+        percent = budget.strip().endswith("%")
+        return _planner.parse_bytes(budget, "budget",
+                                    _free_bytes(memory_limit, device) if percent else 0)
+    if isinstance(budget, (int, float)):
+        if 0 < budget < 1:
+            return int(budget * _free_bytes(memory_limit, device))
+        if budget >= 1 and float(budget).is_integer():
+            return int(budget)
+    raise ValueError(f"budget: {budget!r} is neither a fraction below 1 of the free memory nor "
+                     f"a whole number of bytes (or a size string: '6GiB', '50%')")
+
+
+def _free_bytes(memory_limit, device):
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return free
+    if memory_limit is not None:
+        return (_planner.parse_bytes(memory_limit, "memory_limit")
+                if isinstance(memory_limit, str) else int(memory_limit))
+    return _mem_available()
 
 
 def _glibc_returns_memory():

@@ -460,10 +460,10 @@ def format_bytes(n):
         n /= 1024
 
 
-def parse_bytes(text, what=None):
-    """'6GiB', '4G', '512 MiB' (binary), '1.5GB' (decimal), '1000' -> bytes: the daemon's
-    parser (common/units.h), through the native library. ValueError otherwise, naming
-    `what` when given."""
+def parse_bytes(text, what=None, percent_base=0):
+    """'6GiB', '4G', '512 MiB' (binary), '1.5GB' (decimal), '1000' -> bytes, and '50%' of
+    percent_base: the daemon's parser (common/units.h), through the native library.
+    ValueError otherwise, naming `what` when given."""
     # The native library, imported here: this module stays importable alone.
     from actstash._native import lib as _lib
-    return _lib.parse_size(text, what=what)
+    return _lib.parse_size(text, percent_base, what=what)

@@ -53,8 +53,10 @@ def wrap(model, stash, blocks=None, mode="checkpoint+offload", min_bytes=None,
     checkpoint+offload (`mode` is then unused): the first step of each input shape
     is measured, the plan of least predicted step time whose peak memory fits
     `budget` is applied from the next step on, and checked by measuring the step
-    after. budget: bytes, a size like "6GiB", or a fraction of the GPU's free memory
-    (CUDA) or of memory_limit (CPU; default: the node's available memory). It bounds
+    after. budget, by one rule: a number of 1 or more is bytes (6e9 too), a number below
+    1 a fraction of the free memory; a string is a size ("6GiB") or a percentage of the
+    free memory ("50%"). The free memory: the GPU's (CUDA), else memory_limit (CPU;
+    default: the node's available memory). It bounds
     the memory a step adds from the first block's forward to the end of backward
     (saved activations and the transients of forward and backward). stash.plan()
     shows the plan; actstash.BudgetError is raised from forward when no plan fits.
