@@ -18,11 +18,19 @@ torch is imported on first use of what needs it (connect, Stash, checkpoint,
 wrap, unwrap), so `import actstash` and the `actstash`/`actstashd` commands
 work without it.
 """
+from typing import TYPE_CHECKING, Any, Dict
+
 from actstash._errors import (BudgetError, StashError, StashFull, StashInvalidArgument,
                               StashNotFound, StashUnavailable)
 
+if TYPE_CHECKING:  # what __getattr__ imports on first use, for type checkers (py.typed)
+    from actstash import optim  # noqa: F401
+    from actstash._connect import connect  # noqa: F401
+    from actstash._hooks import Stash, checkpoint  # noqa: F401
+    from actstash._plan import unwrap, use_for_gradient_checkpointing, wrap  # noqa: F401
 
-def client_defaults():
+
+def client_defaults() -> Dict[str, Any]:
     """Every setting of the native client by its name, with its default: what
     `connect(**client_options)` accepts beyond its own arguments. A new dict each call."""
     from actstash._native import lib
@@ -33,21 +41,24 @@ def client_defaults():
 # saved-tensor hooks and the checkpoint), _connect (the session, a private daemon),
 # _plan (wrap and the automatic plan), optim (the optimizers). _native is the C
 # library beneath them.
-def __getattr__(name):
-    if name == "optim":  # a submodule (not `from actstash import`: that asks here again)
-        import actstash.optim
-        return actstash.optim
-    if name in ("Stash", "checkpoint"):
-        from actstash import _hooks as part
-    elif name == "connect":
-        from actstash import _connect as part
-    elif name in ("unwrap", "use_for_gradient_checkpointing", "wrap"):
-        from actstash import _plan as part
-    else:
-        raise AttributeError(f"module 'actstash' has no attribute {name!r}")
-    value = getattr(part, name)
-    globals()[name] = value
-    return value
+if not TYPE_CHECKING:  # type checkers see the imports above, and no other name
+    def __getattr__(name: str) -> Any:
+        if name == "optim":  # a submodule (not `from actstash import`: that asks here again)
+            import actstash.optim
+            return actstash.optim
+        if name in ("Stash", "checkpoint"):
+            from actstash import _hooks
+            value = getattr(_hooks, name)
+        elif name == "connect":
+            from actstash import _connect
+            value = _connect.connect
+        elif name in ("unwrap", "use_for_gradient_checkpointing", "wrap"):
+            from actstash import _plan
+            value = getattr(_plan, name)
+        else:
+            raise AttributeError(f"module 'actstash' has no attribute {name!r}")
+        globals()[name] = value
+        return value
 
 
 def __dir__():

@@ -1,8 +1,11 @@
 """connect(): a session with the node's actstashd (or a private one this process
 starts, _daemon.py), wrapped in a Stash."""
+from __future__ import annotations
+
 import os
 import threading
 import warnings
+from typing import Any, Iterable, Optional, Union
 
 from actstash._errors import StashUnavailable
 from actstash._hooks import Stash, current_cuda_device
@@ -15,10 +18,14 @@ _PRIVATE_DAEMON_HINT = ("Or let this process start a private one: "
 _START_MODES = ("never", "shared", "auto", "always")
 
 
-def connect(address=None, quota=None, on_unavailable="raise", *, start=None, daemon_args=(),
-            name=None, attach="auto", timeout=30.0, connect_timeout=5.0, prefetch=2,
-            copy_delay_us=0, seed=0, pin="auto", cuda=True, device_pool=None, downcast=None,
-            cpu_views=True, max_in_flight_bytes=None, **client_options):
+def connect(address: Optional[str] = None, quota: Union[int, str, None] = None,
+            on_unavailable: str = "raise", *, start: Optional[str] = None,
+            daemon_args: Iterable[str] = (), name: Optional[str] = None, attach: str = "auto",
+            timeout: float = 30.0, connect_timeout: float = 5.0, prefetch: int = 2,
+            copy_delay_us: int = 0, seed: int = 0, pin: str = "auto", cuda: bool = True,
+            device_pool: Optional[int] = None, downcast: Optional[str] = None,
+            cpu_views: bool = True, max_in_flight_bytes: Union[int, str, None] = None,
+            **client_options: Any) -> Stash:
     """Opens a session with actstashd and returns a Stash.
 
     address: socket path, unix:///path or host:port; default ACTSTASH_ADDRESS, else the
@@ -72,8 +79,8 @@ def connect(address=None, quota=None, on_unavailable="raise", *, start=None, dae
     if start is None:
         start = os.environ.get("ACTSTASH_START") or "shared"
     if start not in _START_MODES:
-        raise ValueError(f"start (or ACTSTASH_START) must be one of {', '.join(_START_MODES)}, "
-                         f"not {start!r}")
+        raise ValueError(f"start must be one of {', '.join(_START_MODES)} (the argument or "
+                         f"ACTSTASH_START), not {start!r}")
     address = address or os.environ.get("ACTSTASH_ADDRESS", "")
     if start == "shared" and address:
         start = "never"  # an address names the daemon to use: that one only
@@ -139,7 +146,7 @@ _process_stash = None
 _process_lock = threading.Lock()
 
 
-def process_stash():
+def process_stash() -> Stash:
     """The process's own Stash, connect() with its defaults on first use: what an
     OffloadAdamW made without a stash= uses. Made again if it was closed."""
     global _process_stash

@@ -14,10 +14,13 @@ applies (the hooks around the checkpoint, if asked). The hooks this function
 pushes are marked as checkpoint-internal the way torch marks its own, so SAC
 never routes a cached tensor into them.
 """
+from __future__ import annotations
+
 import contextlib
 import inspect
 import sys
 import weakref
+from typing import Any, Callable, Optional
 
 import torch
 from torch.utils.checkpoint import get_device_states, set_device_states
@@ -118,10 +121,12 @@ def _traced_checkpoint(function, args, kwargs, stash, min_bytes, context_fn, det
             debug=debug, preserve_rng_state=preserve_rng_state, **extra, **kwargs)
 
 
-def checkpoint(function, *args, use_reentrant=None, context_fn=None,
-               determinism_check="default", debug=False, preserve_rng_state=True,
-               early_stop=True, respect_saved_tensors_hooks=None, stash=None,
-               min_bytes=0, _observe=None, **kwargs):
+def checkpoint(function: Callable[..., Any], *args: Any, use_reentrant: Optional[bool] = None,
+               context_fn: Optional[Callable[[], Any]] = None,
+               determinism_check: str = "default", debug: bool = False,
+               preserve_rng_state: bool = True, early_stop: bool = True,
+               respect_saved_tensors_hooks: Optional[bool] = None, stash: Any = None,
+               min_bytes: int = 0, _observe: Any = None, **kwargs: Any) -> Any:
     """Runs function(*args, **kwargs) without saving its interior for backward; the
     interior is recomputed when backward needs it. With `stash`, the tensor inputs
     (the boundary, positional and keyword) are offloaded until then.
@@ -185,7 +190,7 @@ def checkpoint(function, *args, use_reentrant=None, context_fn=None,
     check = determinism_check == "default"
     forward_meta = []
 
-    storage = weakref.WeakKeyDictionary()
+    storage: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
     weak_holders = []
 
     def pack(x):

@@ -7,12 +7,15 @@ torch needs, and hand the rest to the native saved-tensor engine
 hold in flight, prefetch, fetches, releases, the version check, the failure
 policy and the counters.
 """
+from __future__ import annotations
+
 import atexit
 import contextlib
 import ctypes
 import threading
 import warnings
 import weakref
+from typing import Any, ContextManager, Dict, Optional
 
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
@@ -126,7 +129,7 @@ class _Engine:
 # torn down by the C library's exit handlers, after Python's) still work; left to
 # garbage collection during finalization, or never collected at all, their copy
 # threads could outlive both.
-_LIVE_ENGINES = weakref.WeakSet()
+_LIVE_ENGINES: "weakref.WeakSet[_Engine]" = weakref.WeakSet()
 
 
 @atexit.register
@@ -176,9 +179,10 @@ class Stash:
     engine is thread-safe; copies run on its copy threads (or CUDA streams).
     """
 
-    def __init__(self, client, on_unavailable="raise", prefetch=2, cuda=True, device_pool=None,
-                 downcast=None, copy_delay_us=0, seed=0, cpu_views=True,
-                 max_in_flight_bytes=None):
+    def __init__(self, client: Any, on_unavailable: str = "raise", prefetch: int = 2,
+                 cuda: bool = True, device_pool: Optional[int] = None,
+                 downcast: Optional[str] = None, copy_delay_us: int = 0, seed: int = 0,
+                 cpu_views: bool = True, max_in_flight_bytes: Any = None) -> None:
         if prefetch < 0:
             raise ValueError("prefetch must be >= 0")
         self._client = client
@@ -210,35 +214,37 @@ class Stash:
         self._unpack_out_len = 5 + 2 * prefetch
         self.prefetch_depth = prefetch
         self.cpu_views = settings["cpu_views"]
-        self._planner = None  # wrap(policy="auto")'s, for plan()
+        self._planner: Any = None  # wrap(policy="auto")'s, for plan()
         self._tls = threading.local()
-        self._keep = {}           # storage address -> StorageWeakRef of a kept storage
+        self._keep: Dict[int, Any] = {}  # storage address -> StorageWeakRef of a kept storage
         self._min_bytes = 0
         self._warned = client is None
         self._cuda_warned = False
 
     # -- public --------------------------------------------------------------------------
     @property
-    def available(self):
+    def available(self) -> bool:
         return bool(_lib.engine_available(self._engine.ptr))
 
     @property
-    def client(self):
+    def client(self) -> Any:
+        """The native client (actstash._native.lib.Client), or None without a daemon."""
         return self._client
 
-    def offload(self, min_bytes=None):
+    def offload(self, min_bytes: Optional[int] = None) -> ContextManager[None]:
         """Context manager: saved tensors of at least min_bytes (default 64 KiB, the
         engine's default_min_bytes) are offloaded."""
         return self._hooks(_lib.DEFAULT_MIN_BYTES if min_bytes is None else min_bytes)
 
-    def plan(self):
+    def plan(self) -> Any:
         """The automatic plan (wrap(..., policy="auto")) of the latest input shape: a
         report whose str() is a table (block, bytes, choice, predicted and measured time
         and memory). Before the first step, a pending report (its `pending` says what the
         first step does; its numbers are None). None without policy="auto"."""
         return self._planner.report() if self._planner is not None else None
 
-    def copy_share(self, probe_store_bps=0.0, probe_fetch_bps=0.0):
+    def copy_share(self, probe_store_bps: float = 0.0,
+                   probe_fetch_bps: float = 0.0) -> Optional[Dict[str, Any]]:
         """The node's copy bandwidth and this session's share of it while the other
         sessions on the daemon copy too: a dict of the daemon's CopyShareReply ("node":
         node_bytes_per_second, node_source, copying_sessions, window_seconds;
@@ -253,7 +259,7 @@ class Stash:
         except StashError:
             return None
 
-    def keep(self, *tensors_or_modules):
+    def keep(self, *tensors_or_modules: Any) -> None:
         """Never offload these tensors (nor other tensors on their storage), or the
         parameters and buffers of these modules. Held weakly: once a kept storage is
         freed, its memory is no longer special (an address the allocator reuses is
@@ -279,7 +285,7 @@ class Stash:
         del self._keep[address]  # freed: its old address means nothing now
         return False
 
-    def synchronize(self):
+    def synchronize(self) -> None:
         """Waits for every copy in flight (and drops the sources they held), and for the
         releases that dropping them caused."""
         for _ in range(2):  # the second round: releases queued by dropping the first
@@ -287,7 +293,7 @@ class Stash:
             _lib.engine_reap(self._engine.ptr, 0)  # with it: sources (owners) dropped
         self._raise_pending()
 
-    def stats(self):
+    def stats(self) -> Dict[str, Any]:
         """Counters of the engine (offloaded/kept per reason/fetched/views/prefetch/live/peak/
         in flight/wait), what keep() holds, and the daemon's view (leases) when connected."""
         _lib.engine_reap(self._engine.ptr, 0)
@@ -337,19 +343,18 @@ class Stash:
             out["pin_error"] = self._client.pin_error
         return out
 
-    def close(self):
+    def close(self) -> None:
         """Waits for the copies in flight and ends the session: what it stored is
         given back to the daemon."""
         self.synchronize()
         if self._client is not None:
             self._client.close()
 
-    def __enter__(self):
+    def __enter__(self) -> Stash:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: Any) -> None:
         self.close()
-        return False
 
     # -- hooks ---------------------------------------------------------------------------
     @contextlib.contextmanager

@@ -49,6 +49,7 @@ between the extremes) it returns the best plan found, at least as fast as the
 greedy one, and says it is not proven optimal (`Plan.exact` False).
 """
 import dataclasses
+from typing import Optional
 
 from actstash._errors import BudgetError
 
@@ -79,7 +80,7 @@ class BlockCost:
     input_inline_bytes: int = 0
     forward_work: int = 0     # transient memory of its forward, above what is held
     backward_work: int = 0    # its backward's working set, above what is held
-    recompute_s: float = None  # recomputation (default: forward_s)
+    recompute_s: Optional[float] = None  # recomputation (default: forward_s)
 
     def held(self, choice):
         if choice == KEEP:
@@ -228,7 +229,7 @@ class Plan:
     budget: int
     exact: bool = True           # proven optimal under the model
     limited_by_quota: bool = False  # a faster plan exists that the quota does not allow
-    unlimited_time_s: float = None  # that faster plan's predicted time
+    unlimited_time_s: Optional[float] = None  # that faster plan's predicted time
     nodes: int = 0                # plans the search visited
     smallest_peak: int = 0        # the least peak any plan reaches
     kept_peak: int = 0            # the peak with every block kept

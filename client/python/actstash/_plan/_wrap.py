@@ -1,6 +1,9 @@
 """actstash.wrap: apply offload and/or checkpointing to chosen submodules."""
+from __future__ import annotations
+
 import functools
 import inspect
+from typing import Any, Optional, Union
 
 import torch
 
@@ -39,8 +42,10 @@ def _repeated_blocks(model):
     return max(lists, key=lambda m: (len(m), sum(p.numel() for p in m.parameters())))
 
 
-def wrap(model, stash, blocks=None, mode="checkpoint+offload", min_bytes=None,
-         policy="manual", budget=None, memory_limit=None, candidates=3):
+def wrap(model: torch.nn.Module, stash: Any, blocks: Any = None,
+         mode: str = "checkpoint+offload", min_bytes: Optional[int] = None,
+         policy: str = "manual", budget: Union[int, float, str, None] = None,
+         memory_limit: Union[int, str, None] = None, candidates: int = 3) -> torch.nn.Module:
     """Makes each selected block offload its saved tensors ("offload"), recompute its
     interior ("checkpoint"), or recompute its interior and offload its inputs
     ("checkpoint+offload"). blocks: a module class (or tuple), a ModuleList, a
@@ -123,7 +128,9 @@ def _refuse_double_checkpoint(blocks, what):
                 "with actstash's checkpoint")
 
 
-def use_for_gradient_checkpointing(model, stash=None, min_bytes=None, **checkpoint_kwargs):
+def use_for_gradient_checkpointing(model: Any, stash: Any = None,
+                                   min_bytes: Optional[int] = None,
+                                   **checkpoint_kwargs: Any) -> Any:
     """Turns on a Hugging Face transformers model's own gradient checkpointing (the
     route Trainer(gradient_checkpointing=True) and accelerate take) with
     actstash.checkpoint in place of torch.utils.checkpoint: with `stash`, each layer's
@@ -191,7 +198,7 @@ def _wrap_auto(model, stash, blocks, min_bytes, budget, memory_limit, candidates
     return model
 
 
-def unwrap(model):
+def unwrap(model: torch.nn.Module) -> torch.nn.Module:
     """Restores the forward of every block wrap() changed."""
     planner = getattr(model, "_actstash_planner", None)
     if planner is not None:

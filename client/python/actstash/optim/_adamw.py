@@ -48,7 +48,10 @@ gives the values, copied into the process); step() reads back what it steps,
 spill_chunk_bytes at a time (default: an eighth of the pool, at most 256 MiB), in the
 parameters' order, and parks them again.
 """
+from __future__ import annotations
+
 import weakref
+from typing import Any, Dict, Iterable, Optional, Tuple
 
 import torch
 
@@ -76,9 +79,12 @@ class OffloadAdamW(_PooledStates, _MasterWeights, _DevicePath, _Stepping, torch.
                             "without one the process's connection (actstash.connect()) is used")
         return super().__new__(cls)
 
-    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2,
-                 amsgrad=False, *, stash=None, mode="exact", fraction=1.0, threads=None,
-                 spill=None, spill_chunk_bytes=None, _copies=None, **kwargs):
+    def __init__(self, params: Iterable[Any], lr: float = 1e-3,
+                 betas: Tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
+                 weight_decay: float = 1e-2, amsgrad: bool = False, *, stash: Any = None,
+                 mode: str = "exact", fraction: float = 1.0, threads: Optional[int] = None,
+                 spill: Optional[bool] = None, spill_chunk_bytes: Optional[int] = None,
+                 _copies: Any = None, **kwargs: Any) -> None:
         if mode not in ("exact", "fast"):
             raise ValueError("mode must be 'exact' or 'fast'")
         if not 0.0 <= fraction <= 1.0:
@@ -148,14 +154,16 @@ class OffloadAdamW(_PooledStates, _MasterWeights, _DevicePath, _Stepping, torch.
         # rather than being overwritten by it.
         self._versions = {}
         buffers = []
-        self._host = {}        # device path: parameter -> its host copy in the pool
-        self._host_grads = {}  # device path: parameter -> its gradient's host copy in the pool
-        self._pending = {}     # device path: parameter -> (event, gradient, version) of its copy
+        # The device path: parameter -> its host copy in the pool, its gradient's host copy
+        # in the pool, and (event, gradient, version) of that gradient's copy in flight.
+        self._host: Dict[Any, Any] = {}
+        self._host_grads: Dict[Any, Any] = {}
+        self._pending: Dict[Any, Any] = {}
         self._hooks = []
         # Pooled parameter -> {state key: its _PoolBuffer}; the buffers' views made so far
         # ((parameter, key) -> view; a parked buffer's view is stale until located again).
-        self._buffers = {}
-        self._views = {}
+        self._buffers: Dict[Any, Dict[str, _PoolBuffer]] = {}
+        self._views: Dict[Any, Any] = {}
         try:
             # The device path's host copies of the parameters and gradients first, all
             # together: written during backward, they never spill, and leases they share
@@ -340,14 +348,13 @@ class OffloadAdamW(_PooledStates, _MasterWeights, _DevicePath, _Stepping, torch.
                 stepped.append(len(chunk))
         return loss
 
-    def __enter__(self):
+    def __enter__(self) -> OffloadAdamW:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: Any) -> None:
         self.close()
-        return False
 
-    def close(self):
+    def close(self) -> None:
         """Moves the states (and on the device path the host copies) into the process and
         gives the pool memory back; the optimizer goes on working. `with
         OffloadAdamW(...) as opt:` closes it at the end of the block."""
