@@ -3,11 +3,10 @@ private module, a reach into another part's private attribute, a part README tha
 missing or that names other parts than its files use. Each is planted in a shared
 clone of the repository's HEAD, which is clean before the plant."""
 import os
-import shutil
 import subprocess
-import sys
 
 import pytest
+from actstash_testing.repo_clone import clone_worktree, planted, run_check
 
 pytestmark = pytest.mark.torch_agnostic
 
@@ -17,42 +16,14 @@ PLAN = "client/python/actstash/_plan/"
 
 @pytest.fixture(scope="module")
 def clone(tmp_path_factory):
-    if shutil.which("git") is None or not os.path.isdir(os.path.join(ROOT, ".git")):
+    path = clone_worktree(ROOT, str(tmp_path_factory.mktemp("layers") / "repo"))
+    if path is None:
         pytest.skip("needs the git repository")
-    path = str(tmp_path_factory.mktemp("layers") / "repo")
-    subprocess.run(["git", "clone", "-q", "--shared", "--no-checkout", ROOT, path], check=True)
-    # The working tree's own check-layers and the tracked files as they are now.
-    subprocess.run(["git", "-C", path, "checkout", "-q", "HEAD"], check=True)
-    for relative in subprocess.run(["git", "ls-files", "-m", "-o", "--exclude-standard"],
-                                   cwd=ROOT, check=True, capture_output=True,
-                                   text=True).stdout.split():
-        source = os.path.join(ROOT, relative)
-        if os.path.isfile(source):
-            os.makedirs(os.path.dirname(os.path.join(path, relative)), exist_ok=True)
-            shutil.copyfile(source, os.path.join(path, relative))
-            subprocess.run(["git", "-C", path, "add", relative], check=True)
     return path
 
 
 def check(path):
-    done = subprocess.run([sys.executable, os.path.join(path, "scripts", "check-layers")],
-                          capture_output=True, text=True)
-    return done.returncode, done.stdout + done.stderr
-
-
-def planted(clone, relative, old, new):
-    """Replaces `old` by `new` in one file of the clone; returns a function that undoes it."""
-    path = os.path.join(clone, relative)
-    with open(path, encoding="utf-8") as f:
-        text = f.read()
-    assert old in text, (relative, old)
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(text.replace(old, new, 1))
-
-    def undo():
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(text)
-    return undo
+    return run_check(path, "check-layers")
 
 
 def test_the_tree_as_it_is_passes(clone):
@@ -76,11 +47,8 @@ def test_the_tree_as_it_is_passes(clone):
      "server/base/, server/sessions/"),
 ])
 def test_a_planted_violation_fails(clone, relative, old, new, expected):
-    undo = planted(clone, relative, old, new)
-    try:
+    with planted(clone, relative, old, new):
         code, out = check(clone)
-    finally:
-        undo()
     assert code == 1 and expected in out, out
 
 
