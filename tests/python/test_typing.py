@@ -54,12 +54,17 @@ def checked(tmp_path_factory):
     (folder / "good.py").write_text(GOOD)
     for i, (line, _) in enumerate(BAD):
         (folder / f"bad{i}.py").write_text("import actstash\n" + line + "\n")
+    # Installed, mypy finds the package as a user's mypy does: in site-packages, typed
+    # because it ships py.typed (without it, every name would be Any and the misuses
+    # below would pass). In the build tree, through MYPYPATH.
     package = os.path.dirname(os.path.dirname(os.path.abspath(actstash.__file__)))
+    env = dict(os.environ)
+    if os.path.basename(package) not in ("site-packages", "dist-packages"):
+        env["MYPYPATH"] = package
     done = subprocess.run([sys.executable, "-m", "mypy", "--config-file",
                            os.path.join(ROOT, "client", "python", "mypy.ini"), "--cache-dir",
                            str(folder / "cache"), "--no-error-summary", *names],
-                          capture_output=True, text=True, cwd=folder,
-                          env=dict(os.environ, MYPYPATH=package))
+                          capture_output=True, text=True, cwd=folder, env=env)
     out = {name: "" for name in names}
     for message in (done.stdout + done.stderr).splitlines():
         name = message.split(":", 1)[0]
