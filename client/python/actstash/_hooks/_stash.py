@@ -20,7 +20,7 @@ from typing import Any, ContextManager, Dict, Optional
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from actstash._errors import StashError
+from actstash._errors import StashError, StashInvalidArgument
 from actstash._native import lib as _lib
 
 # The engine's constants, as the native library describes them (c_api.h).
@@ -256,6 +256,8 @@ class Stash:
             return None
         try:
             return self._client.copy_share(probe_store_bps, probe_fetch_bps)
+        except StashInvalidArgument:
+            raise  # the caller's rates: theirs to fix
         except StashError:
             return None
 
