@@ -8,6 +8,7 @@ namespace actstash::client_internal {
 absl::StatusOr<std::vector<GrantedLease>> HostLeases::Lease(uint32_t count,
                                                             uint32_t segments_per_lease) {
   for (int attempt = 0;; ++attempt) {
+    ConfirmAfterRestart();
     absl::StatusOr<std::vector<GrantedLease>> granted = LeaseOnce(count, segments_per_lease);
     // The grant was made but its fds were lost with the attach connection
     // of a daemon that crashed: once attached again, lease anew (what was
@@ -29,6 +30,10 @@ absl::StatusOr<std::vector<GrantedLease>> HostLeases::LeaseOnce(uint32_t count,
   v1::LeaseReply reply;
   if (absl::Status s = rpc_.Call(&v1::Stash::Stub::Lease, request, &reply, "Lease"); !s.ok()) {
     return s;
+  }
+  {
+    absl::MutexLock lock(&held_mu_);
+    for (const v1::LeaseGrant& grant : reply.leases()) held_.insert(grant.lease_id());
   }
   std::vector<GrantedLease> granted;
   std::vector<uint64_t> stale;  // leases of earlier calls that timed out here
@@ -59,7 +64,28 @@ absl::StatusOr<std::vector<GrantedLease>> HostLeases::LeaseOnce(uint32_t count,
   return granted;
 }
 
+void HostLeases::ConfirmAfterRestart() {
+  const uint64_t reattaches = attach_.reattaches();
+  if (reattaches == confirmed_reattaches_.load(std::memory_order_acquire)) return;
+  v1::ConfirmLeasesRequest request;
+  {
+    absl::MutexLock lock(&held_mu_);
+    for (uint64_t id : held_) request.add_held_lease_ids(id);
+  }
+  v1::ConfirmLeasesReply reply;
+  const absl::Status status =
+      rpc_.Call(&v1::Stash::Stub::ConfirmLeases, request, &reply, "ConfirmLeases");
+  // An older daemon (UNIMPLEMENTED) keeps such leases with the session.
+  if (status.ok() || absl::IsUnimplemented(status)) {
+    confirmed_reattaches_.store(reattaches, std::memory_order_release);
+  }
+}
+
 absl::Status HostLeases::Return(absl::Span<const uint64_t> lease_ids) {
+  {
+    absl::MutexLock lock(&held_mu_);
+    for (uint64_t id : lease_ids) held_.erase(id);
+  }
   const uint64_t reattaches = attach_.reattaches();
   absl::Status status = ReturnLeases(rpc_, lease_ids);
   if (!absl::IsNotFound(status) || attach_.reattaches() == reattaches) return status;

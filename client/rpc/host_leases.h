@@ -3,15 +3,25 @@
 // arrive over the attach connection, Return, and the daemon's spill tier
 // (Spill, Restore, DropSpilled). Private to the client library.
 //
+// It remembers which host leases it holds (granted and not given back), so
+// that after the daemon restarted or was taken over, the first Lease call
+// first tells the daemon (ConfirmLeases): a grant the old daemon recorded
+// but whose answer never arrived would otherwise count against the
+// session's quota until the session ends.
+//
 // Thread-safety: any thread; the store calls Lease one at a time, the others
-// concurrently. Immutable after construction.
+// concurrently.
 #ifndef ACTSTASH_CLIENT_RPC_HOST_LEASES_H_
 #define ACTSTASH_CLIENT_RPC_HOST_LEASES_H_
 
+#include <atomic>
 #include <cstdint>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
 #include "client/rpc/attach_connection.h"
 #include "client/rpc/session_rpc.h"
@@ -45,11 +55,20 @@ class HostLeases final : public LeaseBackend {
  private:
   // One Lease call and the receipt of its fds.
   absl::StatusOr<std::vector<GrantedLease>> LeaseOnce(uint32_t count, uint32_t segments_per_lease);
+  // ConfirmLeases once per reattach (before the next grant); a failure is
+  // tried again at the next Lease call.
+  void ConfirmAfterRestart() ABSL_LOCKS_EXCLUDED(held_mu_);
 
   const SessionRpc& rpc_;
   AttachConnection& attach_;
   LeaseNumaNode numa_node_;
   const bool can_spill_;
+  absl::Mutex held_mu_;
+  // Granted and not given back (whether or not Return reached the daemon:
+  // the caller no longer maps what it returns).
+  absl::flat_hash_set<uint64_t> held_ ABSL_GUARDED_BY(held_mu_);
+  // The reattach count the daemon was last told held_ at.
+  std::atomic<uint64_t> confirmed_reattaches_{0};
 };
 
 }  // namespace actstash::client_internal

@@ -1,4 +1,4 @@
-// Lease, Return and ReportUsage: the control side of the zero-copy data
+// Lease, Return, ConfirmLeases and ReportUsage: the control side of the zero-copy data
 // plane. A Lease is granted here, renewed (fresh memfds) on the work queue
 // when its segments were used before, and its fds are sent over the attach
 // channel before the call completes. A device-tier Lease is granted from a
@@ -214,6 +214,32 @@ grpc::ServerUnaryReactor* StashService::Return(grpc::CallbackServerContext* ctx,
   if (!returned.ok()) return FinishUnary(ctx, returned.status());
   reply->set_returned(returned->objects);
   reply->set_bytes(returned->bytes);
+  return FinishUnary(ctx, absl::OkStatus());
+}
+
+// Host leases only: device pools are not carried over a restart.
+grpc::ServerUnaryReactor* StashService::ConfirmLeases(grpc::CallbackServerContext* ctx,
+                                                      const v1::ConfirmLeasesRequest* request,
+                                                      v1::ConfirmLeasesReply* reply) {
+  absl::StatusOr<std::shared_ptr<Session>> session = AuthenticateCall(*core_, *ctx);
+  if (!session.ok()) return FinishUnary(ctx, session.status());
+  const uint64_t segments = core_->segments.segment_count();
+  if (static_cast<uint64_t>(request->held_lease_ids_size()) > segments) {
+    return FinishUnary(ctx, absl::InvalidArgumentError(absl::StrCat(
+                                request->held_lease_ids_size(), " held leases named; the pool has ",
+                                segments, " segments")));
+  }
+  const RemovedTotals released = core_->leases.ReleaseUnclaimed(
+      (*session)->id(),
+      absl::MakeConstSpan(request->held_lease_ids().data(), request->held_lease_ids_size()));
+  if (released.objects > 0) {
+    spdlog::warn(
+        "session {}: took back {} carried lease(s), {} bytes, its client does not hold (granted "
+        "before the restart, answer lost)",
+        (*session)->id(), released.objects, released.bytes);
+  }
+  reply->set_released(released.objects);
+  reply->set_bytes(released.bytes);
   return FinishUnary(ctx, absl::OkStatus());
 }
 

@@ -41,6 +41,9 @@ class StashService final : public v1::Stash::CallbackService {
   grpc::ServerUnaryReactor* Return(grpc::CallbackServerContext* ctx,
                                    const v1::ReturnRequest* request,
                                    v1::ReturnReply* reply) override;
+  grpc::ServerUnaryReactor* ConfirmLeases(grpc::CallbackServerContext* ctx,
+                                          const v1::ConfirmLeasesRequest* request,
+                                          v1::ConfirmLeasesReply* reply) override;
   grpc::ServerUnaryReactor* ReportUsage(grpc::CallbackServerContext* ctx,
                                         const v1::ClientUsage* request,
                                         v1::ReportUsageReply* reply) override;

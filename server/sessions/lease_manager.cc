@@ -129,6 +129,7 @@ RemovedTotals LeaseManager::TakeLocked(uint64_t session_id, absl::Span<const uin
     if (journal_ != nullptr) journal_->LeaseReleased(id, it->second->first_segment());
     removed->push_back(std::move(it->second));
     leases_.erase(it);
+    carried_.erase(id);
     ++totals.objects;
   }
   return totals;
@@ -178,6 +179,23 @@ RemovedTotals LeaseManager::ReleaseSession(uint64_t session_id) {
     if (lease->session_id() == session_id) ids.push_back(id);
   }
   return TakeLocked(session_id, ids, &removed);
+}
+
+RemovedTotals LeaseManager::ReleaseUnclaimed(uint64_t session_id, absl::Span<const uint64_t> held) {
+  std::vector<std::shared_ptr<Lease>> removed;  // freed outside mu_
+  absl::MutexLock lock(&mu_);
+  const absl::flat_hash_set<uint64_t> named(held.begin(), held.end());
+  std::vector<uint64_t> unclaimed;
+  for (auto it = carried_.begin(); it != carried_.end();) {
+    const auto lease = leases_.find(*it);
+    if (lease == leases_.end() || lease->second->session_id() != session_id) {
+      ++it;
+      continue;
+    }
+    if (!named.contains(*it)) unclaimed.push_back(*it);
+    carried_.erase(it++);
+  }
+  return TakeLocked(session_id, unclaimed, &removed);
 }
 
 absl::StatusOr<std::shared_ptr<Lease>> LeaseManager::Find(uint64_t session_id, uint64_t id) const {
@@ -255,6 +273,7 @@ absl::Status LeaseManager::Adopt(const std::shared_ptr<Session>& session,
   leased_bytes_ += lease->bytes();
   Record(*lease);
   leases_.emplace(state.id(), std::move(lease));
+  carried_.insert(state.id());
   next_id_ = std::max(next_id_, state.id() + 1);
   return absl::OkStatus();
 }

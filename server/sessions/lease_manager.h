@@ -10,6 +10,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
@@ -114,11 +115,18 @@ class LeaseManager {
   absl::StatusOr<std::shared_ptr<Lease>> Find(uint64_t session_id, uint64_t id) const;
   // Takes back every lease of the session.
   RemovedTotals ReleaseSession(uint64_t session_id);
+  // The client's answer to a restart (ConfirmLeases): takes back the
+  // session's carried leases (adopted, see Adopt) that are not in `held`,
+  // and makes the rest ordinary leases. Leases granted by this manager are
+  // never taken here.
+  RemovedTotals ReleaseUnclaimed(uint64_t session_id, absl::Span<const uint64_t> held);
 
   // Take-over (server/handover). Export: every lease, for a successor; call
   // it once nothing grants or returns any more (the daemon stopped serving).
   // Adopt: lease `state` of `session` on `run` (the pool's AdoptRun), with
-  // its id, before anything is served: its quota is reserved again.
+  // its id, before anything is served: its quota is reserved again. It is
+  // carried until its client claims it (ReleaseUnclaimed): the grant may
+  // have been recorded by a daemon that died before its answer left.
   // INVALID_ARGUMENT for an id of another tier or one already held,
   // RESOURCE_EXHAUSTED when the session's quota cannot hold it.
   std::vector<v1::LeaseState> Export() const;
@@ -165,6 +173,8 @@ class LeaseManager {
   uint64_t granted_total_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t leased_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_map<uint64_t, std::shared_ptr<Lease>> leases_ ABSL_GUARDED_BY(mu_);
+  // Adopted leases (ids) no client has claimed yet; a subset of leases_.
+  absl::flat_hash_set<uint64_t> carried_ ABSL_GUARDED_BY(mu_);
   // Runs whose renewal failed: never handed out again (freed with the manager).
   std::vector<SegmentRun> quarantine_ ABSL_GUARDED_BY(mu_);
 };

@@ -11,7 +11,9 @@
 // grace is kept; a lease whose segments were scrubbed at its grant comes
 // back with the memory its client maps; a Put sent again after a crash or
 // a take-over (its put id the same) stores nothing and answers the handle
-// of the object it stored before.
+// of the object it stored before; a grant recorded before a crash whose
+// answer never reached the client is taken back once the client names the
+// leases it holds (ConfirmLeases), and no longer counts against its quota.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -24,6 +26,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "actstash/v1/stash.grpc.pb.h"
+#include "client/rpc/attach_connection.h"
+#include "client/rpc/host_leases.h"
+#include "client/rpc/session_rpc.h"
+#include "common/attach_wire.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "tests/integration/takeover_util.h"
@@ -193,6 +199,19 @@ size_t KeptSpillFiles(DaemonProcess& daemon) {
   return n;
 }
 
+// The same, once it is `expected` (or after 10 s): a read-back is answered
+// before its file leaves the store (FDSTOREREMOVE), and the store reads the
+// daemon's messages on its own thread.
+size_t KeptSpillFilesOnceSettled(DaemonProcess& daemon, size_t expected) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  size_t n = KeptSpillFiles(daemon);
+  while (n != expected && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    n = KeptSpillFiles(daemon);
+  }
+  return n;
+}
+
 TEST(CrashRecoveryTest, SpilledLeasesSurviveKills) {
   const std::string spill_dir = MakeTempDir();
   std::unique_ptr<DaemonProcess> daemon = StartDaemonOrDie(Supervised({"--spill-dir", spill_dir}));
@@ -209,7 +228,7 @@ TEST(CrashRecoveryTest, SpilledLeasesSurviveKills) {
   }
   const uint64_t spilled = (*client)->zero_copy_usage().spilled_leases();
   ASSERT_GT(spilled, 4u);
-  EXPECT_EQ(KeptSpillFiles(*daemon), spilled);
+  EXPECT_EQ(KeptSpillFilesOnceSettled(*daemon, spilled), spilled);
   for (int round = 1; round <= 2; ++round) {
     SCOPED_TRACE(round);
     Crash(*daemon);
@@ -225,10 +244,10 @@ TEST(CrashRecoveryTest, SpilledLeasesSurviveKills) {
   EXPECT_EQ((*client)->daemon_reattaches(), 2u);
   // Read back, the files leave the store; what the client holds spilled now
   // is what the store keeps.
-  EXPECT_EQ(KeptSpillFiles(*daemon), usage.spilled_leases());
+  EXPECT_EQ(KeptSpillFilesOnceSettled(*daemon, usage.spilled_leases()), usage.spilled_leases());
   for (const auto& [ticket, bytes] : stored) ASSERT_TRUE((*client)->Release(ticket).ok());
   ASSERT_TRUE((*client)->Close().ok());
-  EXPECT_EQ(KeptSpillFiles(*daemon), 0u);
+  EXPECT_EQ(KeptSpillFilesOnceSettled(*daemon, 0), 0u);
   EXPECT_TRUE(SpillFds(daemon->pid(), spill_dir).empty());
   ASSERT_TRUE(daemon->Stop(SIGTERM).ok());
   std::filesystem::remove_all(spill_dir);
@@ -470,6 +489,77 @@ TEST(CrashRecoveryTest, APutSentAgainAfterACrashOrATakeOverIsStoredOnce) {
   EXPECT_EQ(RawObjectCount(*stub, token), 2u);
   daemon.reset();
   Retired().clear();
+}
+
+// The crash between a grant's record and its answer, made on purpose: a
+// Lease of the session whose answer its HostLeases never sees (the fds stay
+// unread in the attach socket). The restarted daemon carries it over from
+// the state table; the client's next Lease names what it holds, and the
+// daemon takes the rest back, so the quota that grant filled is free again.
+TEST(CrashRecoveryTest, AGrantWhoseAnswerWasLostIsTakenBackAfterARestart) {
+  std::unique_ptr<DaemonProcess> daemon = StartDaemonOrDie(Supervised());  // 4 MiB segments
+  ASSERT_NE(daemon, nullptr);
+  auto stub = v1::Stash::NewStub(
+      grpc::CreateChannel(daemon->address(), grpc::InsecureChannelCredentials()));
+  std::string token;
+  {
+    grpc::ClientContext ctx;
+    v1::OpenSessionRequest request;
+    request.set_quota_bytes(3 * (4u << 20));  // three segments
+    v1::OpenSessionReply reply;
+    ASSERT_TRUE(stub->OpenSession(&ctx, request, &reply).ok());
+    token = reply.token();
+  }
+  absl::StatusOr<std::unique_ptr<client_internal::AttachConnection>> attach =
+      client_internal::AttachConnection::Connect(attach::AttachSocketPath(daemon->socket_path()),
+                                                 token, std::chrono::seconds(5),
+                                                 std::chrono::seconds(20));
+  ASSERT_TRUE(attach.ok()) << attach.status();
+  client_internal::SessionRpc rpc(
+      daemon->address(), grpc::CreateChannel(daemon->address(), grpc::InsecureChannelCredentials()),
+      std::chrono::seconds(10));
+  rpc.SetToken(token);
+  rpc.SetAttach(attach->get());
+  client_internal::HostLeases leases(&rpc, attach->get(), /*numa_node=*/-1, /*can_spill=*/false);
+
+  absl::StatusOr<std::vector<client_internal::GrantedLease>> held = leases.Lease(1, 1);
+  ASSERT_TRUE(held.ok()) << held.status();
+  ASSERT_EQ(held->size(), 1u);
+  v1::LeaseReply lost;  // the answer the crash would have lost
+  {
+    grpc::ClientContext ctx;
+    ctx.AddMetadata("x-actstash-token", token);
+    v1::LeaseRequest request;
+    request.set_count(2);
+    ASSERT_TRUE(stub->Lease(&ctx, request, &lost).ok());
+    ASSERT_EQ(lost.leases_size(), 2);
+  }
+  absl::StatusOr<std::vector<client_internal::GrantedLease>> full = leases.Lease(1, 1);
+  ASSERT_EQ(full.status().code(), absl::StatusCode::kResourceExhausted) << full.status();
+
+  Crash(*daemon);
+  // Two segments of quota are free again only if the lost grant went back.
+  absl::StatusOr<std::vector<client_internal::GrantedLease>> after = leases.Lease(2, 1);
+  ASSERT_TRUE(after.ok()) << after.status() << daemon->log();
+  EXPECT_EQ(after->size(), 2u);
+  EXPECT_TRUE(LogHas(*daemon, "took back 2 carried lease(s)")) << daemon->log();
+  // The lease the client held is still its own; the lost ones are gone.
+  grpc::ClientContext ctx;
+  WaitForTheDaemon(ctx);
+  ctx.AddMetadata("x-actstash-token", token);
+  v1::ReturnRequest request;
+  request.add_lease_ids(lost.leases(0).lease_id());
+  v1::ReturnReply reply;
+  EXPECT_EQ(stub->Return(&ctx, request, &reply).error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_TRUE(leases.Return({(*held)[0].lease_id}).ok());
+  // Named once, a carried lease is the client's: a second restart's
+  // confirmation takes nothing the client holds.
+  Crash(*daemon);
+  absl::StatusOr<std::vector<client_internal::GrantedLease>> again = leases.Lease(1, 1);
+  ASSERT_TRUE(again.ok()) << again.status() << daemon->log();
+  EXPECT_TRUE(
+      leases.Return({(*after)[0].lease_id, (*after)[1].lease_id, (*again)[0].lease_id}).ok());
+  attach->get()->Shutdown();
 }
 
 }  // namespace

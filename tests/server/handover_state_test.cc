@@ -204,5 +204,48 @@ TEST(AdoptSessionsTest, IdsTokensAndQuotasComeBack) {
   EXPECT_EQ((*adopted)->used_bytes(), 0u);
 }
 
+// After a restart the client names the leases it holds: the carried ones it
+// does not name go back; those it named, those of other sessions and those
+// granted since are not touched, then or at a later confirmation.
+TEST(AdoptSessionsTest, CarriedLeasesTheClientDoesNotNameGoBack) {
+  SessionManager sessions(SessionManagerOptions{64 << 20, 64 << 20, 4});
+  absl::StatusOr<std::shared_ptr<Session>> a = sessions.Open("a", 0, 11);
+  absl::StatusOr<std::shared_ptr<Session>> b = sessions.Open("b", 0, 12);
+  ASSERT_TRUE(a.ok() && b.ok());
+  absl::StatusOr<std::unique_ptr<HostPool>> pool = CreateHostPool(PoolOptions());
+  ASSERT_TRUE(pool.ok());
+  LeaseManager leases(pool->get(), nullptr);
+  auto adopt = [&](const std::shared_ptr<Session>& session, uint64_t id, uint32_t segment) {
+    v1::LeaseState lease;
+    lease.set_id(id);
+    lease.set_session_id(session->id());
+    lease.set_first_segment(segment);
+    lease.set_count(1);
+    absl::StatusOr<SegmentRun> run = (*pool)->AdoptRun(segment, 1);
+    ASSERT_TRUE(run.ok());
+    ASSERT_TRUE(leases.Adopt(session, lease, &*run).ok());
+  };
+  adopt(*a, 5, 0);
+  adopt(*a, 7, 1);
+  adopt(*b, 9, 2);
+  absl::StatusOr<std::vector<std::shared_ptr<Lease>>> granted = leases.Grant(*a, 1, 1);
+  ASSERT_TRUE(granted.ok()) << granted.status();
+  const uint64_t fresh = (*granted)[0]->id();
+  granted->clear();
+
+  const RemovedTotals released = leases.ReleaseUnclaimed((*a)->id(), {5, 12345});
+  EXPECT_EQ(released.objects, 1u);
+  EXPECT_EQ(released.bytes, 1u << 20);
+  EXPECT_TRUE(leases.Find((*a)->id(), 5).ok());
+  EXPECT_EQ(leases.Find((*a)->id(), 7).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(leases.Find((*a)->id(), fresh).ok());
+  EXPECT_TRUE(leases.Find((*b)->id(), 9).ok());
+  EXPECT_EQ((*a)->used_bytes(), 2u << 20);
+  EXPECT_EQ(leases.ReleaseUnclaimed((*a)->id(), {}).objects, 0u);  // 5 is a's now
+  EXPECT_EQ(leases.ReleaseUnclaimed((*b)->id(), {}).objects, 1u);
+  leases.StopRenewing();
+  EXPECT_EQ(leases.ReleaseSession((*a)->id()).objects, 2u);
+}
+
 }  // namespace
 }  // namespace actstash::server
