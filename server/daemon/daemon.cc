@@ -369,7 +369,8 @@ void Daemon::ReapIdleSessions() {
     const int64_t now_ms = SteadyNowMs();
     if (sessions_.size() > 0) {
       unused_since_ms = now_ms;
-    } else if (unused_ms > 0 && now_ms - unused_since_ms >= unused_ms) {
+    } else if (unused_ms > 0 && now_ms - unused_since_ms >= unused_ms &&
+               sessions_.RefuseIfUnused()) {
       spdlog::info("no session for {} s (exit_when_unused_seconds): shutting down",
                    (now_ms - unused_since_ms) / 1000);
       unused_since_ms = now_ms;  // one signal; the main thread stops this thread

@@ -35,6 +35,12 @@ int64_t NowUnixMs() {
 SessionManager::SessionManager(const SessionManagerOptions& options, StateJournal* journal)
     : options_(options), journal_(journal) {}
 
+bool SessionManager::RefuseIfUnused() {
+  absl::MutexLock lock(&mu_);
+  refusing_ = refusing_ || by_id_.empty();
+  return refusing_;
+}
+
 absl::StatusOr<std::shared_ptr<Session>> SessionManager::Open(absl::string_view client_name,
                                                               uint64_t requested_quota,
                                                               uint32_t pid) {
@@ -46,6 +52,11 @@ absl::StatusOr<std::shared_ptr<Session>> SessionManager::Open(absl::string_view 
       std::min(requested_quota == 0 ? options_.default_quota_bytes : requested_quota,
                options_.max_quota_bytes);
   absl::MutexLock lock(&mu_);
+  if (refusing_) {
+    return absl::UnavailableError(
+        "actstashd is shutting down (no session was open for its exit_when_unused_seconds); "
+        "connect again once it is gone");
+  }
   if (by_id_.size() >= options_.max_sessions) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "too many sessions: ", by_id_.size(), " open, the daemon allows ", options_.max_sessions));

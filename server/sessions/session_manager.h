@@ -49,6 +49,10 @@ class SessionManager {
   // `ttl_ms` at `now_ms` (steady clock, SteadyNowMs).
   std::vector<std::shared_ptr<Session>> IdleSessions(int64_t now_ms, int64_t ttl_ms) const;
   size_t size() const;
+  // When no session is open, refuses every later Open (UNAVAILABLE), checked
+  // and set under one lock: a daemon that exits once unused must not open a
+  // session in the moment it decides to go. Returns whether it refused.
+  bool RefuseIfUnused();
 
   // Take-over: a session of the daemon this one succeeds, with its id and
   // token (and counters), before anything is served. INVALID_ARGUMENT for
@@ -68,6 +72,7 @@ class SessionManager {
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
   absl::flat_hash_map<uint64_t, std::shared_ptr<Session>> by_id_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, uint64_t> id_by_token_ ABSL_GUARDED_BY(mu_);
+  bool refusing_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace actstash::server

@@ -1,6 +1,8 @@
 """scripts/check-docs fails on a document that contradicts the repository: a command
 marked (CI) that .ci/run does not run, one said not to be in CI that it runs, a line
-saying nothing ran on a GPU while docs/gpu-runs/ holds a run. Each is planted in a
+saying nothing ran on a GPU while docs/gpu-runs/ holds a run, a figure beside a
+citation of docs/RESULTS.md that the cited sections do not hold, a cited section that
+does not exist. Each is planted in a
 clone of the tree under test, which is clean before the plant."""
 import os
 
@@ -35,6 +37,12 @@ def test_the_tree_as_it_is_passes(clone):
     # a GPU run is on record
     ("README.md", "\n## ", "\nNo GPU has been lent yet.\n\n## ",
      "says nothing ran on a GPU, but docs/gpu-runs/ holds"),
+    # a figure the cited RESULTS sections do not hold (44–49 ms is theirs)
+    ("README.md", "a pause of 44–49 ms", "a pause of 43–49 ms",
+     "quotes 43 ms beside RESULTS 'Take-over under training load', 'Upgrade in place'"),
+    # a cited section that does not exist
+    ("README.md", '"Upgrade in place"', '"Upgrade in a hurry"',
+     'cites docs/RESULTS.md "Upgrade in a hurry", which has no such section'),
 ])
 def test_a_planted_contradiction_fails(clone, relative, old, new, expected):
     with planted(clone, relative, old, new):

@@ -76,7 +76,7 @@ def run_block(call, dropout=0.0, seed=0, stash=None):
 def test_keyword_tensor_is_offloaded_and_gradients_are_bitwise_equal(stash):
     expected, _, _, _ = run_block(lambda b, x, g: b(x=x))
     actual, fwd, bwd, (x, _) = run_block(
-        lambda b, x, g: actstash.checkpoint(b, x=x, stash=stash), stash=stash)
+        lambda b, x, g: actstash.checkpoint(b, x=x, stash=stash, min_bytes=0), stash=stash)
     assert_bitwise(expected, actual)
     assert fwd["tensors_offloaded"] == 1, fwd
     assert fwd["bytes_offloaded"] == nbytes(x) == 64 * 256 * 4, fwd
@@ -88,7 +88,8 @@ def test_keyword_tensor_is_offloaded_and_gradients_are_bitwise_equal(stash):
 def test_positional_and_keyword_tensors_are_both_offloaded(stash):
     expected, _, _, _ = run_block(lambda b, x, g: b(x, gate=g, scale=0.5))
     actual, fwd, bwd, (x, gate) = run_block(
-        lambda b, x, g: actstash.checkpoint(b, x, gate=g, scale=0.5, stash=stash), stash=stash)
+        lambda b, x, g: actstash.checkpoint(b, x, gate=g, scale=0.5, stash=stash, min_bytes=0),
+        stash=stash)
     assert_bitwise(expected, actual)
     assert fwd["tensors_offloaded"] == 2, fwd
     assert fwd["bytes_offloaded"] == nbytes(x, gate) == (64 * 256 + 256) * 4, fwd
@@ -98,7 +99,7 @@ def test_positional_and_keyword_tensors_are_both_offloaded(stash):
 def test_all_keyword_inputs_are_offloaded(stash):
     expected, _, _, _ = run_block(lambda b, x, g: b(gate=g, x=x))
     actual, fwd, bwd, (x, gate) = run_block(
-        lambda b, x, g: actstash.checkpoint(b, gate=g, x=x, stash=stash), stash=stash)
+        lambda b, x, g: actstash.checkpoint(b, gate=g, x=x, stash=stash, min_bytes=0), stash=stash)
     assert_bitwise(expected, actual)
     assert fwd["tensors_offloaded"] == 2 and fwd["bytes_offloaded"] == nbytes(x, gate), fwd
     assert bwd["tensors_fetched"] == 2 and bwd["bytes_fetched"] == nbytes(x, gate), bwd
@@ -115,7 +116,8 @@ def test_use_reentrant_false_is_not_passed_to_the_function(stash):
 
     expected, _, _, _ = run_block(lambda b, x, g: b(x))
     actual, fwd, bwd, (x, _) = run_block(
-        lambda b, x, g: actstash.checkpoint(only_x(b), x, use_reentrant=False, stash=stash),
+        lambda b, x, g: actstash.checkpoint(only_x(b), x, use_reentrant=False, stash=stash,
+                                            min_bytes=0),
         stash=stash)
     assert_bitwise(expected, actual)
     assert len(calls) == 2, "forward and recomputation"
@@ -130,7 +132,7 @@ def test_use_reentrant_true_is_refused(stash):
     before = counters(stash)
     x = torch.randn(64, 256).requires_grad_() * 1
     with pytest.raises(ValueError, match=r"use_reentrant=True is not supported"):
-        actstash.checkpoint(f, x, use_reentrant=True, stash=stash)
+        actstash.checkpoint(f, x, use_reentrant=True, stash=stash, min_bytes=0)
     assert delta(before, counters(stash))["tensors_offloaded"] == 0
 
 
@@ -142,7 +144,7 @@ def test_preserve_rng_state_false_is_accepted_and_matches_torch_checkpoint(stash
         dropout=0.5)
     ours, fwd, bwd, (x, _) = run_block(
         lambda b, x, g: actstash.checkpoint(b, x, use_reentrant=False, preserve_rng_state=False,
-                                            stash=stash),
+                                            stash=stash, min_bytes=0),
         dropout=0.5, stash=stash)
     assert_bitwise(theirs, ours)
     plain, _, _, _ = run_block(lambda b, x, g: b(x), dropout=0.5)
@@ -158,7 +160,7 @@ def test_dropout_with_preserved_rng_state_matches_torch_checkpoint_and_plain_aut
         dropout=0.5)
     ours, fwd, bwd, (x, gate) = run_block(
         lambda b, x, g: actstash.checkpoint(b, x, gate=g, use_reentrant=False,
-                                            preserve_rng_state=True, stash=stash),
+                                            preserve_rng_state=True, stash=stash, min_bytes=0),
         dropout=0.5, stash=stash)
     assert_bitwise(plain, theirs)
     assert_bitwise(plain, ours)
@@ -193,7 +195,8 @@ def test_context_fn_forward_and_recompute_contexts(stash):
     calls_before_backward = []
 
     def call(b, x, g):
-        out = actstash.checkpoint(traced(b), x, gate=g, context_fn=context_fn, stash=stash)
+        out = actstash.checkpoint(traced(b), x, gate=g, context_fn=context_fn, stash=stash,
+                                  min_bytes=0)
         calls_before_backward.extend(log)
         return out
 
@@ -224,7 +227,7 @@ def _shape_changing_function():
 def test_determinism_check_default_raises_when_recomputation_saves_other_shapes(stash):
     f, calls = _shape_changing_function()
     x = torch.randn(4, 8, requires_grad=True) * 1
-    out = actstash.checkpoint(f, x, determinism_check="default", stash=stash)
+    out = actstash.checkpoint(f, x, determinism_check="default", stash=stash, min_bytes=0)
     with pytest.raises(RuntimeError, match=r"recomputed values differ in metadata from the "
                                            r"forward pass \(saved tensor 0: recomputed "
                                            r"\(\(1, 8\), torch\.float32, device\(type='cpu'\)\), "
@@ -238,7 +241,7 @@ def test_determinism_check_default_raises_when_recomputation_saves_other_shapes(
 def test_determinism_check_is_on_by_default(stash):
     f, _ = _shape_changing_function()
     x = torch.randn(4, 8, requires_grad=True) * 1
-    out = actstash.checkpoint(f, x, stash=stash)
+    out = actstash.checkpoint(f, x, stash=stash, min_bytes=0)
     with pytest.raises(RuntimeError, match=r"recomputed values differ in metadata"):
         out.sum().backward()
 
@@ -250,7 +253,7 @@ def test_determinism_check_none_accepts_other_shapes(stash):
     x = (x0 * 1)[:4]
     # 4x8 floats is 128 bytes: offloaded too (min_bytes=0).
     before = counters(stash)
-    out = actstash.checkpoint(f, x, determinism_check="none", stash=stash)
+    out = actstash.checkpoint(f, x, determinism_check="none", stash=stash, min_bytes=0)
     stash.synchronize()
     out.sum().backward()
     d = delta(before, counters(stash))
@@ -269,7 +272,7 @@ def test_determinism_check_invalid_value_is_refused(stash):
 
     with pytest.raises(ValueError, match=r"determinism_check should be one of \['default', "
                                          r"'none'\], but got strict"):
-        actstash.checkpoint(f, torch.randn(4), determinism_check="strict", stash=stash)
+        actstash.checkpoint(f, torch.randn(4), determinism_check="strict", stash=stash, min_bytes=0)
 
 
 class HiddenStatesBlock(nn.Module):
@@ -346,7 +349,7 @@ def test_recomputation_replays_cpu_autocast_like_torch_checkpoint(stash):
         lambda x, w: torch_checkpoint(_autocast_block, x * 2, w, use_reentrant=False))
     before = stash.stats()["tensors_offloaded"]
     actual = _grads_under_cpu_autocast(
-        lambda x, w: actstash.checkpoint(_autocast_block, x * 2, w, stash=stash))
+        lambda x, w: actstash.checkpoint(_autocast_block, x * 2, w, stash=stash, min_bytes=0))
     assert all(torch.equal(a, b) for a, b in zip(expected, actual))
     assert stash.stats()["tensors_offloaded"] > before
 

@@ -3,6 +3,7 @@ client's settings through a public call, a Stash and an OffloadAdamW that a `wit
 block closes (the daemon sees the session end and the pool given back), and a plan
 that answers before the first step."""
 import copy
+import datetime
 
 import pytest
 import torch
@@ -45,6 +46,36 @@ def test_client_defaults_are_public_and_a_copy():
         assert name in defaults, name
     defaults["spill"] = "changed"
     assert actstash.client_defaults()["spill"] != "changed"
+
+
+def test_durations_are_seconds_or_a_timedelta(fresh_daemon):
+    """One unit per kind: connect's durations without a unit in their name are seconds
+    (or a datetime.timedelta, as torch.distributed takes them)."""
+    with actstash.connect(fresh_daemon.socket, timeout=datetime.timedelta(seconds=7),
+                          connect_timeout=2.5) as stash:
+        assert stash.client.stats()["pool"]["total_bytes"] > 0
+    for bad in (0, -1, "30", float("nan"), True, datetime.timedelta(0)):
+        with pytest.raises(ValueError, match="seconds or a datetime.timedelta"):
+            actstash.connect(fresh_daemon.socket, timeout=bad)
+    with pytest.raises(ValueError, match="connect_timeout"):
+        actstash.connect(fresh_daemon.socket, connect_timeout="5s")
+
+
+def test_checkpoint_keeps_small_inputs_as_offload_and_wrap_do(fresh_daemon):
+    """checkpoint()'s min_bytes defaults to the 64 KiB of Stash.offload and wrap: a
+    boundary input below it stays in the trainer, one above it goes to the daemon."""
+    with actstash.connect(fresh_daemon.socket) as stash:
+        def block(t):
+            return torch.tanh(t) * 2
+        for side, offloaded in ((64, False), (256, True)):  # 16 KiB, 256 KiB of fp32
+            before = stash.stats()["tensors_offloaded"]
+            x = torch.randn(side, side, requires_grad=True)
+            y = actstash.checkpoint(block, x * 1, stash=stash)
+            assert (stash.stats()["tensors_offloaded"] > before) == offloaded, side
+            y.sum().backward()
+            plain = x.detach().clone().requires_grad_()
+            block(plain * 1).sum().backward()
+            assert torch.equal(x.grad, plain.grad), side
 
 
 def test_a_with_block_closes_the_stash(fresh_daemon):

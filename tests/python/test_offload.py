@@ -107,7 +107,7 @@ def test_checkpoint_matches_torch_checkpoint_and_offloads_the_boundary(stash):
     def ours(m):
         for i, b in enumerate(m.blocks):
             m.blocks[i].forward = (lambda f: lambda x: actstash.checkpoint(
-                f, x, stash=stash))(b.forward)
+                f, x, stash=stash, min_bytes=0))(b.forward)
 
     def theirs(m):
         for i, b in enumerate(m.blocks):
@@ -155,7 +155,7 @@ def test_autograd_grad_and_retain_graph(stash):
 def test_nested_offload_and_checkpoint(stash):
     def nested(m):
         inner = m.blocks[1].forward
-        m.blocks[1].forward = lambda x: actstash.checkpoint(inner, x, stash=stash)
+        m.blocks[1].forward = lambda x: actstash.checkpoint(inner, x, stash=stash, min_bytes=0)
 
     expected = run("gpt")
     actual = run("gpt", prepare=nested,

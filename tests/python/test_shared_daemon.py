@@ -9,6 +9,7 @@ import sys
 import time
 
 import pytest
+import torch
 
 import actstash
 from actstash._native import lib
@@ -130,3 +131,73 @@ def test_a_shared_folder_that_is_not_this_users_alone_is_refused(tmp_path, monke
     with pytest.raises(actstash.StashUnavailable, match="mode 0700"):
         actstash.connect()
     assert not (shared / "actstash.sock").exists()
+
+
+def test_a_connect_in_the_moment_the_shared_daemon_exits_gets_a_working_session(
+        tmp_path, monkeypatch):
+    """Connects around the moment the shared daemon decides to exit (1 s after its last
+    session; its reaper looks once a second): each gets a session that stays, from the
+    old daemon or from the next one it starts. (A smoke test: the moment itself is a
+    few milliseconds wide and seldom met here; session_manager_test proves the daemon
+    refuses a session once it decided, and the test below that a start waits for it.)"""
+    import random
+    shared = tmp_path / "shared"
+    for name, value in _env(shared).items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("ACTSTASH_SHARED_UNUSED_SECONDS", "1")
+    for name in ("ACTSTASH_ADDRESS", "ACTSTASH_START"):
+        monkeypatch.delenv(name, raising=False)
+    rng = random.Random(7)
+    pids = []
+    for _ in range(8):
+        with actstash.connect(daemon_args=["--pool-size", "64MiB"]) as stash:
+            x = torch.randn(64, 64, requires_grad=True)  # 16 KiB: copied back, not viewed
+            with stash.offload(min_bytes=0):
+                y = (x * x).sum()
+            time.sleep(0.3)  # the shutdown would close the session meanwhile
+            y.backward()
+            assert torch.equal(x.grad, 2 * x.detach())
+            stats = stash.stats()
+            assert stats["bytes_offloaded"] > 0 and stats["tensors_fetched"] > 0, stats
+            pids.append(stats["daemon_pid"])
+        time.sleep(rng.uniform(0.9, 2.3))
+    assert len(set(pids)) > 1, pids  # some connects met a daemon that had left
+    log = (shared / "actstashd.log").read_text()
+    assert "shutting down" in log, log
+
+
+def test_a_start_waits_for_a_shared_daemon_that_is_leaving(tmp_path, monkeypatch):
+    """A daemon that refuses sessions (it decided to exit) still listens until it is
+    gone: the process that wants a session waits for it to leave, then starts the next
+    one, instead of starting one that finds the socket taken and fails."""
+    import socket
+    import threading
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o700)
+    for name, value in _env(shared).items():
+        monkeypatch.setenv(name, value)
+    for name in ("ACTSTASH_ADDRESS", "ACTSTASH_START"):
+        monkeypatch.delenv(name, raising=False)
+    leaving = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)  # listens, answers nothing
+    leaving.bind(str(shared / "actstash.sock"))
+    leaving.listen(16)
+    gone = threading.Timer(3.0, leaving.close)  # the socket file stays, as after a kill
+    gone.start()
+    try:
+        started = time.monotonic()
+        with actstash.connect(connect_timeout=0.5,
+                              daemon_args=["--pool-size", "64MiB"]) as stash:
+            x = torch.randn(64, 64, requires_grad=True)
+            with stash.offload(min_bytes=0):
+                y = (x * x).sum()
+            y.backward()
+            assert torch.equal(x.grad, 2 * x.detach())
+            assert stash.stats()["bytes_offloaded"] > 0
+            pid = stash.stats()["daemon_pid"]
+        assert time.monotonic() - started >= 3.0  # it waited for the leaving one
+    finally:
+        gone.cancel()
+        leaving.close()
+    log = (shared / "actstashd.log").read_text()
+    assert log.count("] ready") == 1 and "already listening" not in log, log
+    assert _alive(pid)

@@ -2,6 +2,7 @@
 // SessionManager (open, authenticate, close, list).
 #include "server/sessions/session_manager.h"
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -318,6 +319,24 @@ TEST(SessionManagerTest, MaxSessionsIsResourceExhaustedUntilOneCloses) {
   auto d = manager.Open("d", 0, 1);
   ASSERT_TRUE(d.ok()) << d.status();
   EXPECT_EQ(manager.size(), 2u);
+}
+
+// A daemon that exits once unused: it refuses only while no session is
+// open, and after refusing opens none (the client starts another daemon).
+TEST(SessionManagerTest, RefuseIfUnusedOnlyWhenEmptyAndThenForGood) {
+  SessionManager manager(Options(100, 1000));
+  std::shared_ptr<Session> a = *manager.Open("a", 0, 1);
+  EXPECT_FALSE(manager.RefuseIfUnused());
+  ASSERT_TRUE(manager.Open("b", 0, 1).ok());
+  manager.Close(a->id());
+  EXPECT_FALSE(manager.RefuseIfUnused());  // b is open
+  for (const std::shared_ptr<Session>& s : manager.List()) manager.Close(s->id());
+  EXPECT_TRUE(manager.RefuseIfUnused());
+  auto late = manager.Open("late", 0, 1);
+  EXPECT_EQ(late.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(std::string(late.status().message()), ::testing::HasSubstr("shutting down"));
+  EXPECT_EQ(manager.size(), 0u);
+  EXPECT_TRUE(manager.RefuseIfUnused());
 }
 
 TEST(SessionManagerTest, OverlongNameIsInvalidArgument) {

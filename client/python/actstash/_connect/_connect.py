@@ -2,6 +2,8 @@
 starts, _daemon.py), wrapped in a Stash."""
 from __future__ import annotations
 
+import datetime
+import math
 import os
 import threading
 import warnings
@@ -18,10 +20,23 @@ _PRIVATE_DAEMON_HINT = ("Or let this process start a private one: "
 _START_MODES = ("never", "shared", "auto", "always")
 
 
+def _seconds(value: Union[float, datetime.timedelta], what: str) -> float:
+    """A duration argument: seconds (int or float) or a datetime.timedelta, as
+    torch.distributed takes its timeouts."""
+    if isinstance(value, datetime.timedelta):
+        value = value.total_seconds()
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+            not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{what} must be a positive number of seconds or a "
+                         f"datetime.timedelta, not {value!r}")
+    return float(value)
+
+
 def connect(address: Optional[str] = None, quota: Union[int, str, None] = None,
             on_unavailable: str = "raise", *, start: Optional[str] = None,
             daemon_args: Iterable[str] = (), name: Optional[str] = None, attach: str = "auto",
-            timeout: float = 30.0, connect_timeout: float = 5.0, prefetch: int = 2,
+            timeout: Union[float, datetime.timedelta] = 30.0,
+            connect_timeout: Union[float, datetime.timedelta] = 5.0, prefetch: int = 2,
             copy_delay_us: int = 0, seed: int = 0, pin: str = "auto", cuda: bool = True,
             device_pool: Optional[int] = None, downcast: Optional[str] = None,
             cpu_views: bool = True, max_in_flight_bytes: Union[int, str, None] = None,
@@ -45,6 +60,9 @@ def connect(address: Optional[str] = None, quota: Union[int, str, None] = None,
       ["--pool-size", "8GiB"] (default pool: 25% of memory, at most 32 GiB).
     on_unavailable: "raise" (StashUnavailable, within connect_timeout) or "keep" (warn,
       and keep tensors in-process: training goes on without offload).
+    Units: a duration whose name carries no unit is in seconds, or a datetime.timedelta
+      (timeout: each call to the daemon; connect_timeout: reaching it); one whose name
+      carries its unit is in that unit (copy_delay_us, and the native options' *_ms).
     copy_delay_us: test knob; every store of a CPU tensor then goes through the copy engine
       (none is copied on the packing thread), and each copy first sleeps up to this long.
     pin: register leased memory with CUDA ("auto": when a GPU is present, falling back to
@@ -74,6 +92,8 @@ def connect(address: Optional[str] = None, quota: Union[int, str, None] = None,
     """
     if downcast not in (None, "bf16"):
         raise ValueError("downcast must be None or 'bf16'")
+    timeout = _seconds(timeout, "timeout")
+    connect_timeout = _seconds(connect_timeout, "connect_timeout")
     if on_unavailable not in ("raise", "keep"):
         raise ValueError("on_unavailable must be 'raise' or 'keep'")
     if start is None:
@@ -94,8 +114,9 @@ def connect(address: Optional[str] = None, quota: Union[int, str, None] = None,
     def open_client(at):
         return _lib.Client(address=at, quota_bytes=_lib.parse_size(quota or 0, what="quota"),
                            client_name=name or f"torch-{os.getpid()}", attach=attach,
-                           rpc_timeout_ms=int(timeout * 1000),
-                           connect_timeout_ms=int(connect_timeout * 1000), pin_leases=pin,
+                           rpc_timeout_ms=max(1, round(timeout * 1000)),
+                           connect_timeout_ms=max(1, round(connect_timeout * 1000)),
+                           pin_leases=pin,
                            cuda_device=current_cuda_device() if device_pool is not None else 0,
                            **client_options)
 

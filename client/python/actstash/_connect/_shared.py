@@ -8,10 +8,13 @@ the socket 0600), the first process that finds none starts it under a lock
 trainer uses it: it shuts itself down once no session has been open for
 UNUSED_SECONDS (actstashd --exit-when-unused-seconds). It is not the child of
 any trainer (a new session, reparented at once), so the first rank's exit does
-not stop it.
+not stop it. Once it decides to exit it opens no session (UNAVAILABLE "shutting
+down"), so a process that connects in that moment starts the next one, after the
+old one has left the socket.
 """
 import fcntl
 import os
+import socket as _socket
 import stat
 import subprocess
 import time
@@ -23,6 +26,8 @@ from actstash._errors import StashUnavailable
 # $ACTSTASH_SHARED_UNUSED_SECONDS, default 30.
 UNUSED_SECONDS = 30
 _READY_TIMEOUT_S = 60.0
+# How long a start waits for a daemon that refused (it is shutting down) to leave.
+_LEAVE_TIMEOUT_S = 30.0
 
 
 def shared_dir():
@@ -62,9 +67,32 @@ def connect_shared(open_client, daemon_args=()):
             try:
                 return open_client(address)
             except StashUnavailable:
-                pass
+                _wait_gone(socket)  # one that is shutting down still listens
         _start(folder, socket, daemon_args)
         return open_client(address)
+
+
+def _listening(path):
+    """Whether a process listens on the Unix socket `path` (a file left by a daemon
+    that was killed does not count: the next daemon replaces it)."""
+    probe = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+    try:
+        probe.connect(path)
+        return True
+    except OSError:
+        return False
+    finally:
+        probe.close()
+
+
+def _wait_gone(path):
+    deadline = time.monotonic() + _LEAVE_TIMEOUT_S
+    while _listening(path):
+        if time.monotonic() > deadline:
+            raise StashUnavailable(
+                f"the shared actstashd at {path} refuses sessions but did not exit within "
+                f"{_LEAVE_TIMEOUT_S:.0f} s (its log: {os.path.dirname(path)}/actstashd.log)")
+        time.sleep(0.02)
 
 
 def _start(folder, socket, daemon_args):

@@ -25,6 +25,8 @@ from typing import Any, Callable, Optional
 import torch
 from torch.utils.checkpoint import get_device_states, set_device_states
 
+from actstash._native import lib as _lib
+
 
 class _Holder:
     pass
@@ -126,7 +128,7 @@ def checkpoint(function: Callable[..., Any], *args: Any, use_reentrant: Optional
                determinism_check: str = "default", debug: bool = False,
                preserve_rng_state: bool = True, early_stop: bool = True,
                respect_saved_tensors_hooks: Optional[bool] = None, stash: Any = None,
-               min_bytes: int = 0, _observe: Any = None, **kwargs: Any) -> Any:
+               min_bytes: Optional[int] = None, _observe: Any = None, **kwargs: Any) -> Any:
     """Runs function(*args, **kwargs) without saving its interior for backward; the
     interior is recomputed when backward needs it. With `stash`, the tensor inputs
     (the boundary, positional and keyword) are offloaded until then.
@@ -140,7 +142,11 @@ def checkpoint(function: Callable[..., Any], *args: Any, use_reentrant: Optional
     torch's set_checkpoint_early_stop overrides it), respect_saved_tensors_hooks
     (selective checkpointing: whether what the policy saves goes through saved-tensor
     hooks; None means True with `stash` (the cached tensors go to the stash) and
-    torch's default without). Other keyword arguments go to `function`, as in torch."""
+    torch's default without). min_bytes: boundary inputs below it stay in the trainer
+    (default 64 KiB, the engine's default_min_bytes, as for Stash.offload and wrap).
+    Other keyword arguments go to `function`, as in torch."""
+    if min_bytes is None:
+        min_bytes = _lib.DEFAULT_MIN_BYTES
     if use_reentrant:
         raise ValueError("actstash.checkpoint has the semantics of torch.utils.checkpoint("
                          "use_reentrant=False); use_reentrant=True is not supported")
