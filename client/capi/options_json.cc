@@ -215,6 +215,7 @@ const std::vector<Setting<EngineSettings>>& EngineRows() {
       engine(Flag("downcast_bf16", &E::downcast_bf16)),
       engine(OneOf("on_failure", &E::on_failure, kFailureNames)),
       engine(Size("max_in_flight_bytes", &E::max_in_flight_bytes)),
+      engine(Size("simulated_link_bytes_per_second", &E::simulated_link_bytes_per_second)),
       engine(Whole("max_in_flight_stores", &E::max_in_flight_stores, 0, kMaxU32)),
       host(Duration("copy_delay_us", &H::max_injected_delay)),
       host(Whole("seed", &H::seed, 0, static_cast<int64_t>(kLargestExact))),

@@ -1,5 +1,8 @@
 // HostCopyEngine: each stream is a worker thread draining a FIFO of work.
 // Copies, gathers and scatters are work items that first wait for their deps.
+// With a simulated link, such an item lasts at least its bytes / the rate
+// from when its deps are done: the stream's thread is the link's lane, so
+// copies queue on it as on a real one.
 #include <cstring>
 #include <deque>
 #include <random>
@@ -82,7 +85,8 @@ class Stream {
 
 class HostCopyEngine final : public CopyEngine {
  public:
-  explicit HostCopyEngine(const HostCopyEngineOptions& options) {
+  explicit HostCopyEngine(const HostCopyEngineOptions& options)
+      : link_bytes_per_second_(options.link_bytes_per_second) {
     for (uint64_t i = 0; i < 2; ++i) {
       streams_.push_back(std::make_unique<Stream>(options.max_injected_delay, options.seed + i));
     }
@@ -99,7 +103,7 @@ class HostCopyEngine final : public CopyEngine {
     if (nbytes > 0 && (dst == nullptr || src == nullptr)) {
       return absl::InvalidArgumentError("CopyAsync: null pointer with a non-empty copy");
     }
-    return SubmitAfter(stream, deps, [dst, src, nbytes] {
+    return SubmitAfter(stream, deps, nbytes, [dst, src, nbytes] {
       if (nbytes > 0) std::memcpy(dst, src, nbytes);
       return absl::OkStatus();
     });
@@ -112,7 +116,7 @@ class HostCopyEngine final : public CopyEngine {
                                                          CopyDeps deps) override {
     ACTSTASH_ASSIGN_OR_RETURN(const kernels::StridedLayout strided,
                               client_internal::CheckGather(src, layout, dst, dst_bytes));
-    return SubmitAfter(stream, deps, [dst, dst_bytes, src, strided] {
+    return SubmitAfter(stream, deps, dst_bytes, [dst, dst_bytes, src, strided] {
       return kernels::GatherCpu(src, strided, dst, dst_bytes);
     });
   }
@@ -124,7 +128,7 @@ class HostCopyEngine final : public CopyEngine {
                                                           CopyDeps deps) override {
     ACTSTASH_ASSIGN_OR_RETURN(const kernels::StridedLayout strided,
                               client_internal::CheckScatter(src, src_bytes, dst, layout));
-    return SubmitAfter(stream, deps, [dst, src, src_bytes, strided] {
+    return SubmitAfter(stream, deps, src_bytes, [dst, src, src_bytes, strided] {
       return kernels::ScatterCpu(src, src_bytes, dst, strided);
     });
   }
@@ -135,7 +139,8 @@ class HostCopyEngine final : public CopyEngine {
                                                           StreamHandle /*after*/,
                                                           CopyDeps deps) override {
     ACTSTASH_RETURN_IF_ERROR(client_internal::CheckConversion(dst, src, elements, conversion));
-    return SubmitAfter(stream, deps, [dst, src, elements, conversion] {
+    const uint64_t written = elements * (conversion == Conversion::kFp32ToBf16 ? 2 : 4);
+    return SubmitAfter(stream, deps, written, [dst, src, elements, conversion] {
       if (conversion == Conversion::kFp32ToBf16) {
         kernels::Fp32ToBf16Cpu(static_cast<const float*>(src), static_cast<uint16_t*>(dst),
                                elements);
@@ -159,19 +164,29 @@ class HostCopyEngine final : public CopyEngine {
 
  private:
   // Runs `copy` on `stream` once every dep is done; the first failed dep's
-  // status fails the work and `copy` does not run.
-  std::shared_ptr<CopyEvent> SubmitAfter(CopyStream stream, CopyDeps deps,
+  // status fails the work and `copy` does not run. With a simulated link the
+  // item then lasts at least `link_bytes` / the rate.
+  std::shared_ptr<CopyEvent> SubmitAfter(CopyStream stream, CopyDeps deps, uint64_t link_bytes,
                                          std::function<absl::Status()> copy) {
     std::vector<std::shared_ptr<CopyEvent>> waits(deps.begin(), deps.end());
-    return SubmitAsync(stream, [waits = std::move(waits), copy = std::move(copy)] {
+    const std::chrono::nanoseconds on_link(
+        link_bytes_per_second_ == 0
+            ? 0
+            : static_cast<int64_t>(1e9 * static_cast<double>(link_bytes) /
+                                   static_cast<double>(link_bytes_per_second_)));
+    return SubmitAsync(stream, [waits = std::move(waits), copy = std::move(copy), on_link] {
       for (const auto& dep : waits) {
         if (dep == nullptr) continue;
         ACTSTASH_RETURN_IF_ERROR(dep->Wait());
       }
-      return copy();
+      const auto start = std::chrono::steady_clock::now();
+      absl::Status status = copy();
+      if (on_link.count() > 0) std::this_thread::sleep_until(start + on_link);
+      return status;
     });
   }
 
+  const uint64_t link_bytes_per_second_;
   std::vector<std::unique_ptr<Stream>> streams_;
 };
 

@@ -22,7 +22,12 @@ using client_internal::Transport;
 using Clock = std::chrono::steady_clock;
 
 EngineOptions WithHostEngine(EngineOptions options) {
-  if (options.host_engine == nullptr) options.host_engine = CreateHostCopyEngine();
+  if (options.host_engine == nullptr) {
+    HostCopyEngineOptions host;
+    host.link_bytes_per_second = options.simulated_link_bytes_per_second;
+    options.host_engine = CreateHostCopyEngine(host);
+  }
+  if (options.simulated_link_bytes_per_second > 0) options.inline_store_bytes = 0;
   return options;
 }
 
@@ -322,7 +327,7 @@ bool SavedTensorEngine::Impl::available() const {
 
 bool SavedTensorEngine::Impl::ServedAsView(const Entry& e) const {
   return e.transport == Transport::kLeased && e.device < 0 && options_.cpu_views && !e.bf16 &&
-         e.nbytes >= options_.view_min_bytes;
+         e.nbytes >= options_.view_min_bytes && options_.simulated_link_bytes_per_second == 0;
 }
 
 SavedTensorEngine::Impl::Entry* SavedTensorEngine::Impl::Find(uint64_t id) {
@@ -440,7 +445,7 @@ absl::StatusOr<bool> SavedTensorEngine::Impl::CopyOutNow(uint64_t id, uintptr_t 
     absl::MutexLock lock(&mu_);
     Entry* e = Find(id);
     if (e == nullptr || e->state != SavedState::kStored || e->device >= 0 ||
-        e->transport != Transport::kLeased) {
+        e->transport != Transport::kLeased || options_.simulated_link_bytes_per_second > 0) {
       return false;
     }
     if (capacity < e->nbytes) {
@@ -495,9 +500,10 @@ void SavedTensorEngine::Impl::OfferPrefetch(uint64_t id, int depth, UnpackResult
   for (uint64_t i = id - 1; i >= lowest && i > 0 && offered < depth; --i) {
     Entry* e = Find(i);
     // CPU tensors are read in place or copied on the unpacking thread when
-    // needed: a prefetch on a copy thread would only add a hand-off.
+    // needed: a prefetch on a copy thread would only add a hand-off (unless
+    // a simulated link makes them cross it as CUDA tensors do).
     if (e == nullptr || e->state != SavedState::kStored || e->prefetch != PrefetchState::kNone ||
-        e->cookie == nullptr || e->device < 0) {
+        e->cookie == nullptr || (e->device < 0 && options_.simulated_link_bytes_per_second == 0)) {
       continue;
     }
     e->prefetch = PrefetchState::kOffered;

@@ -96,6 +96,7 @@ uint64_t SavedTensorEngine::Impl::Pack(const SavedTensorInfo& info, KeepReason k
 bool SavedTensorEngine::Impl::CopiesOnPackingThread(const EngineOptions& options,
                                                     const SavedTensorInfo& info, const Entry& e) {
   return e.transport == Transport::kLeased && info.device < 0 &&
+         options.simulated_link_bytes_per_second == 0 &&
          (info.sync || e.stored_bytes <= options.inline_store_bytes);
 }
 

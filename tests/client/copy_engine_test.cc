@@ -1,12 +1,14 @@
 // HostCopyEngine: order within a stream, events, a producer/consumer chain
 // across the two streams under random delays that never sees stale data, and
-// the copy calls (copy, gather, scatter, deps, OrderAfterAsync). Also: the
-// CUDA entry points without a device.
+// the copy calls (copy, gather, scatter, deps, OrderAfterAsync), a simulated
+// link (each copy at least bytes / rate, queued per direction, the two
+// directions independent). Also: the CUDA entry points without a device.
 #include "actstash/copy_engine.h"
 
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <limits>
 #include <numeric>
@@ -239,6 +241,60 @@ TEST(HostCopyEngineTest, ConvertAsyncRoundTripsThroughBf16) {
                   ->ConvertAsync(CopyStream::kStore, nullptr, nullptr, 0, Conversion::kBf16ToFp32,
                                  StreamHandle{})
                   .ok());
+}
+
+// 1 MiB at 100 MB/s: at least 10.49 ms per copy. Lower bounds only (a
+// loaded machine only makes copies slower), except that the two directions
+// must overlap: both at once take well under their sum.
+TEST(HostCopyEngineTest, ASimulatedLinkTimesEachCopyAndQueuesThemPerDirection) {
+  HostCopyEngineOptions options;
+  options.link_bytes_per_second = 100'000'000;
+  auto engine = CreateHostCopyEngine(options);
+  constexpr size_t kBytes = 1 << 20;
+  const auto one = std::chrono::nanoseconds(kBytes * 10);  // 1e9 / 1e8 ns per byte
+  std::vector<char> a(kBytes, 'a'), b(kBytes), c(kBytes), d(kBytes);
+  using Clock = std::chrono::steady_clock;
+
+  Clock::time_point start = Clock::now();
+  auto first = engine->CopyAsync(CopyStream::kStore, b.data(), a.data(), kBytes, {}, {});
+  auto second = engine->CopyAsync(CopyStream::kStore, c.data(), a.data(), kBytes, {}, {});
+  ASSERT_TRUE(first.ok() && second.ok());
+  ASSERT_TRUE((*first)->Wait().ok());
+  EXPECT_GE(Clock::now() - start, one);
+  ASSERT_TRUE((*second)->Wait().ok());
+  EXPECT_GE(Clock::now() - start, 2 * one);  // one lane per direction
+  EXPECT_EQ(std::memcmp(c.data(), a.data(), kBytes), 0);
+
+  // The other direction does not queue behind this one; repeated so that
+  // one scheduling hiccup on a loaded machine does not decide it.
+  Clock::duration best = Clock::duration::max();
+  for (int round = 0; round < 5; ++round) {
+    start = Clock::now();
+    auto store = engine->CopyAsync(CopyStream::kStore, b.data(), a.data(), kBytes, {}, {});
+    auto fetch = engine->CopyAsync(CopyStream::kFetch, d.data(), a.data(), kBytes, {}, {});
+    ASSERT_TRUE(store.ok() && fetch.ok());
+    ASSERT_TRUE((*store)->Wait().ok() && (*fetch)->Wait().ok());
+    best = std::min(best, Clock::now() - start);
+  }
+  EXPECT_GE(best, one);
+  EXPECT_LT(best, one * 19 / 10);
+
+  // A copy's time starts once its deps are done, and work that is not a copy
+  // is not timed.
+  start = Clock::now();
+  auto gate = engine->SubmitAsync(CopyStream::kFetch, [one] {
+    std::this_thread::sleep_for(3 * one);
+    return absl::OkStatus();
+  });
+  const std::shared_ptr<CopyEvent> deps[] = {gate};
+  auto after = engine->CopyAsync(CopyStream::kStore, b.data(), a.data(), kBytes, {}, deps);
+  ASSERT_TRUE(after.ok());
+  ASSERT_TRUE((*after)->Wait().ok());
+  EXPECT_GE(Clock::now() - start, 4 * one);
+  start = Clock::now();
+  ASSERT_TRUE(
+      engine->SubmitAsync(CopyStream::kStore, [] { return absl::OkStatus(); })->Wait().ok());
+  EXPECT_LT(Clock::now() - start, one);
 }
 
 TEST(CudaCopyEngineTest, CreationFailsWithoutADevice) {

@@ -166,7 +166,10 @@ typedef struct actstash_engine_callbacks {
  * on_failure ("raise" or "keep"), max_in_flight_bytes, max_in_flight_stores,
  * and for tests copy_delay_us (> 0: random delays before each host copy, and
  * every CPU store goes through the copy engine: inline_store_bytes becomes
- * 0) and seed. callbacks may be NULL (none). */
+ * 0), seed, and simulated_link_bytes_per_second (> 0: every host copy takes
+ * at least its bytes / this, one direction at a time, and CPU tensors are
+ * stored, fetched and prefetched through the copy engine as CUDA tensors
+ * are: EngineOptions). callbacks may be NULL (none). */
 ACTSTASH_API int actstash_engine_create(actstash_client* client, const char* options_json,
                                         const actstash_engine_callbacks* callbacks,
                                         actstash_engine** out);

@@ -131,6 +131,13 @@ struct HostCopyEngineOptions {
   // (tests: makes ordering bugs between compute and copies show up).
   std::chrono::microseconds max_injected_delay{0};
   uint64_t seed = 0;
+  // > 0: a simulated link of this many bytes per second in each direction
+  // (a test knob: a CPU run with a GPU's ratio of compute to PCIe). A
+  // stream's copies (CopyAsync, GatherAsync, ScatterAsync, ConvertAsync:
+  // the bytes they write) each take at least bytes / rate, one after the
+  // other as on a link; the two streams are the two directions and do not
+  // wait for each other. SubmitAsync's work is not counted.
+  uint64_t link_bytes_per_second = 0;
 };
 
 // Two worker threads: one per stream.

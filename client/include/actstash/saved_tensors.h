@@ -104,6 +104,13 @@ struct EngineOptions {
   int device_pool = -1;        // a GPU ordinal of the daemon's device pool, or -1
   int pool_importer = -1;      // only tensors on this device go to the pool
   bool downcast_bf16 = false;  // dense fp32 stored as bf16 (lossy)
+  // > 0: a test knob that gives a CPU run a GPU's link (bytes per second in
+  // each direction): the host engine the engine creates simulates that link
+  // (HostCopyEngineOptions::link_bytes_per_second), and CPU tensors then
+  // take the paths CUDA tensors take: every store and every fetch goes
+  // through the copy engine (none on the calling thread, no views), and
+  // fetches are prefetched. A host_engine given here is used as it is.
+  uint64_t simulated_link_bytes_per_second = 0;
   FailurePolicy on_failure = FailurePolicy::kRaise;
   // Host copy engine (CPU tensors). Null: the engine creates one.
   std::shared_ptr<CopyEngine> host_engine;

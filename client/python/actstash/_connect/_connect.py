@@ -40,7 +40,7 @@ def connect(address: Optional[str] = None, quota: Union[int, str, None] = None,
             copy_delay_us: int = 0, seed: int = 0, pin: str = "auto", cuda: bool = True,
             device_pool: Optional[int] = None, downcast: Optional[str] = None,
             cpu_views: bool = True, max_in_flight_bytes: Union[int, str, None] = None,
-            **client_options: Any) -> Stash:
+            simulate_link_gbps: Optional[float] = None, **client_options: Any) -> Stash:
     """Opens a session with actstashd and returns a Stash.
 
     address: socket path, unix:///path or host:port; default ACTSTASH_ADDRESS, else the
@@ -65,6 +65,11 @@ def connect(address: Optional[str] = None, quota: Union[int, str, None] = None,
       carries its unit is in that unit (copy_delay_us, and the native options' *_ms).
     copy_delay_us: test knob; every store of a CPU tensor then goes through the copy engine
       (none is copied on the packing thread), and each copy first sleeps up to this long.
+    simulate_link_gbps: test knob, GB/s (10**9 bytes per second): a CPU run gets a GPU's
+      link. Every store and fetch of a CPU tensor goes through the copy engine (none on the
+      packing or unpacking thread, no views, fetches prefetched as for CUDA tensors) and
+      takes at least bytes / the rate, queued per direction as on PCIe. It is this
+      process's link: other processes on the node do not share it.
     pin: register leased memory with CUDA ("auto": when a GPU is present, falling back to
       unpinned memory with a warning; "on": required; "off").
     cuda: offload CUDA tensors (on a CUDA build with a device, when attached); False keeps
@@ -151,7 +156,8 @@ def connect(address: Optional[str] = None, quota: Union[int, str, None] = None,
                              f"{'' if pools else '--allow-uid UID'})")
     return Stash(client, on_unavailable=on_unavailable, prefetch=prefetch, cuda=cuda,
                  device_pool=device_pool, downcast=downcast, copy_delay_us=copy_delay_us,
-                 seed=seed, cpu_views=cpu_views, max_in_flight_bytes=max_in_flight_bytes)
+                 seed=seed, cpu_views=cpu_views, max_in_flight_bytes=max_in_flight_bytes,
+                 simulate_link_gbps=simulate_link_gbps)
 
 
 def _start_private(daemon_args):

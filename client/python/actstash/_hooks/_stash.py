@@ -182,7 +182,8 @@ class Stash:
     def __init__(self, client: Any, on_unavailable: str = "raise", prefetch: int = 2,
                  cuda: bool = True, device_pool: Optional[int] = None,
                  downcast: Optional[str] = None, copy_delay_us: int = 0, seed: int = 0,
-                 cpu_views: bool = True, max_in_flight_bytes: Any = None) -> None:
+                 cpu_views: bool = True, max_in_flight_bytes: Any = None,
+                 simulate_link_gbps: Optional[float] = None) -> None:
         if prefetch < 0:
             raise ValueError("prefetch must be >= 0")
         self._client = client
@@ -194,6 +195,13 @@ class Stash:
                     "downcast_bf16": downcast == "bf16",
                     "on_failure": "raise" if on_unavailable == "raise" else "keep",
                     "copy_delay_us": int(copy_delay_us), "seed": int(seed)}
+        if simulate_link_gbps is not None:
+            if isinstance(simulate_link_gbps, bool) or \
+                    not isinstance(simulate_link_gbps, (int, float)) or \
+                    not 0 < simulate_link_gbps < 1e6:
+                raise ValueError("simulate_link_gbps must be a positive number of GB/s, not "
+                                 f"{simulate_link_gbps!r}")
+            settings["simulated_link_bytes_per_second"] = max(1, round(simulate_link_gbps * 1e9))
         if max_in_flight_bytes is not None:
             settings["max_in_flight_bytes"] = _lib.parse_size(
                 max_in_flight_bytes, what="max_in_flight_bytes")
@@ -210,6 +218,8 @@ class Stash:
         self.max_in_flight_bytes = settings["max_in_flight_bytes"]
         self._downcast = settings["downcast_bf16"]
         self._inline_bytes = settings["inline_store_bytes"]
+        # A simulated link: every CPU store crosses it (none is copied inline).
+        self.simulated_link_bps = settings["simulated_link_bytes_per_second"]
         self._view_min_bytes = settings["view_min_bytes"]
         self._unpack_out_len = 5 + 2 * prefetch
         self.prefetch_depth = prefetch
@@ -400,9 +410,10 @@ class Stash:
         """The engine's inline rule, with its settings read back: a CPU tensor stored in
         leased memory is copied on the packing thread (done when pack returns, its source
         never held) when it is a checkpoint boundary's input or at most
-        inline_store_bytes large. The owner passed to pack and the planner's model of
-        what is in flight follow it."""
-        return not cuda and self._attached and (boundary or nbytes <= self._inline_bytes)
+        inline_store_bytes large, unless a link is simulated. The owner passed to pack
+        and the planner's model of what is in flight follow it."""
+        return not cuda and self._attached and not self.simulated_link_bps and \
+            (boundary or nbytes <= self._inline_bytes)
 
     def _pack(self, t, min_bytes=None, boundary=False):
         """The pack hook (and actstash.checkpoint's boundary, which stores a detached
