@@ -307,7 +307,10 @@ int actstash_engine_create(actstash_client* client, const char* options_json,
   // A simulated link is the host engine's to keep, and no CPU store is
   // copied on the calling thread (see EngineOptions).
   settings.host.link_bytes_per_second = settings.engine.simulated_link_bytes_per_second;
-  if (settings.engine.simulated_link_bytes_per_second > 0) settings.engine.inline_store_bytes = 0;
+  if (settings.engine.simulated_link_bytes_per_second > 0) {
+    settings.engine.inline_store_bytes = 0;
+    settings.engine.cpu_views = false;
+  }
   actstash::EngineOptions options = settings.engine;
   if (callbacks != nullptr) {
     if ((callbacks->acquire == nullptr) != (callbacks->release == nullptr) ||

@@ -27,7 +27,10 @@ EngineOptions WithHostEngine(EngineOptions options) {
     host.link_bytes_per_second = options.simulated_link_bytes_per_second;
     options.host_engine = CreateHostCopyEngine(host);
   }
-  if (options.simulated_link_bytes_per_second > 0) options.inline_store_bytes = 0;
+  if (options.simulated_link_bytes_per_second > 0) {  // CPU tensors take CUDA's paths
+    options.inline_store_bytes = 0;
+    options.cpu_views = false;
+  }
   return options;
 }
 
@@ -327,7 +330,7 @@ bool SavedTensorEngine::Impl::available() const {
 
 bool SavedTensorEngine::Impl::ServedAsView(const Entry& e) const {
   return e.transport == Transport::kLeased && e.device < 0 && options_.cpu_views && !e.bf16 &&
-         e.nbytes >= options_.view_min_bytes && options_.simulated_link_bytes_per_second == 0;
+         e.nbytes >= options_.view_min_bytes;
 }
 
 SavedTensorEngine::Impl::Entry* SavedTensorEngine::Impl::Find(uint64_t id) {

@@ -95,9 +95,10 @@ uint64_t SavedTensorEngine::Impl::Pack(const SavedTensorInfo& info, KeepReason k
 
 bool SavedTensorEngine::Impl::CopiesOnPackingThread(const EngineOptions& options,
                                                     const SavedTensorInfo& info, const Entry& e) {
+  // A simulated link takes every CPU store (inline_store_bytes is 0 then).
   return e.transport == Transport::kLeased && info.device < 0 &&
-         options.simulated_link_bytes_per_second == 0 &&
-         (info.sync || e.stored_bytes <= options.inline_store_bytes);
+         (info.sync ? options.simulated_link_bytes_per_second == 0
+                    : e.stored_bytes <= options.inline_store_bytes);
 }
 
 KeepReason SavedTensorEngine::Impl::Decide(const SavedTensorInfo& info, KeepReason keep,
