@@ -2,8 +2,9 @@
 checkpointing (SAC) whose saved tensors go to the stash, early_stop, and
 respect_saved_tensors_hooks. Gradients are compared bitwise with plain autograd and
 torch.utils.checkpoint on the same seed; stats show what the SAC policy saved went to
-the daemon and came back. SAC needs torch >= 2.3 and the routing of what it caches
-through hooks torch >= 2.14 (respect_saved_tensors_hooks): skipped where absent."""
+the daemon and came back; wrap(mode="selective"), the peers' SAC per block. SAC
+needs torch >= 2.3 and the routing of what it caches through hooks torch >= 2.14
+(respect_saved_tensors_hooks): skipped where absent."""
 import functools
 import inspect
 import warnings
@@ -12,6 +13,10 @@ import pytest
 import torch
 from torch import nn
 from torch.utils import checkpoint as torch_cp
+try:
+    from torch.utils._python_dispatch import TorchDispatchMode
+except ImportError:  # torch 1.x
+    TorchDispatchMode = object
 
 import actstash
 from actstash_testing.training import assert_bitwise
@@ -181,3 +186,62 @@ def test_early_stop_skips_the_rest_of_the_recomputation(stash):
         x = torch.randn(ROWS, DIM, requires_grad=True)
         torch_cp.checkpoint(fn, x * 1, use_reentrant=False).sum().backward()
         assert calls == stopped  # as torch does
+
+
+class _CountAddmm(TorchDispatchMode):
+    """Counts the aten.addmm calls (Linear forwards) made while it is active."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten.addmm.default:
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.skipif(not HAS_SAC, reason=f"torch {torch.__version__} has no SAC")
+@pytest.mark.parametrize("mode", ["selective", "checkpoint+offload"])
+def test_wrap_selective_recomputes_only_the_cheap_ops(stash, mode):
+    """wrap(mode="selective"): the Linear outputs are saved (their addmm is not run
+    again in backward, as checkpoint+offload runs it), the rest recomputed, the block's
+    input offloaded; on a torch that routes what SAC saves through hooks (>= 2.14) the
+    Linear outputs go to the stash too. Gradients bitwise those of plain autograd."""
+    def model_and_input():
+        torch.manual_seed(0)
+        model = nn.Sequential(Block(), Block())
+        x = torch.randn(ROWS, DIM, requires_grad=True)
+        return model, x
+
+    model, x = model_and_input()
+    model(x * 2).square().sum().backward()
+    plain = [p.grad.clone() for p in model.parameters()] + [x.grad.clone()]
+
+    model, x = model_and_input()
+    actstash.wrap(model, stash, blocks=Block, mode=mode)
+    before = stash.stats()
+    out = model(x * 2)
+    forward = stash.stats()
+    counter = _CountAddmm()
+    with counter:
+        out.square().sum().backward()
+    after = stash.stats()
+    assert_bitwise(plain, [p.grad.clone() for p in model.parameters()] + [x.grad.clone()])
+    offloaded = forward["bytes_offloaded"] - before["bytes_offloaded"]
+    inputs = 2 * ROWS * DIM * 4  # each block's input
+    if mode == "selective":
+        assert counter.count == 0  # no Linear forward run again
+        saved_too = SAC_ROUTES  # what SAC saves: to the stash, or kept in the trainer
+        assert offloaded == inputs + (4 * LINEAR_OUT if saved_too else 0), forward
+    else:
+        assert counter.count == 4  # two Linears per block, run again
+        assert offloaded == inputs, forward
+    assert after["bytes_fetched"] - before["bytes_fetched"] == offloaded, after
+    actstash.unwrap(model)
+
+
+def test_wrap_selective_without_sac_is_refused_clearly(stash, monkeypatch):
+    monkeypatch.delattr(torch_cp, "create_selective_checkpoint_contexts", raising=False)
+    with pytest.raises(ValueError, match="selective activation checkpointing"):
+        actstash.wrap(nn.Sequential(Block()), stash, blocks=Block, mode="selective")

@@ -11,8 +11,26 @@ from actstash import _hooks
 from actstash._hooks import checkpoint, compiling, without_caches
 from actstash._native import lib as _lib
 
-_MODES = ("offload", "checkpoint", "checkpoint+offload")
+_MODES = ("offload", "checkpoint", "checkpoint+offload", "selective")
 _POLICIES = ("manual", "auto")
+# What mode="selective" saves: the outputs of the ops that cost the most to run
+# again per byte they hold (matrix products and convolutions), as the peers' SAC.
+_SAVED_BY_SELECTIVE = ("mm", "addmm", "bmm", "baddbmm", "convolution")
+
+
+def _selective_context():
+    """A context_fn for actstash.checkpoint: selective activation checkpointing (torch's
+    create_selective_checkpoint_contexts) that saves the outputs of _SAVED_BY_SELECTIVE
+    and recomputes every other op. A new policy per call, as torch asks."""
+    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+    aten = torch.ops.aten
+    saved = {getattr(aten, name).default for name in _SAVED_BY_SELECTIVE}
+
+    def policy(ctx, op, *args, **kwargs):
+        return (CheckpointPolicy.MUST_SAVE if op in saved
+                else CheckpointPolicy.PREFER_RECOMPUTE)
+
+    return create_selective_checkpoint_contexts(policy)
 
 
 def _select(model, blocks):
@@ -47,10 +65,15 @@ def wrap(model: torch.nn.Module, stash: Any, blocks: Any = None,
          policy: str = "manual", budget: Union[int, float, str, None] = None,
          memory_limit: Union[int, str, None] = None, candidates: int = 3) -> torch.nn.Module:
     """Makes each selected block offload its saved tensors ("offload"), recompute its
-    interior ("checkpoint"), or recompute its interior and offload its inputs
-    ("checkpoint+offload"). blocks: a module class (or tuple), a ModuleList, a
-    predicate on modules, or modules; None takes the children of the model's largest
-    ModuleList (a transformer's layers: a Hugging Face model's decoder layers). The
+    interior ("checkpoint"), recompute its interior and offload its inputs
+    ("checkpoint+offload"), or recompute only its cheap ops ("selective": selective
+    activation checkpointing that saves the outputs of matrix products and
+    convolutions, recomputes the rest and offloads the inputs; what it saves goes to
+    the stash too on torch >= 2.14, and stays in the trainer before; needs torch's
+    create_selective_checkpoint_contexts, torch >= 2.4). blocks: a module class (or
+    tuple), a ModuleList, a predicate on modules, or modules; None takes the children
+    of the model's largest ModuleList (a transformer's layers: a Hugging Face model's
+    decoder layers). The
     model's parameters and buffers are never offloaded. Returns the model;
     unwrap(model) undoes it.
 
@@ -78,6 +101,10 @@ def wrap(model: torch.nn.Module, stash: Any, blocks: Any = None,
         raise ValueError(f"mode must be one of {_MODES}")
     if stash is None and mode != "checkpoint":
         raise ValueError(f"mode {mode!r} needs a stash")
+    if mode == "selective" and not hasattr(torch.utils.checkpoint,
+                                           "create_selective_checkpoint_contexts"):
+        raise ValueError(f"mode 'selective' needs torch's selective activation checkpointing "
+                         f"(torch >= 2.4; this is {torch.__version__})")
     if stash is not None:
         stash.keep(model)
     selected = _select(model, blocks)
@@ -96,9 +123,11 @@ def wrap(model: torch.nn.Module, stash: Any, blocks: Any = None,
                 with stash.offload(min_bytes=min_bytes):
                     return _original(*args, **kwargs)
         else:
-            boundary_stash = stash if mode == "checkpoint+offload" else None
+            boundary_stash = stash if mode in ("checkpoint+offload", "selective") else None
+            context = _selective_context if mode == "selective" else None
 
-            def forward(*args, _original=original, _stash=boundary_stash, **kwargs):
+            def forward(*args, _original=original, _stash=boundary_stash, _context=context,
+                        **kwargs):
                 if not torch.is_grad_enabled():
                     return _original(*args, **kwargs)  # nothing to save, nothing to recompute
                 args, kwargs = without_caches(args, kwargs)
@@ -107,8 +136,9 @@ def wrap(model: torch.nn.Module, stash: Any, blocks: Any = None,
                     # dynamo runs this frame's scope eagerly and compiles the call
                     # inside it (a scope inside an inlined call breaks the graph).
                     with _stash.offload(min_bytes=min_bytes):
-                        return checkpoint(_original, *args, **kwargs)
-                return checkpoint(_original, *args, stash=_stash, min_bytes=min_bytes, **kwargs)
+                        return checkpoint(_original, *args, context_fn=_context, **kwargs)
+                return checkpoint(_original, *args, stash=_stash, min_bytes=min_bytes,
+                                  context_fn=_context, **kwargs)
 
         block.forward = functools.wraps(original)(forward)
     return model
