@@ -1,12 +1,22 @@
 #!/usr/bin/env python3
 """auto_plan_bench: step time and peak memory of wrap(policy="auto") at several
-memory budgets, next to the uniform plans (every block offload, checkpoint, or
-checkpoint+offload, through actstash.wrap), torch.utils.checkpoint per block and
-plain autograd, measured in one process with the variants interleaved.
+memory budgets, next to the uniform plans (every block offload, checkpoint,
+checkpoint+offload or, with torch >= 2.4, selective, through actstash.wrap),
+torch.utils.checkpoint per block, the peers' selective activation checkpointing
+per block (torch_sac: matmul and convolution outputs saved) and plain autograd,
+measured in one process with the variants interleaved: the Pareto front of step
+time against peak memory.
 
     bench/auto_plan_bench.py                  # both models, a private actstashd
     bench/auto_plan_bench.py --quick          # a smoke run
     bench/auto_plan_bench.py --plot docs/auto_plan.png
+    bench/auto_plan_bench.py --link-ratios 0,1,4   # also on a simulated link
+
+--link-ratios: 0 is the CPU as it is; R > 0 connects every stash with
+simulate_link_gbps chosen so that storing what offloading every block stores
+takes R times plain autograd's step (both measured first, in this run), as a GPU's
+PCIe link makes it (on an H200 a 12-layer GPT stored 5.6 GiB per step: about 2.7
+times its step each way).
 
 Models: model_bench.py's (the GPT of scripts/demo, 6 blocks of width 256, batch
 8 x 128; nn.TransformerEncoder, 4 layers of width 256, batch 2 x 128), fp32, CPU,
@@ -53,9 +63,11 @@ from actstash_testing.memory import PeakMeter, reexec_with_mmap_threshold  # noq
 from actstash_testing.paths import EXAMPLES  # noqa: E402
 from actstash_testing.training import bitwise_equal, cloned_grads  # noqa: E402
 from hook_bench import daemon_address, import_actstash, median  # noqa: E402
-from model_bench import checkpoint_layers, encoder_spec, gpt_spec  # noqa: E402
+from model_bench import checkpoint_layers, encoder_spec, gpt_spec, sac_context  # noqa: E402
 
 UNIFORM = ["plain", "offload", "checkpoint", "checkpoint+offload", "torch_checkpoint"]
+SAC_KINDS = ["selective", "torch_sac"]  # torch >= 2.4
+NO_STASH = ("plain", "checkpoint", "torch_checkpoint", "torch_sac")
 MIB = 1 << 20
 
 
@@ -72,6 +84,8 @@ class Variant:
                           min_bytes=min_bytes, candidates=candidates)
         elif kind == "torch_checkpoint":
             checkpoint_layers(blocks)
+        elif kind == "torch_sac":
+            checkpoint_layers(blocks, context_fn=sac_context)
         elif kind != "plain":
             actstash.wrap(self.model, stash if kind != "checkpoint" else None,
                           blocks=spec.layer_class, mode=kind, min_bytes=min_bytes)
@@ -97,13 +111,42 @@ class Variant:
         return elapsed
 
 
-def bench_model(torch, actstash, spec, address, args):
+def kinds(torch):
+    from torch.utils import checkpoint as torch_cp
+    sac = hasattr(torch_cp, "create_selective_checkpoint_contexts")
+    return UNIFORM + (SAC_KINDS if sac else [])
+
+
+def link_gbps(torch, actstash, spec, address, args, ratio):
+    """The simulated link's GB/s at which storing what offloading every block stores
+    takes `ratio` times plain autograd's step (both measured here, medians of 3)."""
+    torch.manual_seed(0)
+    initial = spec.build()
+    plain = Variant(torch, actstash, spec, initial, "plain", None)
+    stash = actstash.connect(address)
+    try:
+        offload = Variant(torch, actstash, spec, initial, "offload", stash,
+                          min_bytes=args.min_bytes)
+        offload.step(spec.make_batch)
+        before = stash.stats()["bytes_offloaded"]
+        offload.step(spec.make_batch)
+        stored = stash.stats()["bytes_offloaded"] - before
+    finally:
+        stash.close()
+    plain.step(spec.make_batch)
+    step_s = median([plain.step(spec.make_batch) for _ in range(3)])
+    return stored / (ratio * step_s) / 1e9, stored, step_s
+
+
+def bench_model(torch, actstash, spec, address, args, ratio=0.0):
+    gbps, stored, step_s = link_gbps(torch, actstash, spec, address, args, ratio) \
+        if ratio else (None, None, None)
     torch.manual_seed(0)
     initial = spec.build()
     stashes = []
 
     def stash():
-        s = actstash.connect(address)
+        s = actstash.connect(address, simulate_link_gbps=gbps)
         stashes.append(s)
         return s
 
@@ -116,8 +159,8 @@ def bench_model(torch, actstash, spec, address, args):
     budgets = [int(high * 1.1)] + [int(low + f * (high - low)) for f in (0.75, 0.5, 0.25)] + \
         [int(low * 1.3)]
     variants = [Variant(torch, actstash, spec, initial, kind,
-                        None if kind in ("plain", "checkpoint", "torch_checkpoint") else stash(),
-                        min_bytes=args.min_bytes) for kind in UNIFORM]
+                        None if kind in NO_STASH else stash(),
+                        min_bytes=args.min_bytes) for kind in kinds(torch)]
     autos = [Variant(torch, actstash, spec, initial, "auto", stash(), budget=b,
                      min_bytes=args.min_bytes, candidates=args.candidates) for b in budgets]
     errors = {}
@@ -154,7 +197,9 @@ def bench_model(torch, actstash, spec, address, args):
     for s in stashes:
         s.close()
     return {"model": spec.describe, "name": spec.name, "smallest": low, "kept": high,
-            "budgets": budgets, "rows": rows, "errors": errors, "mismatches": mismatches}
+            "budgets": budgets, "rows": rows, "errors": errors, "mismatches": mismatches,
+            "link_ratio": ratio, "link_gbps": gbps, "calibration": {
+                "offload_stored_bytes": stored, "plain_step_s": step_s}}
 
 
 def compare(result):
@@ -179,7 +224,12 @@ def compare(result):
 
 
 def print_result(result):
-    print(f"\n== {result['model']}")
+    link = "the CPU as it is" if not result["link_ratio"] else (
+        f"simulated link {result['link_gbps']:.3f} GB/s: storing offload's "
+        f"{result['calibration']['offload_stored_bytes'] / MIB:.1f} MiB takes "
+        f"{result['link_ratio']:g}x plain's "
+        f"{result['calibration']['plain_step_s'] * 1e3:.1f} ms step")
+    print(f"\n== {result['model']}; {link}")
     print(f"   reachable peaks (predicted): {result['smallest'] / MIB:.1f} MiB smallest, "
           f"{result['kept'] / MIB:.1f} MiB every block kept")
     print(f"   {'variant':<24} {'ms/step':>9} {'x plain':>8} {'peak MiB':>9}  plan")
@@ -205,9 +255,13 @@ def plot(results, path):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, axes = plt.subplots(1, len(results), figsize=(6.5 * len(results), 4.8), squeeze=False)
+    ratios = sorted({r["link_ratio"] for r in results})
+    models = list(dict.fromkeys(r["name"] for r in results))
+    fig, grid = plt.subplots(len(ratios), len(models), figsize=(6.5 * len(models),
+                                                                4.8 * len(ratios)), squeeze=False)
+    axes = [[grid[ratios.index(r["link_ratio"])][models.index(r["name"])] for r in results]]
     markers = {"plain": "s", "offload": "^", "checkpoint": "v", "checkpoint+offload": "D",
-               "torch_checkpoint": "x"}
+               "torch_checkpoint": "x", "selective": "P", "torch_sac": "*"}
     for ax, result in zip(axes[0], results):
         autos = sorted((c["budget"], c["auto_s"], c["auto_peak"]) for c in compare(result))
         ax.plot([b / MIB for b, _, _ in autos], [t * 1e3 for _, t, _ in autos], "o-",
@@ -218,7 +272,8 @@ def plot(results, path):
             if row["kind"] != "auto":
                 ax.plot(row["peak"] / MIB, row["time_s"] * 1e3, markers[row["kind"]],
                         markersize=9, label=f"{label} (x: measured peak)")
-        ax.set_title(result["model"], fontsize=9)
+        ax.set_title(f"{result['model']}, link x{result['link_ratio']:g}"
+                     if result["link_ratio"] else result["model"], fontsize=9)
         ax.set_xlabel("memory: budget or measured peak (MiB)")
         ax.set_ylabel("step time (ms, median)")
         ax.grid(alpha=0.3)
@@ -239,6 +294,9 @@ def main():
     parser.add_argument("--candidates", type=int, default=3,
                         help="wrap(candidates=): plans auto measures before committing (1: none)")
     parser.add_argument("--plot", default=None, help="write the trade-off plot (PNG) here")
+    parser.add_argument("--link-ratios", default="0",
+                        help="comma-separated: 0 the CPU as it is, R a simulated link on which "
+                        "offload's stores take R x plain's step")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--quick", action="store_true", help="1 round of 1 step, small models")
     parser.add_argument("--address", default="")
@@ -261,10 +319,12 @@ def main():
     specs = {"gpt": gpt_spec, "encoder": encoder_spec}
     results = []
     with daemon_address(args) as (address, _):
-        for name in args.models.split(","):
-            results.append(bench_model(torch, actstash, specs[name](torch, args), address, args))
-            if not args.json:
-                print_result(results[-1])
+        for ratio in [float(r) for r in args.link_ratios.split(",")]:
+            for name in args.models.split(","):
+                results.append(bench_model(torch, actstash, specs[name](torch, args), address,
+                                           args, ratio))
+                if not args.json:
+                    print_result(results[-1])
     if args.json:
         print(json.dumps(results, indent=1))
     if args.plot:

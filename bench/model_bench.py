@@ -140,17 +140,36 @@ def encoder_spec(torch, args):
         build, lambda m: list(m.layers), nn.TransformerEncoderLayer, make_batch, loss)
 
 
-def checkpoint_layers(layers):
+def checkpoint_layers(layers, context_fn=None):
     """torch.utils.checkpoint per layer (use_reentrant=False); keyword arguments
-    (the encoder's masks) are bound, the positional ones checkpointed."""
+    (the encoder's masks) are bound, the positional ones checkpointed. context_fn:
+    torch's, e.g. sac_context for selective activation checkpointing."""
     from torch.utils.checkpoint import checkpoint
+    extra = {} if context_fn is None else {"context_fn": context_fn}
     for layer in layers:
         original = layer.forward
 
         def forward(*args, _original=original, **kwargs):
-            return checkpoint(lambda *a: _original(*a, **kwargs), *args, use_reentrant=False)
+            return checkpoint(lambda *a: _original(*a, **kwargs), *args, use_reentrant=False,
+                              **extra)
 
         layer.forward = forward
+
+
+def sac_context():
+    """The peers' selective activation checkpointing (torch >= 2.4): the outputs of
+    mm/addmm/bmm/baddbmm/convolution saved, every other op recomputed (the policy
+    actstash's wrap(mode="selective") uses)."""
+    import torch
+    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+    aten = torch.ops.aten
+    saved = {aten.mm.default, aten.addmm.default, aten.bmm.default, aten.baddbmm.default,
+             aten.convolution.default}
+
+    def policy(ctx, op, *args, **kwargs):
+        return CheckpointPolicy.MUST_SAVE if op in saved else CheckpointPolicy.PREFER_RECOMPUTE
+
+    return create_selective_checkpoint_contexts(policy)
 
 
 class Runner:
