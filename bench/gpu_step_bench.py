@@ -1,9 +1,13 @@
 """Training step on a CUDA device, every variant in the same run, for two models.
 
 GPT-style model (examples/gpt.py): plain autograd, torch.utils.checkpoint per
-block, torch's save_on_cpu, actstash offload, actstash checkpoint+offload per
-block, and actstash policy="auto" at a budget halfway between the smallest peak
-a plan reaches and keeping everything.
+block, the peers' selective activation checkpointing per block (torch SAC:
+matmul outputs saved, the rest recomputed; torch >= 2.4), torch's save_on_cpu,
+actstash offload, actstash checkpoint+offload per block, actstash selective
+per block (the same SAC policy, the block input offloaded), and actstash
+policy="auto" at budgets 1/4, 1/2 and 3/4 of the way from the smallest peak a
+plan reaches to keeping everything: step time against peak memory, on the
+device's real link.
 
 Hugging Face Llama made from a config (random weights, eager attention), beside
 the offloaders its users already have: plain; transformers' gradient
@@ -130,11 +134,16 @@ def main():
     def grads(model):
         return [p.grad.clone() for p in model.parameters()]
 
-    def torch_checkpointed(model):
+    def torch_checkpointed(model, context_fn=None):
+        extra = {} if context_fn is None else {"context_fn": context_fn}
         for block in model.blocks:
             forward = block.forward
-            block.forward = (lambda f: lambda x: checkpoint(f, x, use_reentrant=False))(forward)
+            block.forward = (lambda f: lambda x: checkpoint(f, x, use_reentrant=False,
+                                                            **extra))(forward)
         return model
+
+    from torch.utils import checkpoint as torch_cp
+    has_sac = hasattr(torch_cp, "create_selective_checkpoint_contexts")
 
     models = [m for m in args.models.split(",") if m]
     for m in models:
@@ -190,29 +199,47 @@ def main():
         def save_on_cpu():
             return torch.autograd.graph.save_on_cpu(pin_memory=cuda)
 
-        def auto(model):
-            actstash.wrap(model, stash, policy="auto", budget=1 << 50, min_bytes=args.min_bytes)
-            run_step(model, 0)
-            run_step(model, 0)
-            report = stash.plan()
-            actstash.unwrap(model)
-            budget = (report.smallest_peak + report.kept_peak) // 2
-            actstash.wrap(model, stash, policy="auto", budget=budget, min_bytes=args.min_bytes)
-            return model
+        def auto(fraction):
+            """wrap(policy="auto") at `fraction` of the way from the smallest peak a plan
+            reaches to keeping every block (both from an unlimited plan's report)."""
+            def prepare(model):
+                actstash.wrap(model, stash, policy="auto", budget=1 << 50,
+                              min_bytes=args.min_bytes)
+                run_step(model, 0)
+                run_step(model, 0)
+                report = stash.plan()
+                actstash.unwrap(model)
+                budget = int(report.smallest_peak +
+                             fraction * (report.kept_peak - report.smallest_peak))
+                actstash.wrap(model, stash, policy="auto", budget=budget,
+                              min_bytes=args.min_bytes)
+                return model
+            return prepare
 
         if "gpt" in models:
+            from model_bench import sac_context
             variants = [
                 ("plain", lambda m: m, None),
                 ("torch.checkpoint", torch_checkpointed, None),
+                ("torch SAC", lambda m: torch_checkpointed(m, sac_context), None),
                 ("save_on_cpu", lambda m: m, save_on_cpu),
                 ("actstash offload", lambda m: m, offload_context),
                 ("actstash ckpt+offload",
                  lambda m: actstash.wrap(m, stash, blocks=Block, mode="checkpoint+offload",
                                          min_bytes=args.min_bytes) or m, None),
-                ("actstash auto (middle)", auto, None),
+                ("actstash selective",
+                 lambda m: actstash.wrap(m, stash, blocks=Block, mode="selective",
+                                         min_bytes=args.min_bytes) or m, None),
+                ("actstash auto (1/4)", auto(0.25), None),
+                ("actstash auto (middle)", auto(0.5), None),
+                ("actstash auto (3/4)", auto(0.75), None),
             ]
             reference = None
             for name, prepare, context in variants:
+                if not has_sac and name in ("torch SAC", "actstash selective"):
+                    skipped("gpt", name, f"torch {torch.__version__} has no selective "
+                            "activation checkpointing (>= 2.4)")
+                    continue
                 model = prepare(copy.deepcopy(base))
                 got = measure("gpt", name, model, context, reference)
                 if reference is None:

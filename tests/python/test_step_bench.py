@@ -1,7 +1,7 @@
 """bench/gpu_step_bench.py's own code, without a GPU (--cpu-dry-run): every
 variant of both models runs on the CPU with a tiny model, the actstash variants
 are bitwise equal to plain and move bytes through the daemon, and the peers
-that cannot run here say why instead of failing. On a torch with transformers
+that cannot run here (SAC before torch 2.4) say why instead of failing. On a torch with transformers
 >= 5.17 (the pip lanes) transformers' own checkpoint offload runs too."""
 import csv
 import inspect
@@ -26,9 +26,16 @@ def _dry_run(bench, tmp_path, timeout):
 def test_step_bench_dry_run_runs_every_variant(tmp_path):
     rows = {(r["model"], r["variant"]): r for r in _dry_run("gpu_step_bench.py", tmp_path, 900)}
     gpt = [v for m, v in rows if m == "gpt"]
-    assert gpt == ["plain", "torch.checkpoint", "save_on_cpu", "actstash offload",
-                   "actstash ckpt+offload", "actstash auto (middle)"]
+    assert gpt == ["plain", "torch.checkpoint", "torch SAC", "save_on_cpu", "actstash offload",
+                   "actstash ckpt+offload", "actstash selective", "actstash auto (1/4)",
+                   "actstash auto (middle)", "actstash auto (3/4)"]
+    from torch.utils import checkpoint as torch_cp
+    has_sac = hasattr(torch_cp, "create_selective_checkpoint_contexts")
     for variant in gpt:
+        if variant in ("torch SAC", "actstash selective") and not has_sac:
+            assert "selective activation checkpointing" in rows[("gpt", variant)]["skipped"]
+            continue
+        assert not rows[("gpt", variant)]["skipped"], variant
         assert rows[("gpt", variant)]["bitwise"] == "True", variant
     assert float(rows[("gpt", "actstash offload")]["offloaded_mib"]) > 0
     assert float(rows[("gpt", "actstash offload")]["fetched_mib"]) > 0
