@@ -301,7 +301,8 @@ def main():
     parser.add_argument("--quick", action="store_true", help="1 round of 1 step, small models")
     parser.add_argument("--address", default="")
     parser.add_argument("--actstashd", default=None)
-    parser.add_argument("--pool-size", default="2GiB")
+    parser.add_argument("--pool-size", default="8GiB",
+                        help="the private daemon's pool: every variant holds its own leases")
     for name, default in (("gpt-layers", 6), ("gpt-dim", 256), ("gpt-heads", 4),
                           ("gpt-vocab", 1024), ("gpt-context", 128), ("gpt-batch", 8),
                           ("enc-layers", 4), ("enc-dim", 256), ("enc-heads", 4), ("enc-ff", 1024),
