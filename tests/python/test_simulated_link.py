@@ -86,3 +86,30 @@ def test_a_checkpoint_boundary_crosses_the_link_too(fresh_daemon):
 def test_a_rate_that_is_not_a_positive_number_is_refused(fresh_daemon, bad):
     with pytest.raises(ValueError, match="simulate_link_gbps"):
         actstash.connect(fresh_daemon.socket, simulate_link_gbps=bad)
+
+
+def test_the_plan_counts_what_waits_for_the_link(fresh_daemon):
+    """The rule the automatic plan models copies with: on a simulated link no store is
+    copied on the packing thread, but a checkpoint boundary's is still waited for
+    (compute-thread time); wrap(policy="auto") plans and trains bitwise on the link."""
+    from actstash import _hooks
+    with actstash.connect(fresh_daemon.socket) as stash:
+        assert _hooks.copied_inline(stash, 4096, False, False)
+        assert _hooks.copied_inline(stash, 1 << 20, False, True)
+    plain = []
+    model = _model()
+    for _ in range(4):
+        plain.append(_step(model))
+    with actstash.connect(fresh_daemon.socket, simulate_link_gbps=0.2) as stash:
+        assert not _hooks.copied_inline(stash, 4096, False, False)
+        assert _hooks.copied_inline(stash, 1 << 20, False, True)  # waited for
+        model = _model()
+        actstash.wrap(model, stash, blocks=torch.nn.Sequential, policy="auto",
+                      budget=1 << 40, min_bytes=0)
+        for k in range(4):
+            x = torch.randn(64, WIDTH, generator=torch.Generator().manual_seed(1))
+            model.zero_grad()
+            model(x).pow(2).sum().backward()
+            for mine, theirs in zip([p.grad for p in model.parameters()], plain[k]):
+                assert torch.equal(mine, theirs), k
+        assert stash.plan() is not None and not stash.plan().pending

@@ -408,12 +408,13 @@ class Stash:
 
     def _copied_inline(self, nbytes, cuda, boundary):
         """The engine's inline rule, with its settings read back: a CPU tensor stored in
-        leased memory is copied on the packing thread (done when pack returns, its source
-        never held) when it is a checkpoint boundary's input or at most
-        inline_store_bytes large, unless a link is simulated. The owner passed to pack
-        and the planner's model of what is in flight follow it."""
-        return not cuda and self._attached and not self.simulated_link_bps and \
-            (boundary or nbytes <= self._inline_bytes)
+        leased memory is done when pack returns (its source never held, its copy
+        compute-thread time) when it is a checkpoint boundary's input (copied on the
+        packing thread, or with a simulated link through the copy engine and waited
+        for) or, without a simulated link, at most inline_store_bytes large. The owner
+        passed to pack and the planner's model of what is in flight follow it."""
+        return not cuda and self._attached and (
+            boundary or (not self.simulated_link_bps and nbytes <= self._inline_bytes))
 
     def _pack(self, t, min_bytes=None, boundary=False):
         """The pack hook (and actstash.checkpoint's boundary, which stores a detached
