@@ -4,22 +4,15 @@ saying nothing ran on a GPU while docs/gpu-runs/ holds a run, a figure beside a
 citation of docs/RESULTS.md that the cited sections do not hold, a cited section that
 does not exist. Each is planted in a
 clone of the tree under test, which is clean before the plant."""
-import os
-
 import pytest
-from actstash_testing.repo_clone import clone_worktree, planted, run_check
+from actstash_testing.repo_clone import clone_or_skip, planted, run_check
 
 pytestmark = pytest.mark.torch_agnostic
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @pytest.fixture(scope="module")
 def clone(tmp_path_factory):
-    path = clone_worktree(ROOT, str(tmp_path_factory.mktemp("docs") / "repo"))
-    if path is None:
-        pytest.skip("needs the git repository")
-    return path
+    return clone_or_skip(tmp_path_factory, "docs")
 
 
 def test_the_tree_as_it_is_passes(clone):

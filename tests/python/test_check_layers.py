@@ -2,24 +2,19 @@
 private module, a reach into another part's private attribute, a part README that is
 missing or that names other parts than its files use. Each is planted in a shared
 clone of the repository's HEAD, which is clean before the plant."""
-import os
 import subprocess
 
 import pytest
-from actstash_testing.repo_clone import clone_worktree, planted, run_check
+from actstash_testing.repo_clone import clone_or_skip, planted, run_check
 
 pytestmark = pytest.mark.torch_agnostic
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PLAN = "client/python/actstash/_plan/"
 
 
 @pytest.fixture(scope="module")
 def clone(tmp_path_factory):
-    path = clone_worktree(ROOT, str(tmp_path_factory.mktemp("layers") / "repo"))
-    if path is None:
-        pytest.skip("needs the git repository")
-    return path
+    return clone_or_skip(tmp_path_factory, "layers")
 
 
 def check(path):

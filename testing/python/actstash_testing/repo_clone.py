@@ -6,6 +6,21 @@ import shutil
 import subprocess
 import sys
 
+# The repository this module is in (testing/python/actstash_testing/).
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
+    __file__)))))
+
+
+def clone_or_skip(tmp_path_factory, name):
+    """For a module-scoped pytest fixture: a clone of this repository's tree under test
+    (clone_worktree) in a temporary folder named after `name`; the test is skipped
+    without git or a repository."""
+    import pytest
+    path = clone_worktree(ROOT, str(tmp_path_factory.mktemp(name) / "repo"))
+    if path is None:
+        pytest.skip("needs the git repository")
+    return path
+
 
 def clone_worktree(root, dest):
     """A shared clone of `root` at HEAD, plus its tracked changes and untracked files
