@@ -52,6 +52,7 @@ from actstash_testing.paths import EXAMPLES  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, EXAMPLES)
 from hook_bench import import_actstash, start_daemon  # noqa: E402
+from model_bench import checkpoint_layers, sac_context  # noqa: E402
 
 
 def main():
@@ -85,7 +86,6 @@ def main():
     # actstash with plain autograd rather than run-to-run noise.
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     import torch
-    from torch.utils.checkpoint import checkpoint
     torch.use_deterministic_algorithms(True, warn_only=True)
     actstash = import_actstash()
     from actstash._native import lib as _lib
@@ -135,11 +135,7 @@ def main():
         return [p.grad.clone() for p in model.parameters()]
 
     def torch_checkpointed(model, context_fn=None):
-        extra = {} if context_fn is None else {"context_fn": context_fn}
-        for block in model.blocks:
-            forward = block.forward
-            block.forward = (lambda f: lambda x: checkpoint(f, x, use_reentrant=False,
-                                                            **extra))(forward)
+        checkpoint_layers(model.blocks, context_fn)
         return model
 
     from torch.utils import checkpoint as torch_cp
@@ -217,7 +213,6 @@ def main():
             return prepare
 
         if "gpt" in models:
-            from model_bench import sac_context
             variants = [
                 ("plain", lambda m: m, None),
                 ("torch.checkpoint", torch_checkpointed, None),

@@ -158,18 +158,11 @@ def checkpoint_layers(layers, context_fn=None):
 
 def sac_context():
     """The peers' selective activation checkpointing (torch >= 2.4): the outputs of
-    mm/addmm/bmm/baddbmm/convolution saved, every other op recomputed (the policy
-    actstash's wrap(mode="selective") uses)."""
-    import torch
-    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
-    aten = torch.ops.aten
-    saved = {aten.mm.default, aten.addmm.default, aten.bmm.default, aten.baddbmm.default,
-             aten.convolution.default}
-
-    def policy(ctx, op, *args, **kwargs):
-        return CheckpointPolicy.MUST_SAVE if op in saved else CheckpointPolicy.PREFER_RECOMPUTE
-
-    return create_selective_checkpoint_contexts(policy)
+    matrix products and convolutions saved, every other op recomputed. The policy is
+    the one actstash's wrap(mode="selective") uses, so that the two rows differ only
+    in what actstash adds (the input offloaded)."""
+    from actstash._plan._wrap import _selective_context
+    return _selective_context()
 
 
 class Runner:

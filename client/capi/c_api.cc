@@ -304,13 +304,10 @@ int actstash_engine_create(actstash_client* client, const char* options_json,
   // Injected delays are for tests of ordering: every CPU store then takes
   // the delayed path instead of being copied on the calling thread.
   if (settings.host.max_injected_delay.count() > 0) settings.engine.inline_store_bytes = 0;
-  // A simulated link is the host engine's to keep, and no CPU store is
-  // copied on the calling thread (see EngineOptions).
+  // A simulated link is the host engine's to keep; the settings read back are
+  // the ones the engine runs with.
   settings.host.link_bytes_per_second = settings.engine.simulated_link_bytes_per_second;
-  if (settings.engine.simulated_link_bytes_per_second > 0) {
-    settings.engine.inline_store_bytes = 0;
-    settings.engine.cpu_views = false;
-  }
+  settings.engine = actstash::EffectiveEngineOptions(std::move(settings.engine));
   actstash::EngineOptions options = settings.engine;
   if (callbacks != nullptr) {
     if ((callbacks->acquire == nullptr) != (callbacks->release == nullptr) ||

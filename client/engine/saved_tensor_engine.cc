@@ -27,11 +27,7 @@ EngineOptions WithHostEngine(EngineOptions options) {
     host.link_bytes_per_second = options.simulated_link_bytes_per_second;
     options.host_engine = CreateHostCopyEngine(host);
   }
-  if (options.simulated_link_bytes_per_second > 0) {  // CPU tensors take CUDA's paths
-    options.inline_store_bytes = 0;
-    options.cpu_views = false;
-  }
-  return options;
+  return EffectiveEngineOptions(std::move(options));
 }
 
 absl::Status Gone(uint64_t id) {

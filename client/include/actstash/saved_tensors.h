@@ -144,6 +144,17 @@ struct EngineOptions {
   void (*relock_caller)(void* token) = nullptr;
 };
 
+// The options an engine runs with: a simulated link turns inline CPU stores
+// and CPU views off (CPU tensors then take CUDA tensors' paths). The engine
+// applies it itself; a front-end that reports its settings calls it too.
+inline EngineOptions EffectiveEngineOptions(EngineOptions options) {
+  if (options.simulated_link_bytes_per_second > 0) {
+    options.inline_store_bytes = 0;
+    options.cpu_views = false;
+  }
+  return options;
+}
+
 // The counters behind stats(); one schema, named by kEngineStatNames.
 struct EngineStats {
   uint64_t tensors_offloaded = 0;
