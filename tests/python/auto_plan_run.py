@@ -96,7 +96,7 @@ def run(stash, model, first, loss, reference, budget, steps, seed0, steady=None)
                 "kept_peak": report.kept_peak,
                 "limited_by_quota": report.limited_by_quota,
                 "predicted_stored": report.predicted_stored,
-                "block_offload": max(c.offload_bytes for c in report.costs),
+                "block_offload": max((c.offload_bytes for c in report.costs or ()), default=0),
                 "table": str(report),
                 "settled_before": settled,
             })

@@ -3,6 +3,7 @@ tables with known optima: offload that hides behind later compute costs only its
 hook time, offload that cannot hide costs its excess, the solver's plan is the
 optimum of exhaustive enumeration, the budget and the quota are honored, and an
 impossible budget is refused with the smallest reachable peak."""
+import dataclasses
 import itertools
 import random
 
@@ -116,7 +117,7 @@ def test_everything_fits_keeps_everything():
     assert plan.smallest_peak < plan.kept_peak
 
 
-def _random_case(rng, n):
+def _random_case(rng, n, selective=False):
     costs = []
     for i in range(n):
         saved = rng.randint(10, 100) * MiB
@@ -128,20 +129,26 @@ def _random_case(rng, n):
                       forward_work=rng.randint(5, 50) * MiB,
                       backward_work=saved + rng.randint(5, 50) * MiB)
         c.input_offload_bytes = c.input_bytes if rng.random() < 0.7 else 0
+        if selective:  # an op profile: some outputs saved, the rest recomputed
+            c.selective_bytes = int(saved * rng.uniform(0.2, 0.7))
+            c.selective_offload_bytes = int(c.selective_bytes * rng.uniform(0.5, 1.0))
+            c.selective_tensors = rng.randint(1, 4)
+            c.selective_recompute_s = c.forward_s * rng.uniform(0.05, 0.5)
         costs.append(c)
     machine = Machine(store_bps=rng.choice([1e9, 5e9, 50e9]),
                       fetch_bps=rng.choice([1e9, 5e9, 50e9]), per_tensor_s=30e-6,
-                      tail_s=0.003, tail_work=20 * MiB)
+                      tail_s=0.003, tail_work=20 * MiB, selective_allowed=selective)
     return costs, machine
 
 
 def test_solver_matches_exhaustive_enumeration():
+    """With and without an op profile (6 choices per block, or the 4 per-block ones)."""
     rng = random.Random(1)
-    for _ in range(25):
-        n = rng.randint(2, 5)
-        costs, machine = _random_case(rng, n)
+    for case in range(40):
+        n = rng.randint(2, 5 if case % 2 else 4)
+        costs, machine = _random_case(rng, n, selective=bool(case % 2 == 0))
         every = [(simulate(costs, machine, list(p)), list(p))
-                 for p in itertools.product(planner.CHOICES, repeat=n)]
+                 for p in itertools.product(planner._allowed(machine), repeat=n)]
         low = min(p.peak_bytes for p, _ in every)
         high = max(p.peak_bytes for p, _ in every)
         for budget in (low - 1, low, (low + high) // 2, high):
@@ -270,7 +277,7 @@ def test_a_perturbed_probe_does_not_move_a_plan_of_inline_stores():
                    tail_work=MiB)
     kept = simulate(costs, true, [KEEP] * 6).peak_bytes
     budget = kept // 2
-    uniform = [simulate(costs, true, [c] * 6) for c in planner.CHOICES]
+    uniform = [simulate(costs, true, [c] * 6) for c in planner._allowed(true)]
     best_uniform = min(p.time_s for p in uniform if p.peak_bytes <= budget)
     chosen = set()
     for factor in (0.25, 0.5, 0.75, 1.0, 1.33, 2.0, 4.0):
@@ -321,3 +328,61 @@ def test_the_in_flight_bound_makes_forward_wait_and_caps_what_is_in_flight():
     assert alone.forward_s[0] == pytest.approx(0.002)
     assert alone.phase_peak[1] == 100 * MiB + 20 * MiB
     assert alone.phase_peak == simulate(one, machine(), [OFFLOAD, KEEP]).phase_peak
+
+
+def _selective_block(name, saved=100 * MiB):
+    # Selective keeps 30 MiB of matmul outputs and recomputes the rest in a fifth of
+    # the block's forward time.
+    return BlockCost(name, forward_s=0.010, backward_s=0.020, saved_bytes=saved,
+                     offload_bytes=saved, offload_tensors=10, largest_tensor=saved // 10,
+                     input_bytes=4 * MiB, input_offload_bytes=4 * MiB, input_tensors=1,
+                     forward_work=20 * MiB, backward_work=saved + 10 * MiB,
+                     selective_recompute_s=0.002, selective_bytes=30 * MiB,
+                     selective_offload_bytes=30 * MiB, selective_tensors=3)
+
+
+@pytest.mark.parametrize("link_bps,expected", [(0.5e9, planner.SELECTIVE),
+                                               (5e9, planner.SELECTIVE_OFFLOAD)])
+def test_an_op_profile_buys_speed_where_whole_blocks_would_recompute(link_bps, expected):
+    """Between the every-block-checkpointed peak and keeping everything, the plan
+    per block must recompute whole blocks; with an op profile it recomputes only the
+    cheap ops of some: faster at the same budget. Below the peak of every block
+    selective, on a link too slow to hide whole blocks but fast enough for what
+    selective saves (300 MiB saved per block, 30 MiB of it by selective), some of that
+    goes to the stash (its copies hidden)."""
+    saved = 100 * MiB if expected == planner.SELECTIVE else 300 * MiB
+    costs = [_selective_block(f"b{i}", saved) for i in range(6)]
+    machine = Machine(store_bps=link_bps, fetch_bps=link_bps, per_tensor_s=20e-6,
+                      tail_s=0.002, tail_work=MiB, selective_allowed=True)
+    per_block = dataclasses.replace(machine, selective_allowed=False)
+    low = simulate(costs, machine, [planner.CHECKPOINT] * 6).peak_bytes
+    high = simulate(costs, machine, [KEEP] * 6).peak_bytes
+    budget = low + (high - low) // 3
+    if expected == planner.SELECTIVE_OFFLOAD:
+        budget = simulate(costs, machine, [planner.SELECTIVE] * 6).peak_bytes - 40 * MiB
+    with_ops = solve(costs, machine, budget)
+    without = solve(costs, per_block, budget)
+    assert with_ops.prediction.peak_bytes <= budget
+    assert with_ops.prediction.time_s < without.prediction.time_s * 0.95, (
+        with_ops.choices, without.choices)
+    assert expected in with_ops.choices, with_ops.choices
+    assert not set(without.choices) & {planner.SELECTIVE, planner.SELECTIVE_OFFLOAD}
+
+
+def test_selective_choices_hold_store_and_recompute_what_the_profile_says():
+    c = _selective_block("b")
+    c.selective_offload_bytes = 25 * MiB  # 5 MiB of outputs below min_bytes
+    m = Machine(store_bps=1e9, fetch_bps=1e9, selective_allowed=True)
+    assert c.held(planner.SELECTIVE) == 34 * MiB  # the input and the saved outputs
+    assert c.held(planner.SELECTIVE_OFFLOAD) == 5 * MiB
+    assert c.stored(planner.SELECTIVE_OFFLOAD) == (29 * MiB, 4)
+    assert c.stored(planner.SELECTIVE) == (0, 0)
+    assert c.recompute_of(planner.SELECTIVE) == c.recompute_of(planner.SELECTIVE_OFFLOAD) == 0.002
+    assert c.recompute_of(planner.CHECKPOINT) == c.forward_s
+    # Backward: selective recomputes its cheap ops; selective+offload fetches first.
+    sel = simulate([c], m, [planner.SELECTIVE])
+    off = simulate([c], m, [planner.SELECTIVE_OFFLOAD])
+    assert sel.backward_s[0] == pytest.approx(0.022)
+    assert off.backward_s[0] >= 0.022 + 29 * MiB / 1e9 - 1e-9
+    # Without an op profile a selective choice is never offered.
+    assert planner.SELECTIVE not in planner._allowed(Machine())

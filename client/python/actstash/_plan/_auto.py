@@ -3,7 +3,12 @@
 The life of one input shape (a step is keyed by the shapes, dtypes and devices of
 the first block's tensor inputs):
 
-1. Profile: the first step runs every block as checkpoint+offload (the smallest
+0. Ops (torch >= 2.4, not under compile): the first step runs every block as
+   checkpoint+offload, unmeasured, and records each block's ops as its
+   recomputation runs them (_selective.OpRecorder: output bytes, time, whether
+   the output may be saved). The selective choices save the ops that cost most
+   per byte to recompute (_selective.choose_saved) and recompute the rest.
+1. Profile: the next step runs every block as checkpoint+offload (the smallest
    footprint, so profiling itself stays within the budget) and measures per
    block its forward, recomputation and backward times, what it saves for
    backward (seen by the checkpoint as it runs), its inputs, and the memory each
@@ -53,8 +58,8 @@ import torch
 
 from actstash import _hooks
 from actstash._errors import BudgetError
-from actstash._hooks import checkpoint, without_caches
-from actstash._plan import _planner
+from actstash._hooks import checkpoint, compiling, without_caches
+from actstash._plan import _planner, _selective
 from actstash._plan._measure import Step, mark_outputs
 
 log = logging.getLogger("actstash")
@@ -95,6 +100,11 @@ class _Entry:
         self.trials = None    # [_Trial], the candidates measured after profiling
         self.trial_index = 0  # the next to measure; == len(trials) once chosen
         self.chosen = None    # the _Trial kept
+        # The op profile: per block OpRecorder.ops; None before it ran, False when per-op
+        # plans are not used (torch < 2.4, under compile, or no complete profile).
+        self.ops = None
+        self.op_tries = 0
+        self.selective = None  # per block: the op positions the selective choices save
 
     def pending_trial(self):
         """The candidate whose measured step is next, or None (no candidates, or chosen)."""
@@ -152,9 +162,17 @@ class AutoPlanner:
                 out = original(*args, **kwargs)
         else:
             args, kwargs = without_caches(args, kwargs)
+            offload = choice in (_planner.CHECKPOINT_OFFLOAD, _planner.SELECTIVE_OFFLOAD)
+            context_fn = None
+            if step.recorders is not None:
+                context_fn = step.recorders[j].context_fn()
+            elif choice in (_planner.SELECTIVE, _planner.SELECTIVE_OFFLOAD):
+                how = _selective.OFFLOAD if offload else _selective.KEEP
+                context_fn = _selective.context_fn(
+                    {i: how for i in step.entry.selective[j]}, self.stash, self.min_bytes)
             out = checkpoint(self._timed(step, j, original), *args,
-                             stash=self.stash if choice == _planner.CHECKPOINT_OFFLOAD else None,
-                             min_bytes=self.min_bytes,
+                             stash=self.stash if offload else None, min_bytes=self.min_bytes,
+                             context_fn=context_fn,
                              _observe=step.saved[j].add if step.measured else None, **kwargs)
         if step.measured:
             out = mark_outputs(step, j, out)
@@ -209,7 +227,13 @@ class AutoPlanner:
         if entry.plan is None:  # profile at the smallest footprint
             smallest = _planner.CHECKPOINT_OFFLOAD if self.stash.available else \
                 _planner.CHECKPOINT
-            self.step = Step(entry, [smallest] * n, True, n, self.min_bytes, device)
+            if entry.ops is None and (not _selective.supported() or compiling()):
+                entry.ops = False
+            ops_step = entry.ops is None
+            self.step = Step(entry, [smallest] * n, not ops_step, n, self.min_bytes, device)
+            if ops_step:  # first the ops of each block, in an unmeasured step
+                self.step.recorders = [_selective.OpRecorder(device.type == "cuda")
+                                       for _ in range(n)]
         elif entry.pending_trial() is not None:
             self.step = Step(entry, entry.pending_trial().choices, True, n, self.min_bytes,
                              device)
@@ -218,6 +242,8 @@ class AutoPlanner:
 
     def _finish_step(self):
         step, self.step = self.step, None
+        if step is not None and step.recorders is not None:
+            self._ops_done(step)
         if step is None or not step.measured:
             return
         if not step.done and len(step.entered) == step.n:
@@ -242,6 +268,19 @@ class AutoPlanner:
             self._check(entry, step, peaks)
 
     # -- measure, solve, check ----------------------------------------------------------
+    def _ops_done(self, step):
+        """The op profile's step ended: its ops per block, once every block recomputed
+        (a step without backward is profiled again, twice at most)."""
+        entry = step.entry
+        ops = [r.ops for r in step.recorders]
+        if all(o is not None for o in ops):
+            entry.ops = ops
+            return
+        entry.op_tries += 1
+        if entry.op_tries >= 3:
+            log.info("actstash: no complete op profile in 3 steps; planning per block")
+            entry.ops = False
+
     def _phases(self, step, peaks):
         """Per block: forward and backward durations and phase peaks; tail time and peak."""
         n, times = step.n, step.times
@@ -279,11 +318,14 @@ class AutoPlanner:
             cost.backward_work = max(0, b["backward_peak"] - held)
             held += cost.held(step.choices[j])
             costs.append(cost)
+        if entry.ops:
+            self._add_selective(entry, costs, step)
         machine = _planner.Machine(tail_s=tail_s, tail_work=max(0, tail_peak - held),
                                    prefetch=self.stash.prefetch_depth,
                                    offload_allowed=self.stash.available,
                                    fetched_in_place=not step.cuda and self.stash.cpu_views,
-                                   max_in_flight_bytes=self.stash.max_in_flight_bytes)
+                                   max_in_flight_bytes=self.stash.max_in_flight_bytes,
+                                   selective_allowed=bool(entry.ops))
         if machine.offload_allowed:
             largest = max(step.saved, key=lambda s: s.stored)
             self._probe(machine, largest.sizes, step)
@@ -303,6 +345,22 @@ class AutoPlanner:
             log.info("actstash: %s; profiling once more before refusing it", error)
             return
         self._plan_trials(entry)
+
+    def _add_selective(self, entry, costs, step):
+        """The selective choices' costs, from the op profile: which ops they save
+        (_selective.choose_saved), what those hold and store, and what recomputing the
+        rest takes (the block's measured recomputation times the others' share)."""
+        entry.selective = []
+        for cost, ops in zip(costs, entry.ops):
+            positions, nbytes, share = _selective.choose_saved(ops)
+            stored = [ops[i][1] for i in positions if ops[i][1] >= self.min_bytes]
+            entry.selective.append(positions)
+            cost.selective_bytes = nbytes
+            cost.selective_offload_bytes = sum(stored)
+            cost.selective_tensors = len(stored)
+            cost.selective_inline_bytes = sum(
+                n for n in stored if _hooks.copied_inline(self.stash, n, step.cuda, False))
+            cost.selective_recompute_s = cost.recompute_s * (1.0 - share)
 
     # -- measure the candidates, keep the fastest that fits ------------------------------
     def _plan_trials(self, entry):

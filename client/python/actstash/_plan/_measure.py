@@ -151,6 +151,8 @@ class Step:
         self.memory = PhaseMemory(device) if measured else None
         self.device = device
         self.cuda = device.type == "cuda"
+        # The op profile's step (_selective.OpRecorder per block), else None.
+        self.recorders = None
 
     def mark(self, phase):
         if self.memory is not None:

@@ -1,5 +1,7 @@
-"""The automatic plan's model and solver: per block keep, offload, checkpoint or
-checkpoint+offload, chosen to minimize the predicted step time with the predicted
+"""The automatic plan's model and solver: per block keep, offload, checkpoint,
+checkpoint+offload, selective or selective+offload (per op: the outputs of the
+ops that cost most per byte to recompute are kept, or offloaded, and the rest is
+recomputed; _selective), chosen to minimize the predicted step time with the predicted
 peak memory of the step within a budget. Pure Python (no torch): the profiler
 (_auto.py) measures the costs, this module predicts and chooses.
 
@@ -28,20 +30,25 @@ The model of one training step (all times in seconds, memory in bytes):
   stores finished (it reads them). Its duration is its backward compute, plus its
   forward time again when it recomputes, or the time to fetch its stored bytes
   when that is longer (fetches are prefetched a few tensors ahead, so they
-  overlap the block's own compute); a checkpoint+offload block first fetches its
-  input, then recomputes.
+  overlap the block's own compute); a checkpoint+offload or selective+offload
+  block first fetches what it stored, then recomputes; a selective block
+  recomputes only its other ops (its measured recomputation times the share of
+  its op time those ops took in the op profile).
 * Memory held across blocks: keep holds what the block saves for backward,
   offload only what is too small to store, checkpoint the block's input,
-  checkpoint+offload only an input too small to store. A block's forward phase
-  adds its transient working memory (or what it holds, if larger) and the
-  sources of stores still in flight when it ends; its backward phase adds its measured
-  backward working set (what it saved or recomputes, plus gradients and
-  temporaries; less what an offloaded block reads in place, where the stash
-  hands out views of its memory) and what is prefetched for the block before it. The peak is the
-  largest of these over the step, relative to what the trainer holds when the
+  checkpoint+offload only an input too small to store, selective the input and the
+  saved ops' outputs, selective+offload only what of those is too small to store.
+  A block's forward phase adds its transient working memory (or what it holds,
+  if larger) and the sources of stores still in flight when it ends; its
+  backward phase adds its measured backward working set (what it saved or
+  recomputes, plus gradients and temporaries; less what an offloaded block reads
+  in place, where the stash hands out views of its memory) and what is
+  prefetched for the block before it. The peak is the largest of these over the
+  step, relative to what the trainer holds when the
   first block starts.
 
-The solver is exact: a depth-first branch and bound over the 4^n plans, pruned by
+The solver is exact: a depth-first branch and bound over the 4^n (6^n with an op
+profile) plans, pruned by
 two lower bounds (time: the rest of the blocks kept, which no other choice makes
 faster; memory: the rest held at their smallest), started from a greedy plan. Past
 `max_nodes` visited plans (models of more than about ten blocks, at budgets
@@ -55,9 +62,14 @@ from actstash._errors import BudgetError
 
 KEEP, OFFLOAD, CHECKPOINT, CHECKPOINT_OFFLOAD = (
     "keep", "offload", "checkpoint", "checkpoint+offload")
-CHOICES = (KEEP, OFFLOAD, CHECKPOINT, CHECKPOINT_OFFLOAD)
-_STORES = (OFFLOAD, CHECKPOINT_OFFLOAD)
-_RECOMPUTES = (CHECKPOINT, CHECKPOINT_OFFLOAD)
+# Per op inside a checkpointed block (_selective): the outputs of the ops that cost the
+# most per byte to recompute are kept in the trainer (selective: the input kept too, as
+# torch's SAC) or offloaded with the input (selective+offload); the rest is recomputed.
+SELECTIVE, SELECTIVE_OFFLOAD = "selective", "selective+offload"
+CHOICES = (KEEP, OFFLOAD, CHECKPOINT, CHECKPOINT_OFFLOAD, SELECTIVE, SELECTIVE_OFFLOAD)
+_STORES = (OFFLOAD, CHECKPOINT_OFFLOAD, SELECTIVE_OFFLOAD)
+_RECOMPUTES = (CHECKPOINT, CHECKPOINT_OFFLOAD, SELECTIVE, SELECTIVE_OFFLOAD)
+_FETCH_FIRST = (CHECKPOINT_OFFLOAD, SELECTIVE_OFFLOAD)  # fetch, then recompute
 
 
 @dataclasses.dataclass
@@ -81,6 +93,14 @@ class BlockCost:
     forward_work: int = 0     # transient memory of its forward, above what is held
     backward_work: int = 0    # its backward's working set, above what is held
     recompute_s: Optional[float] = None  # recomputation (default: forward_s)
+    # The selective choices (from the op profile; None: not profiled): what the saved
+    # ops' outputs hold, what offloading them stores (outputs of >= min_bytes), of that
+    # what is copied on the packing thread, and the recomputation of the other ops.
+    selective_recompute_s: Optional[float] = None
+    selective_bytes: int = 0
+    selective_offload_bytes: int = 0
+    selective_tensors: int = 0
+    selective_inline_bytes: int = 0
 
     def held(self, choice):
         if choice == KEEP:
@@ -89,7 +109,20 @@ class BlockCost:
             return max(0, self.saved_bytes - self.offload_bytes)
         if choice == CHECKPOINT:
             return self.input_bytes
-        return max(0, self.input_bytes - self.input_offload_bytes)
+        if choice == SELECTIVE:
+            return self.input_bytes + self.selective_bytes
+        kept_input = max(0, self.input_bytes - self.input_offload_bytes)
+        if choice == SELECTIVE_OFFLOAD:
+            return kept_input + max(0, self.selective_bytes - self.selective_offload_bytes)
+        return kept_input
+
+    def recompute_of(self, choice):
+        """The recomputation backward runs under `choice` (0 if none)."""
+        if choice in (SELECTIVE, SELECTIVE_OFFLOAD) and self.selective_recompute_s is not None:
+            return self.selective_recompute_s
+        if choice in _RECOMPUTES:  # without an op profile, selective recomputes it all
+            return self.recompute_s if self.recompute_s is not None else self.forward_s
+        return 0.0
 
     def backward_work_of(self, choice, machine):
         """The backward working set under `choice`: offloaded tensors read in place
@@ -104,6 +137,9 @@ class BlockCost:
             return self.offload_bytes, self.offload_tensors
         if choice == CHECKPOINT_OFFLOAD:
             return self.input_offload_bytes, self.input_tensors
+        if choice == SELECTIVE_OFFLOAD:
+            return (self.input_offload_bytes + self.selective_offload_bytes,
+                    self.input_tensors + self.selective_tensors)
         return 0, 0
 
     def stored_inline(self, choice):
@@ -112,6 +148,9 @@ class BlockCost:
             return min(self.offload_inline_bytes, self.offload_bytes)
         if choice == CHECKPOINT_OFFLOAD:
             return min(self.input_inline_bytes, self.input_offload_bytes)
+        if choice == SELECTIVE_OFFLOAD:
+            return (min(self.input_inline_bytes, self.input_offload_bytes) +
+                    min(self.selective_inline_bytes, self.selective_offload_bytes))
         return 0
 
 
@@ -139,6 +178,7 @@ class Machine:
     node_bps: float = 0.0
     node_source: str = ""
     copying_sessions: int = 0
+    selective_allowed: bool = False   # every block has an op profile (BlockCost.selective_*)
 
 
 @dataclasses.dataclass
@@ -202,12 +242,10 @@ def simulate(costs, machine, plan):
     for j in range(n - 1, -1, -1):
         c, choice = costs[j], plan[j]
         start = max(t, store_done[j])
-        compute = c.backward_s
-        if choice in _RECOMPUTES:
-            compute += c.recompute_s if c.recompute_s is not None else c.forward_s
+        compute = c.backward_s + c.recompute_of(choice)
         nbytes, _ = c.stored(choice)
         fetch = nbytes / machine.fetch_bps if nbytes else 0.0
-        duration = fetch + compute if choice == CHECKPOINT_OFFLOAD else max(compute, fetch)
+        duration = fetch + compute if choice in _FETCH_FIRST else max(compute, fetch)
         bwd[j] = start + duration - t  # with any wait for its stores
         t = start + duration
         ahead = 0
@@ -244,7 +282,9 @@ def _fits(prediction, budget, stored_limit):
 
 
 def _allowed(machine):
-    return CHOICES if machine.offload_allowed else (KEEP, CHECKPOINT)
+    allowed = CHOICES if machine.offload_allowed else (KEEP, CHECKPOINT, SELECTIVE)
+    return allowed if machine.selective_allowed else tuple(
+        c for c in allowed if c not in (SELECTIVE, SELECTIVE_OFFLOAD))
 
 
 def _min_held(c, machine):
@@ -275,7 +315,8 @@ def _search(costs, machine, objective, budget, stored_limit, incumbent, max_node
     """Branch and bound: the feasible plan of least `objective` ("time" or "peak").
     Returns (plan or None, prediction, exact, nodes)."""
     n = len(costs)
-    order = [c for c in (KEEP, OFFLOAD, CHECKPOINT_OFFLOAD, CHECKPOINT) if c in _allowed(machine)]
+    order = [c for c in (KEEP, OFFLOAD, SELECTIVE, SELECTIVE_OFFLOAD, CHECKPOINT_OFFLOAD,
+                         CHECKPOINT) if c in _allowed(machine)]
     if objective == "peak":
         order.reverse()
 
@@ -349,8 +390,8 @@ def _improve(costs, machine, budget, stored_limit, plan, pairs=True):
 
 def _simplify(costs, machine, budget, stored_limit, plan):
     """Among plans of equal predicted time, the one that keeps more and stores less:
-    each block moves to an earlier choice of (keep, offload, checkpoint,
-    checkpoint+offload) when that costs no time and still fits."""
+    each block moves to an earlier choice of CHOICES (keep, offload, checkpoint,
+    checkpoint+offload, selective, selective+offload) when that costs no time and still fits."""
     plan = list(plan)
     current = simulate(costs, machine, plan)
     for j in range(len(plan)):

@@ -78,10 +78,13 @@ def wrap(model: torch.nn.Module, stash: Any, blocks: Any = None,
     unwrap(model) undoes it.
 
     policy="auto" chooses per block among keep, offload, checkpoint and
-    checkpoint+offload (`mode` is then unused): the first step of each input shape
-    is measured, the plan of least predicted step time whose peak memory fits
-    `budget` is applied from the next step on, and checked by measuring the step
-    after. budget, by one rule: a number of 1 or more is bytes (6e9 too), a number below
+    checkpoint+offload, and on torch >= 2.4 selective and selective+offload (the
+    outputs of the block's ops that cost most per byte to recompute are kept in the
+    trainer, or offloaded with the block's input, and the other ops are recomputed)
+    (`mode` is then unused): the first step of each input shape records each block's
+    ops (torch >= 2.4), the next is measured, the plan of least predicted step time
+    whose peak memory fits `budget` is applied from the step after, and checked by
+    measuring it. budget, by one rule: a number of 1 or more is bytes (6e9 too), a number below
     1 a fraction of the free memory; a string is a size ("6GiB") or a percentage of the
     free memory ("50%"). The free memory: the GPU's (CUDA), else memory_limit (CPU;
     default: the node's available memory). It bounds
