@@ -3,14 +3,17 @@
 memory budgets, next to the uniform plans (every block offload, checkpoint,
 checkpoint+offload or, with torch >= 2.4, selective, through actstash.wrap),
 torch.utils.checkpoint per block, the peers' selective activation checkpointing
-per block (torch_sac: matmul and convolution outputs saved) and plain autograd,
-measured in one process with the variants interleaved: the Pareto front of step
-time against peak memory.
+per block (torch_sac: matmul and convolution outputs saved), torch.compile of
+the whole model at several activation_memory_budget values (compile@B, torch >=
+2.4) and plain autograd, measured in one process with the variants interleaved:
+the Pareto front of step time against peak memory.
 
     bench/auto_plan_bench.py                  # both models, a private actstashd
     bench/auto_plan_bench.py --quick          # a smoke run
     bench/auto_plan_bench.py --plot docs/auto_plan.png
     bench/auto_plan_bench.py --link-ratios 0,1,4   # also on a simulated link
+    bench/auto_plan_bench.py --json > r.json; bench/auto_plan_bench.py --from-json r.json \
+        --plot docs/auto_plan.png   # the plot from any python with matplotlib
 
 --link-ratios: 0 is the CPU as it is; R > 0 connects every stash with
 simulate_link_gbps chosen so that storing what offloading every block stores
@@ -23,7 +26,10 @@ Models: model_bench.py's (the GPT of scripts/demo, 6 blocks of width 256, batch
 one torch thread. A step is zero_grad, forward and backward with no optimizer, so
 every variant's step k computes the gradients of the same parameters on batch k
 with seed 100 + k: each is compared bitwise with plain autograd's (exit 1 when
-an actstash variant differs).
+an actstash variant differs; the compiled peers are not compared: inductor's
+kernels round differently from eager ones). Each compiled variant runs two
+untimed steps (compilation) before timing; dynamo's recompile limit is raised
+so that every variant compiles its own model.
 
 Auto measures --candidates plans (wrap(candidates=), default 3) for one step
 each before it commits; --candidates 1 shows the model's plan alone.
@@ -31,7 +37,8 @@ each before it commits; --candidates 1 shows the model's plan alone.
 Budgets: a first auto run with an unlimited budget reports the peaks any plan can
 reach (predicted: the smallest, and every block kept); the budgets are the
 kept peak x 1.1 (everything fits), 3/4, 1/2 and 1/4 of the way from the smallest
-to the kept peak, and the smallest x 1.3. Each budget's model is wrapped once and
+to the kept peak, the smallest x 1.3, and torch_sac's measured peak (the bar
+there: auto within 1.05x of SAC). Each budget's model is wrapped once and
 warmed up for --warmup steps (profiling, candidates, checks, corrections) before
 timing.
 
@@ -77,9 +84,12 @@ class Variant:
         self.torch, self.spec, self.kind, self.stash, self.budget = torch, spec, kind, stash, budget
         self.model = copy.deepcopy(initial)
         self.model.train()
+        self.run_model = self.model
         blocks = spec.layers(self.model)
         self.meter = PeakMeter(blocks[0], armed=False)
-        if kind == "auto":
+        if kind == "compile":  # budget: activation_memory_budget, a fraction
+            self.run_model = torch.compile(self.model)
+        elif kind == "auto":
             actstash.wrap(self.model, stash, blocks=spec.layer_class, policy="auto", budget=budget,
                           min_bytes=min_bytes, candidates=candidates)
         elif kind == "torch_checkpoint":
@@ -93,6 +103,8 @@ class Variant:
 
     @property
     def label(self):
+        if self.kind == "compile":
+            return f"compile@{self.budget:g}"
         return f"auto@{self.budget / MIB:.1f}MiB" if self.kind == "auto" else self.kind
 
     def step(self, batches, measure_peak=False):
@@ -102,7 +114,12 @@ class Variant:
         torch.manual_seed(100 + k)
         self.meter.armed = measure_peak
         start = time.perf_counter()
-        self.spec.loss(self.model, batch).backward()
+        if self.kind == "compile":
+            from torch._functorch import config
+            with config.patch(activation_memory_budget=self.budget):
+                self.spec.loss(self.run_model, batch).backward()
+        else:
+            self.spec.loss(self.model, batch).backward()
         elapsed = time.perf_counter() - start
         if measure_peak:
             self.peaks.append(self.meter.stop())
@@ -161,6 +178,19 @@ def bench_model(torch, actstash, spec, address, args, ratio=0.0):
     variants = [Variant(torch, actstash, spec, initial, kind,
                         None if kind in NO_STASH else stash(),
                         min_bytes=args.min_bytes) for kind in kinds(torch)]
+    variants += [Variant(torch, actstash, spec, initial, "compile", None, budget=b)
+                 for b in args.compile_budgets]
+    sac = next((v for v in variants if v.kind == "torch_sac"), None)
+    sac_peak = None
+    if sac is not None:  # one more budget: SAC's own peak, measured (the bar: <= 1.05x SAC)
+        sac.step(spec.make_batch)
+        sac.step(spec.make_batch, measure_peak=True)
+        sac_peak = sac.peaks[-1]
+        budgets = sorted(budgets + [sac_peak], reverse=True)
+    for v in variants:
+        if v.kind == "compile":  # compiled before timing (and its first steps' recompiles)
+            for _ in range(2):
+                v.step(spec.make_batch)
     autos = [Variant(torch, actstash, spec, initial, "auto", stash(), budget=b,
                      min_bytes=args.min_bytes, candidates=args.candidates) for b in budgets]
     errors = {}
@@ -180,6 +210,8 @@ def bench_model(torch, actstash, spec, address, args, ratio=0.0):
     plain = everyone[0]
     mismatches = []
     for v in everyone[1:]:
+        if v.kind == "compile":
+            continue  # compiled kernels round differently from eager: a peer, not checked
         for k, grads in v.digests.items():
             while plain.step_index <= k:
                 plain.step(spec.make_batch)
@@ -197,7 +229,8 @@ def bench_model(torch, actstash, spec, address, args, ratio=0.0):
     for s in stashes:
         s.close()
     return {"model": spec.describe, "name": spec.name, "smallest": low, "kept": high,
-            "budgets": budgets, "rows": rows, "errors": errors, "mismatches": mismatches,
+            "budgets": budgets, "sac_peak": sac_peak, "rows": rows, "errors": errors,
+            "mismatches": mismatches,
             "link_ratio": ratio, "link_gbps": gbps, "calibration": {
                 "offload_stored_bytes": stored, "plain_step_s": step_s}}
 
@@ -211,6 +244,7 @@ def compare(result):
         if row["kind"] != "auto":
             continue
         fitting = [(u["x_plain"], name) for name, u in uniform if u["peak"] <= row["budget"]]
+        at_sac = result.get("sac_peak") is not None and row["budget"] == result["sac_peak"]
         best = min(fitting) if fitting else None
         best_row = result["rows"][best[1]] if best else None
         # Paired: auto's time over the best's in the same round, median over rounds.
@@ -219,7 +253,10 @@ def compare(result):
         out.append({"budget": row["budget"], "auto_s": row["time_s"], "auto_peak": row["peak"],
                     "fits": row["peak"] <= row["budget"], "best": best[1] if best else None,
                     "best_s": best_row["time_s"] if best else None, "ratio": ratio,
-                    "choices": row["choices"]})
+                    "choices": row["choices"], "at_sac_peak": at_sac,
+                    "over_sac": median([a / b for a, b in zip(
+                        row["round_s"], result["rows"]["torch_sac"]["round_s"])])
+                    if at_sac else None})
     return out
 
 
@@ -241,12 +278,13 @@ def print_result(result):
     for label, error in result["errors"].items():
         print(f"   {label}: {error}")
     print(f"   {'budget MiB':>10} {'auto ms':>8} {'peak':>6} {'fits':>5} "
-          f"{'best uniform that fits':>24} {'ms':>8} {'auto/best':>9}")
+          f"{'best other that fits':>24} {'ms':>8} {'auto/best':>9}")
     for c in compare(result):
         best = f"{c['best']:>24} {c['best_s'] * 1e3:8.1f} {c['ratio']:9.2f}" if c["best"] \
             else f"{'none fits':>24} {'':>8} {'':>9}"
+        sac = f"  (SAC's peak: auto/torch_sac {c['over_sac']:.2f})" if c["at_sac_peak"] else ""
         print(f"   {c['budget'] / MIB:10.1f} {c['auto_s'] * 1e3:8.1f} {c['auto_peak'] / MIB:6.1f} "
-              f"{'yes' if c['fits'] else 'NO':>5} {best}")
+              f"{'yes' if c['fits'] else 'NO':>5} {best}{sac}")
     if result["mismatches"]:
         print(f"   GRADIENTS DIFFER from plain autograd: {', '.join(result['mismatches'])}")
 
@@ -261,7 +299,7 @@ def plot(results, path):
                                                                 4.8 * len(ratios)), squeeze=False)
     axes = [[grid[ratios.index(r["link_ratio"])][models.index(r["name"])] for r in results]]
     markers = {"plain": "s", "offload": "^", "checkpoint": "v", "checkpoint+offload": "D",
-               "torch_checkpoint": "x", "selective": "P", "torch_sac": "*"}
+               "torch_checkpoint": "x", "selective": "P", "torch_sac": "*", "compile": "h"}
     for ax, result in zip(axes[0], results):
         autos = sorted((c["budget"], c["auto_s"], c["auto_peak"]) for c in compare(result))
         ax.plot([b / MIB for b, _, _ in autos], [t * 1e3 for _, t, _ in autos], "o-",
@@ -297,6 +335,11 @@ def main():
     parser.add_argument("--link-ratios", default="0",
                         help="comma-separated: 0 the CPU as it is, R a simulated link on which "
                         "offload's stores take R x plain's step")
+    parser.add_argument("--compile-budgets", default="0.1,0.3,0.5,0.7,0.9",
+                        help="torch.compile of the whole model at these "
+                        "activation_memory_budget values (peers; empty: none)")
+    parser.add_argument("--from-json", default=None,
+                        help="print (and --plot) the results a --json run wrote, running nothing")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--quick", action="store_true", help="1 round of 1 step, small models")
     parser.add_argument("--address", default="")
@@ -309,13 +352,35 @@ def main():
                           ("enc-seq", 128), ("enc-batch", 2)):
         parser.add_argument(f"--{name}", type=int, default=default)
     args = parser.parse_args()
+    if args.from_json:
+        with open(args.from_json) as f:
+            results = json.load(f)
+        for result in results:
+            print_result(result)
+        if args.plot:
+            plot(results, args.plot)
+        return 0
     reexec_with_mmap_threshold()
+    args.compile_budgets = [float(b) for b in args.compile_budgets.split(",") if b]
     if args.quick:
         args.rounds, args.steps, args.gpt_layers, args.gpt_dim, args.enc_dim = 1, 1, 4, 64, 64
         args.enc_ff = 256
+        args.compile_budgets = args.compile_budgets[:1]
     actstash = import_actstash()
     import torch
     torch.set_num_threads(1)
+    if args.compile_budgets:
+        try:
+            from torch._functorch import config as functorch_config
+        except ImportError:  # torch 1.x
+            functorch_config = None
+        if not hasattr(functorch_config, "activation_memory_budget"):
+            args.compile_budgets = []  # torch < 2.4
+        else:  # one compiled model per budget, link and model: more than dynamo's default 8
+            import torch._dynamo
+            for name in ("cache_size_limit", "recompile_limit"):
+                if hasattr(torch._dynamo.config, name):
+                    setattr(torch._dynamo.config, name, 256)
     sys.path.insert(0, EXAMPLES)
     specs = {"gpt": gpt_spec, "encoder": encoder_spec}
     results = []

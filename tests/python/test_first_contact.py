@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import actstash
+from actstash._plan import _selective
 from actstash.optim import OffloadAdamW
 from conftest import pool_stats
 from gpt import GPT, loss_fn
@@ -169,7 +170,7 @@ def test_the_old_positional_stash_is_refused_with_the_new_form(fresh_daemon):
 
 def test_plan_answers_before_the_first_step(fresh_daemon):
     """Right after wrap(policy="auto"), plan() says what the first step will do (the
-    README prints it there), and after that step it is the plan itself."""
+    README prints it there), and after the profiling steps it is the plan itself."""
     torch.manual_seed(0)
     model = GPT(vocab=64, dim=32, heads=2, layers=3, context=16, dropout=0.0)
     idx = torch.randint(0, 64, (2, 17), generator=torch.Generator().manual_seed(1))
@@ -182,7 +183,8 @@ def test_plan_answers_before_the_first_step(fresh_daemon):
         actstash.unwrap(model)
         actstash.wrap(model, stash, policy="auto", budget=0.5, min_bytes=0)
         assert "a fraction 0.5 of the free memory" in str(stash.plan())
-        loss_fn(model, idx).backward()
+        for _ in range(2 if _selective.supported() else 1):  # the ops, then the blocks
+            loss_fn(model, idx).backward()
         stash.synchronize()
         after = stash.plan()
         assert after.pending is None and len(after.costs) == 3

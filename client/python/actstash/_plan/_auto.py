@@ -582,8 +582,10 @@ class AutoPlanner:
             budget = (f"{spec if isinstance(spec, str) else f'a fraction {spec:g}'} of the free "
                       "memory, read at that step" if share else _planner.format_bytes(
                           _resolve_budget(spec, self.memory_limit, torch.device("cpu"))))
+            first = "the first one records each block's ops, the next" if \
+                _selective.supported() and not compiling() else "the first one"
             return PlanReport(_Entry(()), self.names, pending=(
-                f"no step has run yet; the first one profiles the {len(self.blocks)} blocks "
+                f"no step has run yet; {first} profiles the {len(self.blocks)} blocks "
                 f"(their time, saved bytes and memory), then a plan is chosen for the "
                 f"budget of {budget}"))
         return PlanReport(entry, self.names)
