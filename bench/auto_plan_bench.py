@@ -34,8 +34,9 @@ so that every variant compiles its own model.
 Auto measures --candidates plans (wrap(candidates=), default 3) for one step
 each before it commits; --candidates 1 shows the model's plan alone.
 
-Budgets: a first auto run with an unlimited budget reports the peaks any plan can
-reach (predicted: the smallest, and every block kept); the budgets are the
+Budgets: two first auto runs with an unlimited budget report the peaks any plan
+can reach (predicted: the smallest, and every block kept; the larger of the two
+runs' figures); the budgets are the
 kept peak x 1.1 (everything fits), 3/4, 1/2 and 1/4 of the way from the smallest
 to the kept peak, the smallest x 1.3, and torch_sac's measured peak (the bar
 there: auto within 1.05x of SAC). Each budget's model is wrapped once and
@@ -70,12 +71,36 @@ from actstash_testing.memory import PeakMeter, reexec_with_mmap_threshold  # noq
 from actstash_testing.paths import EXAMPLES  # noqa: E402
 from actstash_testing.training import bitwise_equal, cloned_grads  # noqa: E402
 from hook_bench import daemon_address, import_actstash, median  # noqa: E402
-from model_bench import checkpoint_layers, encoder_spec, gpt_spec, sac_context  # noqa: E402
+from model_bench import (ModelSpec, checkpoint_layers, encoder_spec, gpt_spec,  # noqa: E402
+                         sac_context)
 
 UNIFORM = ["plain", "offload", "checkpoint", "checkpoint+offload", "torch_checkpoint"]
 SAC_KINDS = ["selective", "torch_sac"]  # torch >= 2.4
 NO_STASH = ("plain", "checkpoint", "torch_checkpoint", "torch_sac")
 MIB = 1 << 20
+
+
+class CudaPeakMeter:
+    """PeakMeter's interface on CUDA: the caching allocator's peak during the step
+    above what was allocated at the first block's forward (synchronized)."""
+
+    def __init__(self, torch, first_block):
+        self.torch, self.armed, self.running, self.baseline, self.peak = torch, False, False, 0, 0
+        first_block.register_forward_pre_hook(self._begin)
+
+    def _begin(self, module, args):
+        if self.running or not self.armed or not self.torch.is_grad_enabled():
+            return
+        self.torch.cuda.synchronize()
+        self.torch.cuda.reset_peak_memory_stats()
+        self.baseline, self.running = self.torch.cuda.memory_allocated(), True
+
+    def stop(self):
+        if self.running:
+            self.torch.cuda.synchronize()
+            self.peak = self.torch.cuda.max_memory_allocated() - self.baseline
+            self.running = False
+        return self.peak
 
 
 class Variant:
@@ -86,7 +111,9 @@ class Variant:
         self.model.train()
         self.run_model = self.model
         blocks = spec.layers(self.model)
-        self.meter = PeakMeter(blocks[0], armed=False)
+        cuda = next(self.model.parameters()).is_cuda
+        self.meter = CudaPeakMeter(torch, blocks[0]) if cuda else PeakMeter(blocks[0], armed=False)
+        self.sync = torch.cuda.synchronize if cuda else (lambda: None)
         if kind == "compile":  # budget: activation_memory_budget, a fraction
             self.run_model = torch.compile(self.model)
         elif kind == "auto":
@@ -120,12 +147,24 @@ class Variant:
                 self.spec.loss(self.run_model, batch).backward()
         else:
             self.spec.loss(self.model, batch).backward()
+        self.sync()
         elapsed = time.perf_counter() - start
         if measure_peak:
             self.peaks.append(self.meter.stop())
         self.digests[k] = cloned_grads(self.model)
         self.step_index += 1
         return elapsed
+
+
+def on_cuda(torch, spec):
+    """The same model and batches on the GPU."""
+    def move(batch):
+        if isinstance(batch, (tuple, list)):
+            return type(batch)(move(b) for b in batch)
+        return batch.cuda() if isinstance(batch, torch.Tensor) else batch
+    return ModelSpec(spec.name, spec.describe + ", CUDA", lambda: spec.build().cuda(),
+                     spec.layers, spec.layer_class, lambda k: move(spec.make_batch(k)),
+                     spec.loss)
 
 
 def kinds(torch):
@@ -167,12 +206,17 @@ def bench_model(torch, actstash, spec, address, args, ratio=0.0):
         stashes.append(s)
         return s
 
-    probe = Variant(torch, actstash, spec, initial, "auto", stash(), budget=1 << 40,
-                    min_bytes=args.min_bytes)
+    # Two profiles: one profile's sampled working sets can come out several times
+    # too small, and budgets below what a plan reaches only measure refusals.
+    reachable = []
     for _ in range(2):
-        probe.step(spec.make_batch)
-    report = probe.stash.plan()
-    low, high = report.smallest_peak, report.kept_peak
+        probe = Variant(torch, actstash, spec, initial, "auto", stash(), budget=1 << 40,
+                        min_bytes=args.min_bytes)
+        for _ in range(2):
+            probe.step(spec.make_batch)
+        report = probe.stash.plan()
+        reachable.append((report.smallest_peak, report.kept_peak))
+    low, high = max(r[0] for r in reachable), max(r[1] for r in reachable)
     budgets = [int(high * 1.1)] + [int(low + f * (high - low)) for f in (0.75, 0.5, 0.25)] + \
         [int(low * 1.3)]
     variants = [Variant(torch, actstash, spec, initial, kind,
@@ -187,13 +231,16 @@ def bench_model(torch, actstash, spec, address, args, ratio=0.0):
         sac.step(spec.make_batch, measure_peak=True)
         sac_peak = sac.peaks[-1]
         budgets = sorted(budgets + [sac_peak], reverse=True)
-    for v in variants:
-        if v.kind == "compile":  # compiled before timing (and its first steps' recompiles)
+    errors = {}
+    for v in [v for v in variants if v.kind == "compile"]:
+        try:  # compiled before timing (and its first steps' recompiles)
             for _ in range(2):
                 v.step(spec.make_batch)
+        except Exception as error:  # e.g. no C compiler for inductor: the peer is left out
+            errors[v.label] = f"{type(error).__name__}: {str(error)[:300]}"
+            variants.remove(v)
     autos = [Variant(torch, actstash, spec, initial, "auto", stash(), budget=b,
                      min_bytes=args.min_bytes, candidates=args.candidates) for b in budgets]
-    errors = {}
     for v in autos:
         try:
             for _ in range(args.warmup):
@@ -340,6 +387,9 @@ def main():
                         "activation_memory_budget values (peers; empty: none)")
     parser.add_argument("--from-json", default=None,
                         help="print (and --plot) the results a --json run wrote, running nothing")
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
+                        help="cuda: the models and batches on the GPU, the peak is the "
+                        "caching allocator's, the link is the real one (--link-ratios 0)")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--quick", action="store_true", help="1 round of 1 step, small models")
     parser.add_argument("--address", default="")
@@ -360,6 +410,11 @@ def main():
         if args.plot:
             plot(results, args.plot)
         return 0
+    if args.device == "cuda":
+        if args.link_ratios != "0":
+            parser.error("--device cuda runs on the real link: --link-ratios 0")
+        # Deterministic kernels, so that "bitwise" compares the plans, not atomics.
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     reexec_with_mmap_threshold()
     args.compile_budgets = [float(b) for b in args.compile_budgets.split(",") if b]
     if args.quick:
@@ -369,6 +424,11 @@ def main():
     actstash = import_actstash()
     import torch
     torch.set_num_threads(1)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("auto_plan_bench: --device cuda: no CUDA device here")
+        return 77
+    if args.device == "cuda":
+        torch.use_deterministic_algorithms(True, warn_only=True)
     if args.compile_budgets:
         try:
             from torch._functorch import config as functorch_config
@@ -387,8 +447,10 @@ def main():
     with daemon_address(args) as (address, _):
         for ratio in [float(r) for r in args.link_ratios.split(",")]:
             for name in args.models.split(","):
-                results.append(bench_model(torch, actstash, specs[name](torch, args), address,
-                                           args, ratio))
+                spec = specs[name](torch, args)
+                if args.device == "cuda":
+                    spec = on_cuda(torch, spec)
+                results.append(bench_model(torch, actstash, spec, address, args, ratio))
                 if not args.json:
                     print_result(results[-1])
     if args.json:

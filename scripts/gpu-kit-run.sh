@@ -2,7 +2,7 @@
 # Runs the GPU kit made by scripts/gpu-kit (this file is the kit's run.sh) on
 # a CUDA machine where nothing is built: no compiler, no network, no root.
 #
-#   bash run.sh OUT [quick|full]
+#   bash run.sh OUT [quick|full|pareto]
 #
 #   quick (default; about 5 minutes at most): the environment, the carried
 #         libraries, the gpu gtests, the libtorch adapter's gtests (CPU and
@@ -15,6 +15,12 @@
 #         (bench/gpu_optimizer_bench.py), the full copy benchmark, and
 #         compute-sanitizer memcheck over the copy-engine test when the
 #         machine has compute-sanitizer
+#   pareto (about 9 minutes at most; a command of its own): the environment, then
+#         bench/auto_plan_bench.py on the GPU (--device cuda, the real link): a
+#         12-layer GPT, plain, the uniform plans, torch's checkpoint and SAC,
+#         torch.compile at activation_memory_budget 0.1/0.5/0.9 (left out, with
+#         the error, where inductor cannot compile) and auto across the budgets;
+#         OUT/pareto.json (bench/auto_plan_bench.py --from-json prints it)
 #
 # Each phase logs to OUT/<phase>.log (gtests also OUT/<phase>.xml) and adds a
 # line to OUT/summary.txt: its status, exit code and seconds. Statuses: ok;
@@ -27,9 +33,9 @@
 set -uo pipefail
 
 kit=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-out=${1:?usage: bash run.sh OUT [quick|full]}
+out=${1:?usage: bash run.sh OUT [quick|full|pareto]}
 mode=${2:-quick}
-case "$mode" in quick|full) ;; *) echo "run.sh: mode is quick or full" >&2; exit 2 ;; esac
+case "$mode" in quick|full|pareto) ;; *) echo "run.sh: mode is quick, full or pareto" >&2; exit 2 ;; esac
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 summary=$out/summary.txt
@@ -186,6 +192,16 @@ export kit out build python torch_lib
 export -f env_report libraries gtest torch_gtest pytest_run peers
 echo "run.sh: $mode, GPU: $gpu, Python: ${python:-none}; logs in $out"
 phase env 60 cpu env_report
+if [ "$mode" = pareto ]; then
+  # fp32, 12 x 1024, context 1024, batch 4: about 1 GiB of saved activations per block.
+  phase pareto_bench 540 gpu bash -c '"$0" "$1/bench/auto_plan_bench.py" --device cuda \
+    --models gpt --rounds 2 --steps 3 --gpt-layers 12 --gpt-dim 1024 --gpt-heads 16 \
+    --gpt-context 1024 --gpt-batch 4 --gpt-vocab 8192 --min-bytes 1048576 \
+    --compile-budgets 0.1,0.5,0.9 --json > "$2/pareto.json"' "$python" "$kit" "$out"
+  echo
+  cat "$summary"
+  exit $failed
+fi
 phase libraries 60 cpu libraries
 phase daemon_smoke 60 cpu bash -c '
   dir=$(mktemp -d) && trap "kill \$pid 2>/dev/null; rm -rf \$dir" EXIT

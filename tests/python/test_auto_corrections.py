@@ -82,3 +82,25 @@ def test_a_miss_within_reach_corrects_by_what_the_model_missed():
     assert entry.effective_budget == target - max(miss, 4 * MiB) > first.smallest_peak
     assert entry.plan.prediction.peak_bytes <= entry.effective_budget
     assert entry.plan.choices != [KEEP] * 3 and entry.error is None
+
+
+def test_a_budget_within_the_headroom_of_the_smallest_peak_measures_that_plan(caplog):
+    """On the CPU plans aim at 95% of the budget (sampled memory misses short peaks).
+    A budget whose 95% is below the smallest predicted peak, but not the budget
+    itself, is not refused: the plan of that peak runs and its check decides."""
+    caplog.set_level("INFO", logger="actstash")
+    planner, entry = _planner_with_plan(budget=1 << 40)
+    smallest = entry.plan.smallest_peak
+    for budget, refused in ((smallest + smallest // 40, False), (smallest - 1, True)):
+        entry.plan, entry.error = None, None
+        entry.budget = budget
+        entry.effective_budget = _auto._target(budget, torch.device("cpu"))
+        assert entry.effective_budget < smallest
+        try:
+            planner._solve(entry, "profiled")
+        except _auto.BudgetError:
+            assert refused and entry.error is not None
+            continue
+        assert not refused
+        assert entry.plan.prediction.peak_bytes == smallest and entry.verify
+        assert "is within the budget" in caplog.text

@@ -79,3 +79,48 @@ def test_optimizer_bench_dry_run_runs_every_variant(tmp_path):
         assert (float(r["pool_mib"]) > 0) == name.startswith("actstash"), name
     # The same training: torch's single-tensor step and OffloadAdamW's exact one agree.
     assert rows["torch AdamW foreach=False"]["loss"] == rows["actstash OffloadAdamW exact"]["loss"]
+
+
+def _pareto(args, timeout=900):
+    env = dict(os.environ, ACTSTASH_DAEMON_BINARY=daemon_binary(), **PACKAGE_ENV)
+    return subprocess.run([sys.executable, os.path.join(ROOT, "bench", "auto_plan_bench.py")] +
+                          args, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def test_pareto_bench_quick_runs_the_plans_and_the_peers(tmp_path):
+    """bench/auto_plan_bench.py --quick on a simulated link of 4x: every actstash
+    variant bitwise (the bench exits 1 otherwise), auto at every budget, a budget at
+    SAC's measured peak where torch has SAC, torch.compile's peer where it has
+    activation_memory_budget (or its error, where inductor cannot compile here), and
+    --from-json prints the same run again."""
+    import json
+    from torch.utils import checkpoint as torch_cp
+    proc = _pareto(["--quick", "--models", "gpt", "--link-ratios", "4", "--json"])
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    (result,) = json.loads(proc.stdout)
+    assert result["link_ratio"] == 4 and result["link_gbps"] > 0 and not result["mismatches"]
+    kinds = {row["kind"] for row in result["rows"].values()}
+    assert {"plain", "offload", "checkpoint", "auto"} <= kinds
+    autos = [row for row in result["rows"].values() if row["kind"] == "auto"]
+    assert len(autos) + len([k for k in result["errors"] if k.startswith("auto")]) == \
+        len(result["budgets"])
+    has_sac = hasattr(torch_cp, "create_selective_checkpoint_contexts")
+    assert ("torch_sac" in kinds) == has_sac
+    if has_sac:
+        assert result["sac_peak"] in result["budgets"]
+        compiled = [k for k in result["rows"] if k.startswith("compile@")] + \
+            [k for k in result["errors"] if k.startswith("compile@")]
+        assert compiled == ["compile@0.1"], (compiled, result["errors"])
+    saved = tmp_path / "run.json"
+    saved.write_text(proc.stdout)
+    again = _pareto(["--from-json", str(saved)], timeout=120)
+    assert again.returncode == 0 and "auto/best" in again.stdout, again.stderr
+
+
+def test_pareto_bench_on_cuda_without_a_device_says_so():
+    import pytest
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA device")
+    proc = _pareto(["--device", "cuda", "--quick", "--models", "gpt"], timeout=300)
+    assert proc.returncode == 77 and "no CUDA device" in proc.stdout, proc.stderr[-2000:]

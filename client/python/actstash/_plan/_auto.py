@@ -507,6 +507,18 @@ class AutoPlanner:
             plan = _planner.solve(entry.costs, entry.machine, entry.effective_budget,
                                   entry.stored_limit)
         except BudgetError as error:
+            smallest = getattr(error, "smallest_peak", None)
+            if final and smallest is not None and \
+                    entry.effective_budget < smallest <= entry.budget:
+                # Within the headroom the CPU's sampled memory asks for, not beyond the
+                # budget: the plan of the smallest peak is measured (its check decides)
+                # rather than the budget refused.
+                log.info("actstash: %s; the plan of the smallest predicted peak (%s) is within "
+                         "the budget of %s: measuring it", error,
+                         _planner.format_bytes(smallest), _planner.format_bytes(entry.budget))
+                plan = _planner.solve(entry.costs, entry.machine, smallest, entry.stored_limit)
+                self._apply(entry, plan, why)
+                return
             if not final:
                 raise
             if entry.effective_budget != entry.budget:
@@ -518,6 +530,10 @@ class AutoPlanner:
             entry.error = error
             log.warning("actstash: %s", error)
             raise error
+        self._apply(entry, plan, why)
+
+    def _apply(self, entry, plan, why):
+        """`plan` runs from the next step, which checks it (3)."""
         changed = entry.plan is None or entry.plan.choices != plan.choices
         entry.plan, entry.verify = plan, True
         if changed:

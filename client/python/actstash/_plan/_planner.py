@@ -415,8 +415,11 @@ def solve(costs, machine, budget, stored_limit=float("inf"), max_nodes=20_000):
     smallest, smallest_prediction, _, _ = _search(costs, machine, "peak", float("inf"),
                                                   stored_limit, None, max_nodes)
     if smallest is None or smallest_prediction.peak_bytes > budget:
-        raise BudgetError(_infeasible_message(costs, machine, budget, stored_limit,
-                                              smallest, smallest_prediction))
+        error = BudgetError(_infeasible_message(costs, machine, budget, stored_limit,
+                                                smallest, smallest_prediction))
+        # The least peak any plan within the quota reaches (None: none is within it).
+        error.smallest_peak = smallest_prediction.peak_bytes if smallest else None
+        raise error
     plan, prediction, exact, nodes = _search(costs, machine, "time", budget, stored_limit,
                                              _greedy(costs, machine, budget, stored_limit),
                                              max_nodes)
