@@ -7,6 +7,7 @@
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -113,8 +114,20 @@ Daemon::Daemon(const DaemonConfig& config, Parts parts)
       service_(&core_) {}
 
 TableGeometry Daemon::GeometryOf(const DaemonConfig& config) {
+  // What the spill tier can hold: --spill-size, else the size of the file
+  // system it is on (the pool's size when that cannot be read).
+  uint64_t spill_tier_bytes = 0;
+  if (!config.spill_dir.empty()) {
+    spill_tier_bytes = config.spill_bytes;
+    struct statvfs fs;
+    if (spill_tier_bytes == 0) {
+      spill_tier_bytes = statvfs(config.spill_dir.c_str(), &fs) == 0
+                             ? uint64_t{fs.f_blocks} * fs.f_frsize
+                             : config.pool_bytes;
+    }
+  }
   return TableGeometryFor(config.pool_bytes, config.segment_bytes, config.max_sessions,
-                          !config.spill_dir.empty());
+                          spill_tier_bytes);
 }
 
 absl::Status Daemon::CreateMemory(const DaemonConfig& config,

@@ -22,12 +22,16 @@ std::string SegmentFdName(uint32_t segment) { return absl::StrCat(kSegmentPrefix
 std::string SpillFdName(uint64_t spill_id) { return absl::StrCat(kSpillPrefix, spill_id); }
 
 TableGeometry TableGeometryFor(uint64_t pool_bytes, uint64_t segment_bytes, size_t max_sessions,
-                               bool spill_tier) {
+                               uint64_t spill_tier_bytes) {
   TableGeometry geometry;
   geometry.segment_bytes = segment_bytes;
   geometry.segments = segment_bytes == 0 ? 0 : static_cast<uint32_t>(pool_bytes / segment_bytes);
   geometry.session_slots = static_cast<uint32_t>(max_sessions);
-  geometry.spill_slots = spill_tier ? kKeptSpillFiles : 0;
+  geometry.spill_slots =
+      spill_tier_bytes == 0 || segment_bytes == 0
+          ? 0
+          : static_cast<uint32_t>(std::clamp<uint64_t>(spill_tier_bytes / segment_bytes,
+                                                       kMinKeptSpillFiles, kMaxKeptSpillFiles));
   geometry.object_slots = static_cast<uint32_t>(
       std::clamp<uint64_t>(pool_bytes / kPoolBytesPerKeptObject, kMinKeptObjects, kMaxKeptObjects));
   return geometry;

@@ -34,9 +34,12 @@ inline constexpr char kStateFdName[] = "state";
 inline constexpr char kAttachFdName[] = "attach";
 std::string SegmentFdName(uint32_t segment);
 std::string SpillFdName(uint64_t spill_id);
-// Spill files a table records at most (the service manager must keep them
-// too: FileDescriptorStoreMax counts them).
-inline constexpr uint32_t kKeptSpillFiles = 4096;
+// Spill files a table records: one per segment-sized file the spill tier can
+// hold (its size over the segment size), within the bounds below (a slot is 64
+// bytes of a memfd whose pages are only backed once used). The service
+// manager must keep them too: FileDescriptorStoreMax counts them.
+inline constexpr uint32_t kMinKeptSpillFiles = 4096;
+inline constexpr uint32_t kMaxKeptSpillFiles = 1 << 20;
 // Inline objects a table records at most: one per this many bytes of the
 // pool, within the bounds below (a slot is 128 bytes of a memfd whose pages
 // are only backed once used).
@@ -45,9 +48,10 @@ inline constexpr uint32_t kMinKeptObjects = 4096;
 inline constexpr uint32_t kMaxKeptObjects = 1 << 20;
 
 // The table's geometry for a pool of `pool_bytes` in segments of
-// `segment_bytes`, `max_sessions` sessions, and with a spill tier or not.
+// `segment_bytes`, `max_sessions` sessions, and a spill tier that can hold
+// `spill_tier_bytes` (0: no spill tier).
 TableGeometry TableGeometryFor(uint64_t pool_bytes, uint64_t segment_bytes, size_t max_sessions,
-                               bool spill_tier);
+                               uint64_t spill_tier_bytes);
 
 // What the service manager passed back at start.
 struct Recovery {

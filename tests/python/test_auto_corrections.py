@@ -104,3 +104,9 @@ def test_a_budget_within_the_headroom_of_the_smallest_peak_measures_that_plan(ca
         assert not refused
         assert entry.plan.prediction.peak_bytes == smallest and entry.verify
         assert "is within the budget" in caplog.text
+        # Its check measures it above the aim but within the budget: it stays, no warning.
+        chosen = entry.plan
+        planner._check(entry, *_checked_step(entry, (entry.effective_budget + budget) // 2))
+        assert entry.plan is chosen and entry.error is None and not entry.verify
+        assert "within the budget" in caplog.text
+        assert not [r for r in caplog.records if r.levelno >= logging.WARNING]

@@ -23,6 +23,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "server/pool/host_pool.h"
+#include "server/restart/crash_recovery.h"
 #include "server/restart/service_manager.h"
 #include "server/sessions/lease_manager.h"
 #include "server/sessions/session_manager.h"
@@ -599,6 +600,22 @@ TEST(ServiceManagerTest, PassedFdsAreTakenOnlyWhenMeantForThisProcess) {
   passed->clear();  // closes 3 and 4
   if (saved3 >= 0) dup2(saved3, 3), close(saved3);
   if (saved4 >= 0) dup2(saved4, 4), close(saved4);
+}
+
+// Spill file slots follow what the spill tier can hold (one per segment-sized
+// file), not a fixed count: a 64 GiB pool with a 1 TiB tier of 16 MiB files
+// keeps every one of them across a crash.
+TEST(TableGeometryTest, SpillSlotsScaleWithTheSpillTier) {
+  constexpr uint64_t kGiB = uint64_t{1} << 30;
+  EXPECT_EQ(TableGeometryFor(64 * kGiB, 16 << 20, 64, 0).spill_slots, 0u);  // no tier
+  EXPECT_EQ(TableGeometryFor(kGiB, 64 << 20, 64, 8 * kGiB).spill_slots, kMinKeptSpillFiles);
+  EXPECT_EQ(TableGeometryFor(64 * kGiB, 16 << 20, 64, 1024 * kGiB).spill_slots, 65536u);
+  EXPECT_EQ(TableGeometryFor(64 * kGiB, 4 << 20, 64, 64 * 1024 * kGiB).spill_slots,
+            kMaxKeptSpillFiles);
+  // A table of that geometry can be made (its slots are holes until used).
+  const TableGeometry big = TableGeometryFor(64 * kGiB, 16 << 20, 64, 1024 * kGiB);
+  absl::StatusOr<std::unique_ptr<StateTable>> table = StateTable::Create(big);
+  ASSERT_TRUE(table.ok()) << table.status();
 }
 
 }  // namespace

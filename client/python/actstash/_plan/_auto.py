@@ -566,6 +566,11 @@ class AutoPlanner:
                 self._solve(entry, "corrected")
             except BudgetError:
                 pass  # raised at the next step
+        elif peak > target and at_smallest and peak <= entry.budget:
+            log.info("actstash: the plan of the smallest predicted peak (%s) reached %s: within "
+                     "the budget of %s, above the %s plans aim at (headroom for sampled memory); "
+                     "it stays", _planner.format_bytes(smallest), _planner.format_bytes(peak),
+                     _planner.format_bytes(entry.budget), _planner.format_bytes(target))
         elif peak > target and at_smallest:
             log.warning("actstash: the plan of the smallest predicted peak (%s) reached %s, over "
                         "the budget of %s (%s with headroom): no plan is predicted to hold less; "
