@@ -44,19 +44,25 @@ std::string ToJson(const google::protobuf::Message& message) {
 void PrintSessionTable(const actstash::v1::StatsReply& s) {
   using actstash::FormatBytes;
   using ull = unsigned long long;
-  std::printf("%8s  %-20s %8s %6s %12s %12s %12s %8s %12s %12s %12s\n", "SESSION", "NAME", "PID",
-              "UID", "QUOTA", "USED", "LEASED", "OBJECTS", "STORED", "FETCHED", "SPILLED");
+  std::printf("%8s  %-20s %8s %6s %12s %12s %12s %8s %12s %12s %12s %8s %12s %12s\n", "SESSION",
+              "NAME", "PID", "UID", "QUOTA", "USED", "LEASED", "OBJECTS", "STORED", "FETCHED",
+              "SPILLED", "IDLE", "ASKED BACK", "GAVE BACK");
   for (const actstash::v1::SessionStats& e : s.all_sessions()) {
     // Attached sessions show the kernel's view of the peer (SO_PEERCRED),
     // the others what the client said; objects of both data paths count.
     const std::string uid = e.attached() ? std::to_string(e.peer_uid()) : "-";
-    std::printf("%8llu  %-20s %8u %6s %12s %12s %12s %8llu %12s %12s %12s\n", ull(e.session_id()),
-                e.client_name().substr(0, 20).c_str(), e.attached() ? e.peer_pid() : e.client_pid(),
-                uid.c_str(), FormatBytes(e.quota_bytes()).c_str(),
-                FormatBytes(e.used_bytes()).c_str(), FormatBytes(e.leased_bytes()).c_str(),
-                ull(e.objects() + e.client().objects()), FormatBytes(e.bytes_stored()).c_str(),
-                FormatBytes(e.bytes_fetched()).c_str(),
-                FormatBytes(e.spill().on_disk_bytes()).c_str());
+    // Idle: since its last copy; asked back / gave back: for sessions that
+    // waited for the pool (the daemon's asks, what the client gave).
+    const std::string idle = e.idle_ms() < 0 ? "-" : absl::StrFormat("%.1fs", e.idle_ms() / 1e3);
+    std::printf("%8llu  %-20s %8u %6s %12s %12s %12s %8llu %12s %12s %12s %8s %12s %12s\n",
+                ull(e.session_id()), e.client_name().substr(0, 20).c_str(),
+                e.attached() ? e.peer_pid() : e.client_pid(), uid.c_str(),
+                FormatBytes(e.quota_bytes()).c_str(), FormatBytes(e.used_bytes()).c_str(),
+                FormatBytes(e.leased_bytes()).c_str(), ull(e.objects() + e.client().objects()),
+                FormatBytes(e.bytes_stored()).c_str(), FormatBytes(e.bytes_fetched()).c_str(),
+                FormatBytes(e.spill().on_disk_bytes()).c_str(), idle.c_str(),
+                FormatBytes(e.reclaim_bytes_asked()).c_str(),
+                FormatBytes(e.client().reclaim_bytes_given()).c_str());
   }
 }
 

@@ -62,16 +62,25 @@ absl::StatusOr<client_internal::LocalStore*> Client::Impl::DeviceStore(uint32_t 
   return device_tiers->StoreFor(device, index);
 }
 
-absl::Status Client::Impl::ReportUsage(const v1::ClientUsage& usage) {
+absl::Status Client::Impl::ReportUsage(const v1::ClientUsage& usage, uint64_t* reclaim_bytes) {
   v1::ReportUsageReply reply;
-  return rpc->Call(&v1::Stash::Stub::ReportUsage, usage, &reply, "ReportUsage");
+  absl::Status s = rpc->Call(&v1::Stash::Stub::ReportUsage, usage, &reply, "ReportUsage");
+  if (reclaim_bytes != nullptr) *reclaim_bytes = s.ok() ? reply.reclaim_bytes() : 0;
+  return s;
 }
 
 void Client::Impl::StartReporter() {
   reporter = std::make_unique<client_internal::UsageReporter>(
       options.usage_report_interval, [this] { return TotalUsage(); },
-      [this](const v1::ClientUsage& usage) {
-        if (!rpc->Lost()) (void)ReportUsage(usage);
+      [this](const v1::ClientUsage& usage) -> uint64_t {
+        uint64_t asked = 0;
+        if (!rpc->Lost()) (void)ReportUsage(usage, &asked);
+        return asked;
+      },
+      [this](uint64_t bytes) {
+        // Another session waits for the pool: what this one can give, on this
+        // (the reporter's) thread. A failure is the next store's to meet.
+        if (local != nullptr) (void)local->GiveForOthers(bytes);
       });
   reporter->Start();
 }

@@ -90,7 +90,8 @@ struct Client::Impl final {
     return total;
   }
   absl::Status ReportUsage() { return ReportUsage(TotalUsage()); }
-  absl::Status ReportUsage(const v1::ClientUsage& usage);
+  // Sends `usage`; `reclaim_bytes` (if set): what the daemon asked back.
+  absl::Status ReportUsage(const v1::ClientUsage& usage, uint64_t* reclaim_bytes = nullptr);
   void StartReporter();
   void StopReporter() {
     if (reporter != nullptr) reporter->Stop();

@@ -15,17 +15,21 @@
 namespace actstash::client_internal {
 
 // Every `interval`, reads the usage and sends it when its stores, fetches or
-// live objects changed since the last send (an idle trainer sends nothing).
-// `read` and `send` run on the reporter's thread; `send` owns its errors (a
-// daemon that went away is the next RPC's to report). Start and Stop are
+// live objects changed since the last send, or while it holds leases (the
+// daemon's answer may ask for some back, for a session that waits: an idle
+// trainer that holds nothing sends nothing). `read` and `send` run on the
+// reporter's thread; `send` owns its errors (a daemon that went away is the
+// next RPC's to report) and returns what the daemon asked back (0: nothing),
+// which `give` (on the same thread) gives. Start and Stop are
 // called by the owner, from one thread at a time; Stop joins, so the
 // callbacks never run after it returns (nor after destruction, which stops).
 class UsageReporter {
  public:
   using Read = std::function<v1::ClientUsage()>;
-  using Send = std::function<void(const v1::ClientUsage&)>;
+  using Send = std::function<uint64_t(const v1::ClientUsage&)>;
+  using Give = std::function<void(uint64_t bytes)>;
 
-  UsageReporter(std::chrono::milliseconds interval, Read read, Send send);
+  UsageReporter(std::chrono::milliseconds interval, Read read, Send send, Give give = nullptr);
   UsageReporter(const UsageReporter&) = delete;
   UsageReporter& operator=(const UsageReporter&) = delete;
 
@@ -40,6 +44,7 @@ class UsageReporter {
 
   const Read read_;
   const Send send_;
+  const Give give_;
   // What the last send said; touched by Tick only.
   uint64_t last_stores_ = 0;
   uint64_t last_fetches_ = 0;

@@ -88,6 +88,29 @@ absl::StatusOr<std::vector<std::unique_ptr<BlockSpiller::Arena>>> BlockSpiller::
       "memory is being written or read)"));
 }
 
+absl::StatusOr<uint64_t> BlockSpiller::SpillForOthers(uint64_t bytes,
+                                                      const ArenaLeases::Turn& turn) {
+  if (!backend_.CanSpill() || leases_.mapper().on_device() || bytes == 0) return 0;
+  auto leased = [this] {
+    absl::MutexLock lock(&table_.mu());
+    return table_.usage().leased_bytes();
+  };
+  const uint64_t segment = leases_.segment_bytes();
+  const uint64_t before = leased();
+  const uint64_t blocks = std::min<uint64_t>((bytes + segment - 1) / segment, UINT32_MAX);
+  uint64_t return_bytes = 0;
+  absl::StatusOr<bool> spilled = SpillColdest(static_cast<uint32_t>(blocks), &return_bytes, turn);
+  if (!spilled.ok()) return spilled.status();
+  leases_.GiveBackEmpty([](const Arena&) { return false; }, bytes);
+  const uint64_t after = leased();
+  const uint64_t given = before > after ? before - after : 0;
+  absl::MutexLock lock(&table_.mu());
+  v1::ClientUsage& usage = table_.usage();
+  usage.set_reclaims_answered(usage.reclaims_answered() + 1);
+  usage.set_reclaim_bytes_given(usage.reclaim_bytes_given() + given);
+  return given;
+}
+
 absl::StatusOr<bool> BlockSpiller::SpillColdest(uint32_t max_blocks, uint64_t* return_bytes,
                                                 const ArenaLeases::Turn& turn) {
   if (leases_.mapper().on_device()) return false;  // device bytes do not outlive the daemon

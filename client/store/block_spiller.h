@@ -74,6 +74,12 @@ class BlockSpiller {
   absl::StatusOr<Placement> PinForRead(uint64_t ticket, bool locate,
                                        ReadKind kind = ReadKind::kActivation)
       ABSL_LOCKS_EXCLUDED(table_.mu());
+  // For another session that waits for the pool (the daemon asked): spills
+  // the coldest blocks covering up to `bytes` and gives back the leases that
+  // emptied, at most `bytes` of them. Returns the bytes given back. Any thread
+  // but the holder of `turn` is the caller's.
+  absl::StatusOr<uint64_t> SpillForOthers(uint64_t bytes, const ArenaLeases::Turn& turn)
+      ABSL_LOCKS_EXCLUDED(table_.mu());
   // Stops the read-ahead thread (drops what is queued, joins). Idempotent.
   void Stop() { read_ahead_.Stop(); }
 

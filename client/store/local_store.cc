@@ -55,6 +55,16 @@ LocalStore::~LocalStore() {
   leases_.UnmapAll();
 }
 
+absl::StatusOr<uint64_t> LocalStore::GiveForOthers(uint64_t bytes) {
+  if (leases_.mapper().on_device()) return 0;
+  ArenaLeases::Turn turn(&leases_);
+  const uint64_t retained = retention_.GiveBackRetained();
+  if (retained >= bytes) return retained;
+  absl::StatusOr<uint64_t> spilled = spiller_.SpillForOthers(bytes - retained, turn);
+  if (!spilled.ok()) return spilled.status();
+  return retained + *spilled;
+}
+
 absl::StatusOr<uint64_t> LocalStore::Store(const void* src, size_t nbytes) {
   if (nbytes > 0 && src == nullptr) {
     return absl::InvalidArgumentError("Store: null source with a non-zero size");

@@ -127,6 +127,12 @@ class LocalStore {
   // Frees the ticket's place; empty segments beyond the batch, and emptied
   // dedicated leases but the last, go back to the daemon.
   absl::Status Release(uint64_t ticket) ABSL_LOCKS_EXCLUDED(table_.mu());
+  // The daemon asked for `bytes` of this store's leases for a session that
+  // waits (ReportUsageReply.reclaim_bytes): gives back retained leases, then
+  // spills the coldest blocks and gives back the leases that emptied. Waits
+  // for a storing thread's turn; called from the usage reporter's thread,
+  // never the trainer's. Returns the bytes given back.
+  absl::StatusOr<uint64_t> GiveForOthers(uint64_t bytes) ABSL_LOCKS_EXCLUDED(table_.mu());
   // This store's counts (the wire message the client reports).
   v1::ClientUsage usage() const ABSL_LOCKS_EXCLUDED(table_.mu());
   // OK, or the first registration failure (leases then run unpinned).

@@ -210,6 +210,28 @@ class StashCollector final : public prometheus::Collectable {
     AddValue(&wait, spill_wait, {{"op", "spill"}});
     AddValue(&wait, restore_wait, {{"op", "restore"}});
     out->push_back(std::move(wait));
+    // Memory asked back from sessions for others that waited, and given.
+    double asks = 0, answered = 0, asked_bytes = 0, given_bytes = 0;
+    for (const v1::SessionStats& s : stats.all_sessions()) {
+      asks += static_cast<double>(s.reclaims_asked());
+      answered += static_cast<double>(s.client().reclaims_answered());
+      asked_bytes += static_cast<double>(s.reclaim_bytes_asked());
+      given_bytes += static_cast<double>(s.client().reclaim_bytes_given());
+    }
+    MetricFamily reclaims = Family("actstash_reclaims",
+                                   "Open sessions asked to give pool memory back for a session "
+                                   "that waited, and the asks their clients answered",
+                                   MetricType::Gauge);
+    AddValue(&reclaims, asks, {{"state", "asked"}});
+    AddValue(&reclaims, answered, {{"state", "answered"}});
+    out->push_back(std::move(reclaims));
+    MetricFamily reclaim_bytes = Family("actstash_reclaim_bytes",
+                                        "Pool bytes open sessions were asked to give back for "
+                                        "others, and gave (spilled or retained leases returned)",
+                                        MetricType::Gauge);
+    AddValue(&reclaim_bytes, asked_bytes, {{"state", "asked"}});
+    AddValue(&reclaim_bytes, given_bytes, {{"state", "given"}});
+    out->push_back(std::move(reclaim_bytes));
   }
 
   StashCore& core_;

@@ -249,6 +249,7 @@ grpc::ServerUnaryReactor* StashService::ReportUsage(grpc::CallbackServerContext*
   absl::StatusOr<std::shared_ptr<Session>> session = AuthenticateCall(*core_, *ctx);
   if (!session.ok()) return FinishUnary(ctx, session.status());
   (*session)->RecordClientUsage(*request);
+  reply->set_reclaim_bytes(ReclaimAsk(*core_, **session));
   return FinishUnary(ctx, absl::OkStatus());
 }
 

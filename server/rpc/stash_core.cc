@@ -107,6 +107,30 @@ uint64_t BytesAboveFairShare(const StashCore& core, uint64_t session_id, uint64_
   return leased_bytes > share ? leased_bytes - share : 0;
 }
 
+uint64_t ReclaimAsk(const StashCore& core, Session& session) {
+  const uint64_t waiting = core.pressure_session.load();
+  const int64_t now = SteadyNowMs();
+  if (core.spill == nullptr || now > core.pressure_until_ms.load() || waiting == session.id()) {
+    return 0;
+  }
+  const uint64_t leased = session.leased_bytes();
+  if (leased == 0) return 0;
+  const uint64_t holders = std::max<uint64_t>(1, core.leases.sessions_holding(waiting));
+  const uint64_t share = core.pool.Stats().total_bytes() / holders;
+  uint64_t ask = leased > share ? leased - share : 0;
+  if (ask == 0 && !session.CopiedWithin(now, kReclaimIdleMs)) {
+    // Idle and within its share: asked only when nobody is above theirs (the
+    // waiting one included, which spills its own then).
+    bool someone_above = false;
+    for (const std::shared_ptr<Session>& other : core.sessions.List()) {
+      someone_above |= other->id() != session.id() && other->leased_bytes() > share;
+    }
+    if (!someone_above) ask = leased;
+  }
+  if (ask > 0) session.CountReclaimAsk(ask);
+  return ask;
+}
+
 std::optional<SessionTotals> CloseSessionAndFree(StashCore& core, uint64_t session_id) {
   if (core.sessions.Close(session_id) == nullptr) return std::nullopt;
   // Its attach connection, if any, must not carry anything any more.

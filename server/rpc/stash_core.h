@@ -111,6 +111,13 @@ struct StashCore {
 uint64_t BytesAboveFairShare(const StashCore& core, uint64_t session_id, uint64_t leased_bytes);
 // Records that `session_id` waits for pool memory.
 void NotePoolPressure(StashCore& core, uint64_t session_id);
+// What `session` is asked to give back (ReportUsageReply.reclaim_bytes) while
+// another session waits for pool memory, and counted on it: its bytes above
+// its fair share; or, when it has not copied for kReclaimIdleMs and no session
+// is above its share (the waiting one included: it spills its own first),
+// all it leases. Nothing without a spill tier, or for the waiting session.
+uint64_t ReclaimAsk(const StashCore& core, Session& session);
+inline constexpr int64_t kReclaimIdleMs = 2000;
 
 struct SessionTotals {
   RemovedTotals objects;

@@ -146,6 +146,10 @@ void Session::FillStats(v1::SessionStats* out) const {
   out->set_probe_fetch_bytes_per_second(probe_fetch_bps_);
   out->set_numa_node(numa_node_.load(std::memory_order_relaxed));
   out->set_leases_off_node(leases_off_node_.load(std::memory_order_relaxed));
+  out->set_reclaims_asked(reclaims_asked_.load(std::memory_order_relaxed));
+  out->set_reclaim_bytes_asked(reclaim_bytes_asked_.load(std::memory_order_relaxed));
+  const int64_t last_copy = last_copy_ms_.load(std::memory_order_relaxed);
+  out->set_idle_ms(last_copy == INT64_MIN / 2 ? -1 : SteadyNowMs() - last_copy);
 }
 
 void Session::ExportState(v1::SessionState* out) const {

@@ -105,6 +105,11 @@ class Session : public std::enable_shared_from_this<Session> {
   void SetNumaNode(int node) { numa_node_.store(node, std::memory_order_relaxed); }
   int numa_node() const { return numa_node_.load(std::memory_order_relaxed); }
   void CountLeaseOffNode() { leases_off_node_.fetch_add(1, std::memory_order_relaxed); }
+  // The daemon asked it for `bytes` of its leases, for a session that waits.
+  void CountReclaimAsk(uint64_t bytes) {
+    reclaims_asked_.fetch_add(1, std::memory_order_relaxed);
+    reclaim_bytes_asked_.fetch_add(bytes, std::memory_order_relaxed);
+  }
   // What the session itself counts, filled into the wire message (the one
   // place these fields are set): everything but `objects` (the catalog's)
   // `spill` (the spill tier's) and `copying` (the daemon's copy window).
@@ -142,6 +147,8 @@ class Session : public std::enable_shared_from_this<Session> {
   std::atomic<int64_t> last_active_ms_{0};
   std::atomic<int> numa_node_{-1};
   std::atomic<uint64_t> leases_off_node_{0};
+  std::atomic<uint64_t> reclaims_asked_{0};
+  std::atomic<uint64_t> reclaim_bytes_asked_{0};
   std::atomic<uint64_t> bytes_stored_{0};
   std::atomic<uint64_t> bytes_fetched_{0};
   std::atomic<uint64_t> puts_{0};

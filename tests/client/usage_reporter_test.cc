@@ -1,5 +1,6 @@
-// UsageReporter: sends a changed usage, stays quiet while nothing changes,
-// and never calls back after Stop.
+// UsageReporter: sends a changed usage, stays quiet while nothing changes
+// and nothing is leased, sends every tick while leases are held and gives
+// what the daemon asks back, and never calls back after Stop.
 #include "client/rpc/usage_reporter.h"
 
 #include <gtest/gtest.h>
@@ -7,6 +8,7 @@
 #include <atomic>
 #include <chrono>
 #include <thread>
+#include <vector>
 
 #include "absl/synchronization/mutex.h"
 
@@ -34,9 +36,10 @@ TEST(UsageReporterTest, SendsWhatChangedAndNothingElse) {
         absl::MutexLock lock(&mu);
         return current;
       },
-      [&](const v1::ClientUsage& usage) {
+      [&](const v1::ClientUsage& usage) -> uint64_t {
         absl::MutexLock lock(&mu);
         sent.push_back(usage);
+        return 0;
       });
   reporter.Start();
   {
@@ -72,11 +75,40 @@ TEST(UsageReporterTest, SendsWhatChangedAndNothingElse) {
 TEST(UsageReporterTest, StopWithoutStartAndStartAfterStopDoNothing) {
   std::atomic<int> reads{0};
   UsageReporter reporter(
-      milliseconds(1), [&] { return ++reads, v1::ClientUsage(); }, [](const v1::ClientUsage&) {});
+      milliseconds(1), [&] { return ++reads, v1::ClientUsage(); },
+      [](const v1::ClientUsage&) -> uint64_t { return 0; });
   reporter.Stop();
   reporter.Start();
   std::this_thread::sleep_for(milliseconds(20));
   EXPECT_EQ(reads.load(), 0);
+}
+
+// While it holds leases the client reports at every tick, unchanged or not:
+// the daemon's answer is where it asks for memory back for a session that
+// waits, and an idle trainer holding the pool must hear it. The ask goes to
+// `give` on the reporter's thread.
+TEST(UsageReporterTest, ReportsWhileLeasingAndGivesWhatIsAsked) {
+  absl::Mutex mu;
+  int sends = 0;
+  std::vector<uint64_t> given;
+  v1::ClientUsage holding;
+  holding.set_leases(2);
+  holding.set_leased_bytes(8 << 20);
+  UsageReporter reporter(
+      milliseconds(1), [&] { return holding; },
+      [&](const v1::ClientUsage&) -> uint64_t {
+        absl::MutexLock lock(&mu);
+        return ++sends == 3 ? (4u << 20) : 0;
+      },
+      [&](uint64_t bytes) {
+        absl::MutexLock lock(&mu);
+        given.push_back(bytes);
+      });
+  reporter.Start();
+  ASSERT_TRUE(WaitFor(mu, [&] { return sends >= 5; }));  // unchanged, sent again and again
+  reporter.Stop();
+  absl::MutexLock lock(&mu);
+  EXPECT_EQ(given, std::vector<uint64_t>{4u << 20});
 }
 
 }  // namespace

@@ -204,10 +204,16 @@ TEST(OperationsTest, SpillMetricsAndCliStats) {
   EXPECT_GT(metrics["actstash_spill_io_seconds_total{direction=\"write\"}"], 0);
   EXPECT_EQ(metrics["actstash_spill_failures_total{kind=\"checksum\"}"], 0);
   EXPECT_GT(metrics["actstash_spill_wait_seconds{op=\"spill\"}"], 0);
+  EXPECT_EQ(metrics.count("actstash_reclaims{state=\"asked\"}"), 1u);  // one session: none asked
+  EXPECT_EQ(metrics["actstash_reclaim_bytes{state=\"given\"}"], 0);
 
   const std::string table = RunCli({"--address", daemon->address(), "stats"});
   EXPECT_THAT(table, HasSubstr("spill "));
   EXPECT_THAT(table, HasSubstr(spill_dir));
+  // Who holds what, how long idle, what was asked back for sessions that waited.
+  EXPECT_THAT(table, HasSubstr("LEASED"));
+  EXPECT_THAT(table, HasSubstr("IDLE"));
+  EXPECT_THAT(table, HasSubstr("ASKED BACK"));
   const std::string json = RunCli({"--address", daemon->address(), "stats", "--json"});
   const v1::StatsReply parsed = ParseStatsJson(json);
   ASSERT_TRUE(parsed.has_spill()) << json;

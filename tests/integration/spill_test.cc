@@ -185,6 +185,49 @@ TEST_F(SpillTest, TwoSessionsSharingASmallPoolBothSpill) {
   EXPECT_EQ(Stats().spill().on_disk_bytes(), 0u);
 }
 
+// A session holds most of the pool and goes idle (it makes no call but its
+// usage report); another then needs memory and has nothing of its own to
+// spill. The daemon asks the idle holder, in the answer to its report, for
+// what it holds above its fair share; the holder spills its coldest blocks
+// and gives the leases back on its reporter's thread, and the waiter goes on
+// well before its pool_wait. Nothing is lost: the holder reads everything
+// back, byte for byte.
+TEST_F(SpillTest, AnIdleSessionHoldingThePoolGivesToOneThatWaits) {
+  StartDaemon();  // 64 MiB in 4 MiB segments
+  auto holder = Attached();
+  ASSERT_NE(holder, nullptr);
+  std::vector<Stored> held = StoreMany(*holder, 52 * kMiB, 41);
+  ASSERT_EQ(holder->zero_copy_usage().spills(), 0u);
+  ClientOptions options;
+  options.address = daemon_->address();
+  options.attach = AttachMode::kRequired;
+  options.lease_batch = 2;
+  options.pool_wait = std::chrono::milliseconds(20000);
+  absl::StatusOr<std::unique_ptr<Client>> waiter = Client::Connect(options);
+  ASSERT_TRUE(waiter.ok()) << waiter.status();
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<Stored> stored = StoreMany(**waiter, 24 * kMiB, 42);
+  const double took =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_LT(took, 10.0);  // asked at the holder's next report (1 s), not pool_wait (20 s)
+  FetchAllBack(**waiter, stored);
+  const v1::ClientUsage given = holder->zero_copy_usage();
+  EXPECT_GT(given.spills(), 0u);  // the holder spilled while making no call of its own
+  EXPECT_GT(given.reclaims_answered(), 0u);
+  EXPECT_GT(given.reclaim_bytes_given(), 0u);
+  bool seen = false;
+  const v1::StatsReply stats = Stats();
+  for (const v1::SessionStats& session : stats.all_sessions()) {
+    if (session.session_id() != holder->session_id()) continue;
+    seen = true;
+    EXPECT_GT(session.reclaims_asked(), 0u);
+    EXPECT_GT(session.reclaim_bytes_asked(), 0u);
+  }
+  EXPECT_TRUE(seen);
+  FetchAllBack(*holder, held);
+  EXPECT_EQ(Stats().spill().on_disk_bytes(), 0u);
+}
+
 TEST_F(SpillTest, CorruptSpillFileIsDataLossAndTheDaemonGoesOn) {
   StartDaemon();
   auto client = Attached();
