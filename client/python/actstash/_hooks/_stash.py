@@ -333,6 +333,11 @@ class Stash:
                 spill = daemon["self"]["spill"] or {}
                 out["bytes_spilled"] = spill.get("spilled_bytes", 0)
                 out["bytes_restored"] = spill.get("restored_bytes", 0)
+                # Pool memory the daemon asked this session back for others that
+                # waited, and how long since it last copied (-1: never).
+                out["reclaims_asked"] = daemon["self"]["reclaims_asked"]
+                out["reclaim_bytes_asked"] = daemon["self"]["reclaim_bytes_asked"]
+                out["idle_ms"] = daemon["self"]["idle_ms"]
             except StashError:
                 pass
             info = self._client.info()
@@ -348,6 +353,9 @@ class Stash:
             out["spills"] = usage["spills"]
             out["restores"] = usage["restores"]
             out["restores_ahead"] = usage["restores_ahead"]  # read back before needed
+            # What this session gave back when asked (retained leases, spilled blocks).
+            out["reclaims_answered"] = usage["reclaims_answered"]
+            out["reclaim_bytes_given"] = usage["reclaim_bytes_given"]
             out["spill_wait_seconds"] = usage["spill_wait_ns"] / 1e9
             out["restore_wait_seconds"] = usage["restore_wait_ns"] / 1e9
             out["pinned_bytes"] = usage["pinned_bytes"]
