@@ -13,6 +13,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -226,6 +227,66 @@ TEST_F(SpillTest, AnIdleSessionHoldingThePoolGivesToOneThatWaits) {
   EXPECT_TRUE(seen);
   FetchAllBack(*holder, held);
   EXPECT_EQ(Stats().spill().on_disk_bytes(), 0u);
+}
+
+// What the daemon asked each session back (its SessionStats).
+uint64_t AskedOf(const v1::StatsReply& stats, uint64_t session_id) {
+  for (const v1::SessionStats& session : stats.all_sessions()) {
+    if (session.session_id() == session_id) return session.reclaim_bytes_asked();
+  }
+  ADD_FAILURE() << "no session " << session_id;
+  return 0;
+}
+
+// Three sessions: one active within its fair share (it keeps copying), one
+// idle holding more than its share, and one that waits. Only the idle one
+// above its share is asked; the active one within its share never is.
+TEST_F(SpillTest, TheIdleSessionAboveItsShareIsAskedAndTheActiveOneWithinItIsNot) {
+  StartDaemon();  // 64 MiB: a share is 21.3 MiB with three holders
+  auto active = Attached();
+  auto idle = Attached();
+  ASSERT_NE(active, nullptr);
+  ASSERT_NE(idle, nullptr);
+  std::vector<Stored> held = StoreMany(*idle, 36 * kMiB, 51);
+  std::vector<Stored> mine = StoreMany(*active, 12 * kMiB, 52);
+  std::atomic<bool> stop{false};
+  std::thread copying([&] {  // stays active: a fetch of its own data every 100 ms
+    std::vector<std::byte> back(mine.front().data.size());
+    while (!stop.load()) {
+      EXPECT_TRUE(active->Fetch(mine.front().ticket, back.data(), back.size()).ok());
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+  });
+  auto waiter = Attached();
+  ASSERT_NE(waiter, nullptr);
+  std::vector<Stored> stored = StoreMany(*waiter, 20 * kMiB, 53);
+  FetchAllBack(*waiter, stored);
+  stop = true;
+  copying.join();
+  const v1::StatsReply stats = Stats();
+  EXPECT_GT(AskedOf(stats, idle->session_id()), 0u);
+  EXPECT_EQ(AskedOf(stats, active->session_id()), 0u);
+  EXPECT_GT(idle->zero_copy_usage().spills(), 0u);
+  FetchAllBack(*idle, held);
+  FetchAllBack(*active, mine);
+}
+
+// A session that waits while it holds more than its share spills its own: an
+// idle session within its share is not asked for it.
+TEST_F(SpillTest, AnIdleSessionWithinItsShareIsNotAskedForOneAboveIts) {
+  StartDaemon();  // 64 MiB: a share is 32 MiB with two holders
+  auto idle = Attached();
+  ASSERT_NE(idle, nullptr);
+  std::vector<Stored> held = StoreMany(*idle, 16 * kMiB, 61);
+  auto big = Attached();
+  ASSERT_NE(big, nullptr);
+  std::vector<Stored> stored = StoreMany(*big, 96 * kMiB, 62);   // over its share: spills
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // a report of the idle one
+  EXPECT_GT(big->zero_copy_usage().spills(), 0u);
+  EXPECT_EQ(AskedOf(Stats(), idle->session_id()), 0u);
+  EXPECT_EQ(idle->zero_copy_usage().spills(), 0u);
+  FetchAllBack(*big, stored);
+  FetchAllBack(*idle, held);
 }
 
 TEST_F(SpillTest, CorruptSpillFileIsDataLossAndTheDaemonGoesOn) {
