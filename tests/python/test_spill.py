@@ -229,3 +229,17 @@ def test_an_idle_holder_of_the_pool_gives_it_to_a_trainer_that_needs_it(tmp_path
         assert result["restored"] > 0, result
     finally:
         d.stop()
+
+
+def test_reclaim_bench_quick(tmp_path):
+    """bench/reclaim_bench.py's own code: the trainer beside a sleeping holder, bitwise,
+    and the holder gave memory back."""
+    from conftest import daemon_binary
+    env = dict(os.environ, ACTSTASH_DAEMON_BINARY=daemon_binary(), **PACKAGE_ENV)
+    done = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "reclaim_bench.py"),
+                           "--quick", "--spill-dir", str(tmp_path)], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "every step bitwise: yes" in done.stdout, done.stdout
+    given = float(done.stdout.split("the holder gave back")[1].split("MiB")[0])
+    assert given > 0, done.stdout
