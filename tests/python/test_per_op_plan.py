@@ -77,7 +77,7 @@ def run(choices_of=None, stash=None, block_args=()):
     return grads, delta(before, middle), delta(middle, after)
 
 
-def test_the_profile_finds_what_may_be_saved_and_what_costs_most():
+def test_the_profile_finds_what_may_be_saved():
     ops = profile()
     names = [op[0] for op in ops]
     assert names.count("addmm") == 2, names
@@ -88,9 +88,21 @@ def test_the_profile_finds_what_may_be_saved_and_what_costs_most():
     linear = positions_of(ops, {"addmm"})
     assert all(ops[i][1] == OUT and ops[i][3] for i in linear)
     saved, nbytes, share = _selective.choose_saved(ops)
-    # The two Linear outputs cost the most per byte to make again.
-    assert linear <= set(saved), (saved, ops)
-    assert nbytes >= 2 * OUT and 0 < share < 1
+    # Which ones are saved turns on one run's op times (a loaded machine can make
+    # a gelu look slower than a matmul): only that some are, and what they hold.
+    assert saved and all(ops[i][3] for i in saved), (saved, ops)
+    assert nbytes == sum(ops[i][1] for i in saved) and 0 < share < 1
+
+
+def test_the_rule_saves_what_costs_more_than_average_per_byte():
+    # name, bytes, seconds, may be saved: two matmuls (slow per byte), an
+    # element-wise op (fast), a view and a random op (never saved).
+    ops = [["addmm", 1000, 1.0, True], ["gelu", 1000, 0.1, True], ["t", 4000, 0.0, False],
+           ["addmm", 2000, 1.5, True], ["native_dropout", 1000, 0.5, False]]
+    saved, nbytes, share = _selective.choose_saved(ops)
+    assert saved == [0, 3] and nbytes == 3000
+    assert share == pytest.approx(2.5 / 3.1)
+    assert _selective.choose_saved([]) == ([], 0, 0.0)
 
 
 def test_an_output_changed_in_place_is_never_saved():
