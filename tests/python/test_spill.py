@@ -243,3 +243,87 @@ def test_reclaim_bench_quick(tmp_path):
     assert "every step bitwise: yes" in done.stdout, done.stdout
     given = float(done.stdout.split("the holder gave back")[1].split("MiB")[0])
     assert given > 0, done.stdout
+
+
+def _start_holder(socket, layers=5):
+    holder = subprocess.Popen(
+        [sys.executable, os.path.join(ROOT, "tests", "python", "holder_run.py"), socket,
+         str(layers)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, env=dict(os.environ, **PACKAGE_ENV))
+    import json
+    line = holder.stdout.readline()
+    assert line, holder.stderr.read()
+    return holder, json.loads(line)["holding"]
+
+
+def _wait_asked(socket, pid, timeout=30):
+    """Waits until the daemon asked the session of process `pid` for memory back."""
+    import time
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        with actstash.connect(socket) as observer:
+            sessions = observer.client.stats(all_sessions=True)["all_sessions"]
+        if any(s["reclaims_asked"] for s in sessions if s["client_pid"] == pid):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def _wait_spill_dir_empty(daemon, spill_dir, timeout=15):
+    import time
+    deadline = time.time() + timeout
+    while _spill_fds(daemon.proc.pid, spill_dir) and time.time() < deadline:
+        time.sleep(0.05)
+    return _spill_fds(daemon.proc.pid, spill_dir)
+
+
+def test_a_holder_killed_while_it_gives_loses_nothing_of_the_waiter(tmp_path):
+    """SIGKILL of the asked session while it spills for a waiting trainer: the trainer
+    trains on bitwise (the dead session's memory and spill files go back), and nothing
+    is left in the pool or on disk."""
+    import signal
+    import threading
+    from conftest import wait_pool_empty
+    d = Daemon(pool="96MiB", segment="4MiB", extra=("--spill-dir", str(tmp_path)))
+    try:
+        holder, holding = _start_holder(d.socket)
+        assert holding >= 72 << 20
+        result = {}
+        trainer = threading.Thread(
+            target=lambda: result.update(zip(("time", "bitwise"), _mlp_steps(d.socket, 3))))
+        trainer.start()
+        assert _wait_asked(d.socket, holder.pid)  # killed once asked (its first report)
+        holder.send_signal(signal.SIGKILL)
+        holder.wait(timeout=30)
+        trainer.join(timeout=120)
+        assert not trainer.is_alive() and all(result["bitwise"]), result
+        assert wait_pool_empty(d.socket)["pool"]["used_bytes"] == 0
+        assert _wait_spill_dir_empty(d, str(tmp_path)) == []
+    finally:
+        d.stop()
+
+
+def test_a_waiter_killed_while_the_holder_gives_loses_nothing_of_the_holder(tmp_path):
+    """SIGKILL of the asking session while the holder spills for it: the holder,
+    resumed, finishes bitwise (what it spilled comes back), and nothing is left."""
+    import json
+    import signal
+    from conftest import wait_pool_empty
+    d = Daemon(pool="96MiB", segment="4MiB", extra=("--spill-dir", str(tmp_path)))
+    try:
+        holder, _ = _start_holder(d.socket)
+        waiter = subprocess.Popen(
+            [sys.executable, os.path.join(ROOT, "tests", "python", "holder_run.py"), d.socket,
+             "5"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True, env=dict(os.environ, **PACKAGE_ENV))
+        assert _wait_asked(d.socket, holder.pid)  # killed once the holder was asked for it
+        waiter.send_signal(signal.SIGKILL)
+        waiter.wait(timeout=30)
+        out, err = holder.communicate("go\n", timeout=300)
+        assert holder.returncode == 0, err
+        result = json.loads(out.strip().splitlines()[-1])
+        assert result["bitwise"] and result["reclaims_asked"] > 0, result
+        assert wait_pool_empty(d.socket)["pool"]["used_bytes"] == 0
+        assert _wait_spill_dir_empty(d, str(tmp_path)) == []
+    finally:
+        d.stop()
