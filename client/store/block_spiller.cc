@@ -103,12 +103,7 @@ absl::StatusOr<uint64_t> BlockSpiller::SpillForOthers(uint64_t bytes,
   if (!spilled.ok()) return spilled.status();
   leases_.GiveBackEmpty([](const Arena&) { return false; }, bytes);
   const uint64_t after = leased();
-  const uint64_t given = before > after ? before - after : 0;
-  absl::MutexLock lock(&table_.mu());
-  v1::ClientUsage& usage = table_.usage();
-  usage.set_reclaims_answered(usage.reclaims_answered() + 1);
-  usage.set_reclaim_bytes_given(usage.reclaim_bytes_given() + given);
-  return given;
+  return before > after ? before - after : 0;
 }
 
 absl::StatusOr<bool> BlockSpiller::SpillColdest(uint32_t max_blocks, uint64_t* return_bytes,

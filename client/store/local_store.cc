@@ -59,10 +59,19 @@ absl::StatusOr<uint64_t> LocalStore::GiveForOthers(uint64_t bytes) {
   if (leases_.mapper().on_device()) return 0;
   ArenaLeases::Turn turn(&leases_);
   const uint64_t retained = retention_.GiveBackRetained();
-  if (retained >= bytes) return retained;
-  absl::StatusOr<uint64_t> spilled = spiller_.SpillForOthers(bytes - retained, turn);
-  if (!spilled.ok()) return spilled.status();
-  return retained + *spilled;
+  uint64_t given = retained;
+  absl::Status status;
+  if (retained < bytes) {
+    absl::StatusOr<uint64_t> spilled = spiller_.SpillForOthers(bytes - retained, turn);
+    if (spilled.ok()) given += *spilled;
+    status = spilled.status();
+  }
+  absl::MutexLock lock(&table_.mu());
+  v1::ClientUsage& usage = table_.usage();
+  usage.set_reclaims_answered(usage.reclaims_answered() + 1);
+  usage.set_reclaim_bytes_given(usage.reclaim_bytes_given() + given);
+  if (!status.ok()) return status;
+  return given;
 }
 
 absl::StatusOr<uint64_t> LocalStore::Store(const void* src, size_t nbytes) {

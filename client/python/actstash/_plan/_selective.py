@@ -12,14 +12,18 @@ two calls of one op differently.
 
 Contract, as torch's SAC: the recomputation must run the same ops in the same
 order as the forward (checked: a different op at a position raises), and an op
-output saved here must not be changed in place after it was saved. A kept one is
-checked at retrieval (its version, as torch checks); an offloaded one is not (the
-dispatch-level tensor the stash would read the version through does not outlive
-the op): a change before its asynchronous copy is done would go unseen. The
-profile (OpRecorder) finds the outputs changed in place, and the rule
-(choose_saved) never saves those, views, in-place ops, nor ops that draw from the
-RNG (dropout: the recomputation replays the forward's RNG state, as torch's
-checkpoint does, and a skipped draw would shift every later one).
+output saved here should not be changed in place after it was saved. A kept one
+changed since (its version, as torch checks) is made again from the recomputed
+inputs at retrieval; an offloaded one is not checked (the dispatch-level tensor
+the stash would read the version through does not outlive the op): a change
+before its asynchronous copy is done would go unseen. The profile (OpRecorder)
+finds the outputs changed in place (by a later op that writes their storage, or
+seen changed at its end), and the rule (choose_saved) never saves those, views,
+in-place ops, nor ops that draw from the RNG (dropout: the recomputation replays
+the forward's RNG state, as torch's checkpoint does, and a skipped draw would
+shift every later one); the forward saves nothing at a position whose op became
+one of those (a block that took another path), and the recomputation checks the
+op and its inputs' shapes at each saved position.
 
 Thread model: the forward mode runs on the trainer's thread, the recompute mode
 on autograd's thread during backward; a context pair serves one checkpoint call.
@@ -85,6 +89,26 @@ def _is_random(func):
     return seeded is not None and seeded in getattr(func, "tags", ())
 
 
+def _shapes(args):
+    """The shapes and dtypes of an op's tensor arguments (what the recomputation must
+    give the op at the same position)."""
+    found = []
+
+    def add(x):
+        if isinstance(x, torch.Tensor):
+            found.append((tuple(x.shape), x.dtype))
+        return x
+    tree_map(add, list(args))
+    return found
+
+
+def _storage_of(x):
+    try:
+        return x.untyped_storage().data_ptr()
+    except (AttributeError, RuntimeError):
+        return None
+
+
 def _tensor_bytes(out):
     total = 0
 
@@ -111,10 +135,12 @@ class _Forward(TorchDispatchMode):
             return out
         i, self.index = self.index, self.index + 1
         choice = self.choices.get(i, RECOMPUTE)
+        if choice != RECOMPUTE and (_is_view_or_inplace(func) or _is_random(func)):
+            choice = RECOMPUTE  # another op than the profile's at i (the code took a new path)
         if choice == KEEP:
-            self.storage[i] = (func, KEEP, tree_map(_Kept, out))
+            self.storage[i] = (func, _shapes(args), tree_map(_Kept, out))
         elif choice == OFFLOAD:
-            self.storage[i] = (func, OFFLOAD, tree_map(self._offload, out))
+            self.storage[i] = (func, _shapes(args), tree_map(self._offload, out))
         return out
 
     def _offload(self, x):
@@ -130,10 +156,10 @@ class _Kept:
         self.value = _detach(x)
         self.version = x._version if isinstance(x, torch.Tensor) else None
 
+    def changed(self):
+        return self.version is not None and self.value._version != self.version
+
     def get(self, stash):
-        if self.version is not None and self.value._version != self.version:
-            raise RuntimeError("actstash: a tensor the plan kept for backward (selective "
-                               "checkpointing) was changed in place after it was made")
         return self.value
 
 
@@ -159,11 +185,17 @@ class _Recompute(TorchDispatchMode):
         entry = self.storage.pop(i, None)
         if entry is None:
             return func(*args, **kwargs)
-        saved_func, _, value = entry
-        if saved_func is not func:
-            raise RuntimeError(f"actstash: the recomputation ran {func} where the forward ran "
-                               f"{saved_func} (op {i} of the block): a block the plan "
-                               "recomputes must run the same ops in the same order")
+        saved_func, shapes, value = entry
+        if saved_func is not func or shapes != _shapes(args):
+            raise RuntimeError(f"actstash: the recomputation ran {func} on {_shapes(args)} where "
+                               f"the forward ran {saved_func} on {shapes} (op {i} of the block): "
+                               "a block the plan recomputes must run the same ops in the same "
+                               "order")
+        leaves = _leaves(value)
+        if any(isinstance(leaf, _Kept) and leaf.changed() for leaf in leaves):
+            # Changed in place after the forward kept it (the profile did not see it):
+            # made again from the recomputed inputs, which is what it was.
+            return func(*args, **kwargs)
         return tree_map(lambda leaf: leaf.get(self.stash), value)
 
 
@@ -206,13 +238,20 @@ class _Record(TorchDispatchMode):
     def __init__(self, recorder):
         super().__init__()
         self.recorder = recorder
-        self.ops, self.outputs = [], []
+        self.ops, self.outputs, self.storages = [], [], []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if not _counted(func):
             return func(*args, **kwargs)
         cuda = self.recorder.cuda
+        written = _written_storages(func, args, kwargs)
+        if written:
+            # Changed in place now: what an earlier op made there may not be saved
+            # (its tensor may be gone by the time the block ends: seen here).
+            for op, storages in zip(self.ops, self.storages):
+                if storages & written:
+                    op[3] = False
         if cuda:
             torch.cuda.synchronize()
         start = time.perf_counter()
@@ -225,6 +264,7 @@ class _Record(TorchDispatchMode):
             and all(x.is_floating_point() for x in leaves)
         self.ops.append([str(func.overloadpacket.__name__), _tensor_bytes(out), seconds, savable])
         self.outputs.append([(weakref.ref(x), x._version) for x in leaves])
+        self.storages.append({_storage_of(x) for x in leaves} - {None})
         return out
 
     def __exit__(self, *exc):
@@ -238,6 +278,21 @@ class _Record(TorchDispatchMode):
         self.recorder.ops = self.ops
         self.outputs = []
         return result
+
+
+def _written_storages(func, args, kwargs):
+    """The storages of the arguments `func` writes (in-place and out= ops)."""
+    written = set()
+    schema = func._schema
+    for position, argument in enumerate(schema.arguments):
+        if argument.alias_info is None or not argument.alias_info.is_write:
+            continue
+        value = kwargs.get(argument.name) if argument.kwarg_only or position >= len(args) \
+            else args[position]
+        for x in _leaves(value):
+            if isinstance(x, torch.Tensor):
+                written.add(_storage_of(x))
+    return written - {None}
 
 
 def _leaves(out):
