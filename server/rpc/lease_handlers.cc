@@ -169,7 +169,7 @@ grpc::ServerUnaryReactor* StashService::Lease(grpc::CallbackServerContext* ctx,
     // Fair share under pressure: while another session waits for pool memory,
     // one above its share does not grow (it spills its own instead).
     const uint64_t want = uint64_t{request->count()} * per_lease * core_->segments.segment_bytes();
-    const uint64_t leased = (*session)->host_leased_bytes();
+    const uint64_t leased = (*session)->leased_bytes();
     if (BytesAboveFairShare(*core_, (*session)->id(), leased + want) > 0) {
       return FinishUnary(ctx, absl::ResourceExhaustedError(absl::StrCat(
                                   "host pool exhausted: another session waits for pool memory "
@@ -188,9 +188,6 @@ grpc::ServerUnaryReactor* StashService::Lease(grpc::CallbackServerContext* ctx,
       granted.status().code() == absl::StatusCode::kResourceExhausted &&
       absl::StrContains(granted.status().message(), "pool exhausted")) {
     NotePoolPressure(*core_, call->session->id());
-    // A session waiting for the pool is active, however long since it copied:
-    // never asked for all it holds as if idle.
-    call->session->MarkCopying();
   }
   if (!granted.ok() && granted.status().code() == absl::StatusCode::kResourceExhausted &&
       call->leases.renewals_pending() > 0) {

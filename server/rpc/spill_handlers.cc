@@ -79,7 +79,7 @@ struct SpillCall {
         spilled->set_bytes(bytes[i]);
         spilled->set_checksum(files[i].checksum);
       }
-      reply->set_return_bytes(BytesAboveFairShare(*core, session_id, session->host_leased_bytes()));
+      reply->set_return_bytes(BytesAboveFairShare(*core, session_id, session->leased_bytes()));
     }
     reactor->Finish(ToGrpcStatus(result));
     core->streams_in_flight.fetch_sub(1, std::memory_order_acq_rel);

@@ -113,7 +113,7 @@ uint64_t ReclaimAsk(const StashCore& core, Session& session) {
   if (core.spill == nullptr || now > core.pressure_until_ms.load() || waiting == session.id()) {
     return 0;
   }
-  const uint64_t leased = session.host_leased_bytes();
+  const uint64_t leased = session.leased_bytes();
   if (leased == 0) return 0;
   const uint64_t holders = std::max<uint64_t>(1, core.leases.sessions_holding(waiting));
   const uint64_t share = core.pool.Stats().total_bytes() / holders;
@@ -123,7 +123,7 @@ uint64_t ReclaimAsk(const StashCore& core, Session& session) {
     // waiting one included, which spills its own then).
     bool someone_above = false;
     for (const std::shared_ptr<Session>& other : core.sessions.List()) {
-      someone_above |= other->id() != session.id() && other->host_leased_bytes() > share;
+      someone_above |= other->id() != session.id() && other->leased_bytes() > share;
     }
     if (!someone_above) ask = leased;
   }

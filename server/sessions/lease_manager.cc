@@ -16,11 +16,11 @@ Lease::Lease(uint64_t id, std::shared_ptr<Session> session, SegmentRun run,
       run_(std::move(run)),
       reservation_(std::move(reservation)),
       manager_(manager) {
-  session_->AddLeases(1, static_cast<int64_t>(bytes()), tiered_id::TierOf(id_) == 0);
+  session_->AddLeases(1, static_cast<int64_t>(bytes()));
 }
 
 Lease::~Lease() {
-  session_->AddLeases(-1, -static_cast<int64_t>(bytes()), tiered_id::TierOf(id_) == 0);
+  session_->AddLeases(-1, -static_cast<int64_t>(bytes()));
   manager_->Recycle(std::move(run_));
 }
 

@@ -93,16 +93,10 @@ uint64_t Session::leased_bytes() const {
   return leased_bytes_;
 }
 
-uint64_t Session::host_leased_bytes() const {
-  absl::MutexLock lock(&mu_);
-  return host_leased_bytes_;
-}
-
-void Session::AddLeases(int64_t count, int64_t bytes, bool host) {
+void Session::AddLeases(int64_t count, int64_t bytes) {
   absl::MutexLock lock(&mu_);
   leases_ += count;
   leased_bytes_ += bytes;
-  if (host) host_leased_bytes_ += bytes;
 }
 
 void Session::SetAttached(const PeerCredentials& peer) {

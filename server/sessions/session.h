@@ -75,9 +75,8 @@ class Session : public std::enable_shared_from_this<Session> {
   void RecordFetch(uint64_t bytes);
   // Keeps the client's latest report of its zero-copy side, as sent.
   void RecordClientUsage(const v1::ClientUsage& usage) ABSL_LOCKS_EXCLUDED(mu_);
-  // Lease bookkeeping (by LeaseManager): count and bytes held now, of any
-  // tier; `host`: of the host pool (host_leased_bytes).
-  void AddLeases(int64_t count, int64_t bytes, bool host = true) ABSL_LOCKS_EXCLUDED(mu_);
+  // Lease bookkeeping (by LeaseManager): count and bytes held now.
+  void AddLeases(int64_t count, int64_t bytes) ABSL_LOCKS_EXCLUDED(mu_);
   // Attach state (by AttachServer). Attached sessions never idle out.
   void SetAttached(const PeerCredentials& peer) ABSL_LOCKS_EXCLUDED(mu_);
   void SetDetached() ABSL_LOCKS_EXCLUDED(mu_);
@@ -88,8 +87,6 @@ class Session : public std::enable_shared_from_this<Session> {
   // creation: immune to wall-clock steps.
   int64_t last_active_ms() const { return last_active_ms_.load(std::memory_order_relaxed); }
   uint64_t leased_bytes() const ABSL_LOCKS_EXCLUDED(mu_);
-  // Of those, the host pool's: what its fair share of the host pool compares.
-  uint64_t host_leased_bytes() const ABSL_LOCKS_EXCLUDED(mu_);
   // Copy activity, for the node's copy share (server/sessions/copy_share.h): a store,
   // a fetch, a reported zero-copy byte count that grew, or a CopyShare call
   // marks the session as copying now.
@@ -142,7 +139,6 @@ class Session : public std::enable_shared_from_this<Session> {
   PeerCredentials peer_ ABSL_GUARDED_BY(mu_);
   uint64_t leases_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t leased_bytes_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t host_leased_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   v1::ClientUsage client_usage_ ABSL_GUARDED_BY(mu_);
   double probe_store_bps_ ABSL_GUARDED_BY(mu_) = 0;
   double probe_fetch_bps_ ABSL_GUARDED_BY(mu_) = 0;
