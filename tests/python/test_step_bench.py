@@ -95,7 +95,9 @@ def test_pareto_bench_quick_runs_the_plans_and_the_peers(tmp_path):
     --from-json prints the same run again."""
     import json
     from torch.utils import checkpoint as torch_cp
-    proc = _pareto(["--quick", "--models", "gpt", "--link-ratios", "4", "--json"])
+    # A 1 GiB pool: the bench's 8 GiB default took over 30 s to map on a loaded machine.
+    proc = _pareto(["--quick", "--models", "gpt", "--link-ratios", "4", "--json",
+                    "--pool-size", "1GiB"])
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     (result,) = json.loads(proc.stdout)
     assert result["link_ratio"] == 4 and result["link_gbps"] > 0 and not result["mismatches"]
@@ -122,5 +124,6 @@ def test_pareto_bench_on_cuda_without_a_device_says_so():
     import torch
     if torch.cuda.is_available():
         pytest.skip("this machine has a CUDA device")
-    proc = _pareto(["--device", "cuda", "--quick", "--models", "gpt"], timeout=300)
+    proc = _pareto(["--device", "cuda", "--quick", "--models", "gpt", "--pool-size", "1GiB"],
+                   timeout=300)
     assert proc.returncode == 77 and "no CUDA device" in proc.stdout, proc.stderr[-2000:]
