@@ -90,9 +90,13 @@ def test_two_trainers_over_the_pool_spill_their_states_and_train_bitwise(spill_d
         for i in saved["state"]:
             for key, value in saved["state"][i].items():
                 assert torch.equal(value, kept["state"][i][key]), (i, key)
-        restored = stashes[0].stats()["bytes_restored"]
+        before = stashes[0].stats()
         first.close()
-        assert stashes[0].stats()["bytes_restored"] > restored  # close read spilled ones
+        # Close reads back what is on disk then. (Since idle sessions give memory back
+        # when asked, which of the two holds spilled states at this point depends on
+        # when each was asked.)
+        if before["spilled_now_bytes"] > 0:
+            assert stashes[0].stats()["bytes_restored"] > before["bytes_restored"]
         for a, b in zip(plains[0].parameters(), ours[0].parameters()):
             assert torch.equal(a, b)
             for key in ("exp_avg", "exp_avg_sq"):
