@@ -28,6 +28,7 @@ op and its inputs' shapes at each saved position.
 Thread model: the forward mode runs on the trainer's thread, the recompute mode
 on autograd's thread during backward; a context pair serves one checkpoint call.
 """
+import contextlib
 import time
 import weakref
 
@@ -222,16 +223,8 @@ class OpRecorder:
 
     def context_fn(self):
         def make():
-            return _NullMode(), _Record(self)
+            return contextlib.nullcontext(), _Record(self)
         return make
-
-
-class _NullMode:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 class _Record(TorchDispatchMode):
